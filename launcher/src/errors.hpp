@@ -1,0 +1,25 @@
+// Error types the launcher throws; main() turns each into one line on stderr and
+// an exit status (UsageError: 2, LaunchError: 1).
+#pragma once
+
+#include <stdexcept>
+
+namespace ddprun {
+
+// The command line is wrong: an unknown flag, a value out of range, a missing program.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The command line is fine but the launch cannot go ahead: a program that does not
+// exist, an unwritable log dir, a port in use, no GPU for --nproc_per_node=gpu.
+class LaunchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitLaunch = 1;
+
+}  // namespace ddprun

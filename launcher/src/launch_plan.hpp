@@ -1,0 +1,51 @@
+// A LaunchPlan is the command line resolved against this machine: the worker count,
+// the exact command each worker execs, MASTER_PORT, the run id and log folders.
+// prepare_launch() does every check that can fail before a worker starts, so a bad
+// launch ends with one message and no half-started group.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+
+namespace ddprun {
+
+struct WorkerCommand {
+  std::string path;               // what execve() runs (absolute or relative to the cwd)
+  std::vector<std::string> argv;  // argv[0] included
+};
+
+struct LaunchPlan {
+  LaunchOptions options;
+  int nproc = 1;                  // workers on this node
+  int world_size = 1;             // workers in the job
+  int rank_offset = 0;            // global rank of local rank 0
+  int master_port = 0;
+  std::string run_id;
+  std::string hostname;
+  WorkerCommand command;
+  std::optional<std::filesystem::path> log_root;  // <log_dir>/<run_id>, when logs are kept
+  bool set_omp_num_threads = false;               // OMP_NUM_THREADS=1 for the workers
+};
+
+// Resolves and checks everything; throws UsageError or LaunchError.
+LaunchPlan prepare_launch(const LaunchOptions& options);
+
+// <log_root>/attempt_<attempt>/<local_rank>; only meaningful when plan.log_root is set.
+std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int local_rank);
+
+// Creates the log folders of one attempt. Throws LaunchError naming the folder.
+void create_log_dirs(const LaunchPlan& plan, int attempt);
+
+// The environment of one worker: ddprun's own environment plus the launch contract.
+std::vector<std::string> worker_environment(const LaunchPlan& plan, int local_rank, int restart_count);
+
+// Finds `name` as execvp would: a name with a '/' is taken as a path, otherwise
+// each PATH entry is tried. Returns the path of an executable regular file, or
+// throws LaunchError saying what was wrong (not found, a directory, not executable).
+std::string resolve_executable(const std::string& name, const std::string& what);
+
+}  // namespace ddprun

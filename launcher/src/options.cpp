@@ -1,0 +1,203 @@
+#include "options.hpp"
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <iostream>
+
+#include "errors.hpp"
+#include "parse_util.hpp"
+
+namespace ddprun {
+namespace {
+
+// Every flag is read as text and validated here, so each bad value gets one message
+// in the same form: "invalid --flag 'value': what is expected".
+struct RawFlags {
+  std::string nproc_per_node = "1";
+  std::string nnodes = "1";
+  std::string node_rank = "0";
+  std::string master_addr = "127.0.0.1";
+  std::string master_port;
+  std::string role = "default";
+  std::string run_id;
+  std::string max_restarts = "0";
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  std::string monitor_interval = "0.1";
+  std::string grace_period = "30";
+};
+
+[[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
+  throw UsageError("invalid " + flag + " '" + value + "': " + expected);
+}
+
+int integer_in(const std::string& flag, const std::string& text, long long lo, long long hi,
+               const std::string& expected) {
+  auto n = parse_integer(text);
+  if (!n || *n < lo || *n > hi) invalid(flag, text, expected);
+  return static_cast<int>(*n);
+}
+
+double seconds_in(const std::string& flag, const std::string& text, bool allow_zero) {
+  auto v = parse_decimal(text);
+  if (!v || !std::isfinite(*v) || *v < 0 || (*v == 0 && !allow_zero) || *v > 86400.0 * 365) {
+    invalid(flag, text, allow_zero ? "expected a number of seconds >= 0" : "expected a number of seconds > 0");
+  }
+  return *v;
+}
+
+// torchrun accepts --nnodes=N or MIN:MAX; a single-node launch needs 1 or 1:1.
+int parse_nnodes(const std::string& text) {
+  auto colon = text.find(':');
+  std::string lo = text.substr(0, colon);
+  std::string hi = colon == std::string::npos ? lo : text.substr(colon + 1);
+  auto a = parse_integer(lo);
+  auto b = parse_integer(hi);
+  if (!a || !b || *a < 1 || *b < *a || *b > 100000) {
+    invalid("--nnodes", text, "expected a positive node count N or MIN:MAX");
+  }
+  if (*a != *b) {
+    throw UsageError("--nnodes " + text + ": elastic node counts (MIN:MAX) are not supported; give a fixed count");
+  }
+  if (*a != 1) {
+    throw UsageError("--nnodes " + text + ": multi-node launches are not supported yet; this ddprun runs one node (--nnodes=1)");
+  }
+  return 1;
+}
+
+void validate_nproc(const std::string& text) {
+  if (text == "gpu" || text == "cpu" || text == "auto") return;
+  integer_in("--nproc_per_node", text, 1, 4096, "expected a worker count (1-4096), gpu, cpu or auto");
+}
+
+std::set<int> parse_rank_list(const std::string& text) {
+  std::set<int> ranks;
+  std::string_view rest = text;
+  while (true) {
+    auto comma = rest.find(',');
+    auto rank = parse_integer(rest.substr(0, comma));
+    if (!rank || *rank < 0 || *rank > 1'000'000) {
+      invalid("--local_ranks_filter", text, "expected a comma-separated list of local ranks, e.g. 0 or 0,2");
+    }
+    ranks.insert(static_cast<int>(*rank));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return ranks;
+}
+
+// CLI11 2.1 cannot describe "PROGRAM [ARGS...]" after prefix_command(); say it here.
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "Usage: ddprun [options] PROGRAM [ARGS...]\n";
+  }
+};
+
+}  // namespace
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+  CLI::App app{"ddprun: launch and supervise one worker process per GPU or CPU slot (a torchrun replacement).",
+               "ddprun"};
+  auto formatter = std::make_shared<UsageFormatter>();
+  formatter->column_width(34);
+  app.formatter(formatter);
+  app.footer(
+      "PROGRAM is run as is, or under python3 -u when it ends in .py (PYTHON_EXEC names another\n"
+      "interpreter); -m runs a Python module. Everything after PROGRAM goes to the program.\n"
+      "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
+      "ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_* as under torchrun.\n"
+      "Exit status: 0 on success; the first failed worker's status (128+N when killed by signal N);\n"
+      "128+N when ddprun itself got signal N; 2 for a bad command line; 1 when the launch cannot start.");
+  app.prefix_command();  // the first positional is PROGRAM; the rest belongs to it
+  app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
+
+  RawFlags raw;
+  LaunchOptions opts;
+  app.add_option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node,
+                 "Workers on this node: a number, gpu (one per visible GPU), cpu (one per usable CPU) "
+                 "or auto (gpu if any, else cpu)")->default_str("1");
+  app.add_option("--nnodes", raw.nnodes, "Number of nodes (N or MIN:MAX); this version runs one node")->default_str("1");
+  app.add_option("--node_rank,--node-rank", raw.node_rank, "Rank of this node")->default_str("0");
+  app.add_option("--master_addr,--master-addr", raw.master_addr, "Address of node 0, given to workers as MASTER_ADDR")
+      ->default_str("127.0.0.1");
+  app.add_option("--master_port,--master-port", raw.master_port,
+                 "Port on node 0 that rank 0 may bind (MASTER_PORT); must be free")->default_str("29500");
+  app.add_flag("--standalone", opts.standalone, "Single-node job on a free port chosen by ddprun");
+  app.add_option("--role", raw.role, "Role name for the workers (ROLE_NAME)")->default_str("default");
+  app.add_option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id,
+                 "Job id (TORCHELASTIC_RUN_ID, log dir name); default: generated");
+  app.add_option("--max_restarts,--max-restarts", raw.max_restarts,
+                 "Restart the whole worker group up to this many times after a failure")->default_str("0");
+  app.add_option("--log_dir,--log-dir", raw.log_dir,
+                 "Write each worker's stdout/stderr to DIR/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log");
+  app.add_option("--redirects,-r", raw.redirects,
+                 "Keep streams off the console, log file only: 0 none, 1 stdout, 2 stderr, 3 both, "
+                 "or per local rank, e.g. 0:3,1:1")->default_str("0");
+  app.add_option("--tee,-t", raw.tee,
+                 "Streams written to the log file as well as the console (same values as --redirects)")
+      ->default_str("0");
+  app.add_option("--local_ranks_filter,--local-ranks-filter", raw.local_ranks_filter,
+                 "Only these local ranks' output reaches the console, e.g. 0 or 0,2 (log files keep all)");
+  app.add_flag("--no_python,--no-python", opts.no_python, "Run PROGRAM as is, even when it ends in .py");
+  app.add_flag("-m,--module", opts.module, "PROGRAM is a Python module, run as python3 -u -m PROGRAM");
+  app.add_option("--monitor_interval,--monitor-interval", raw.monitor_interval,
+                 "Accepted for torchrun compatibility; ddprun reacts to worker exits at once")->default_str("0.1");
+  app.add_option("--grace_period,--grace-period", raw.grace_period,
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")->default_str("30");
+  app.add_flag("-v,--verbose", opts.verbose, "Print the launch plan before starting");
+
+  try {
+    app.parse(argc, const_cast<char**>(argv));
+  } catch (const CLI::Success& e) {  // --help or --version
+    app.exit(e, std::cout, std::cerr);
+    return {};
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+
+  std::vector<std::string> rest = app.remaining();
+  if (rest.empty()) throw UsageError("no program given: usage is ddprun [options] PROGRAM [ARGS...]");
+  if (rest.front().size() > 1 && rest.front()[0] == '-') {
+    throw UsageError("unknown option '" + rest.front() + "' (ddprun --help lists the options)");
+  }
+  opts.program = rest.front();
+  opts.program_args.assign(rest.begin() + 1, rest.end());
+  if (opts.program.empty()) throw UsageError("the program name is empty");
+
+  validate_nproc(raw.nproc_per_node);
+  opts.nproc_per_node = raw.nproc_per_node;
+  opts.nnodes = parse_nnodes(raw.nnodes);
+  opts.node_rank = integer_in("--node_rank", raw.node_rank, 0, opts.nnodes - 1,
+                              "expected a node rank in [0, nnodes)");
+  if (raw.master_addr.empty() || raw.master_addr.find_first_of(" \t\n") != std::string::npos) {
+    invalid("--master_addr", raw.master_addr, "expected a host name or IP address");
+  }
+  opts.master_addr = raw.master_addr;
+  if (!raw.master_port.empty()) {
+    opts.master_port = integer_in("--master_port", raw.master_port, 1, 65535, "expected a port in 1-65535");
+  }
+  if (raw.role.empty() || raw.role.find_first_of("\n=") != std::string::npos) {
+    invalid("--role", raw.role, "expected a non-empty name without '=' or newlines");
+  }
+  opts.role = raw.role;
+  if (!raw.run_id.empty() &&
+      raw.run_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+          std::string::npos) {
+    invalid("--rdzv_id", raw.run_id, "expected letters, digits, '.', '_' or '-'");
+  }
+  opts.run_id = raw.run_id;
+  opts.max_restarts = integer_in("--max_restarts", raw.max_restarts, 0, 1'000'000, "expected a count >= 0");
+  if (!raw.log_dir.empty()) opts.log_dir = raw.log_dir;
+  opts.redirects = StreamSpec::parse("--redirects", raw.redirects);
+  opts.tee = StreamSpec::parse("--tee", raw.tee);
+  if (!raw.local_ranks_filter.empty()) opts.local_ranks_filter = parse_rank_list(raw.local_ranks_filter);
+  opts.monitor_interval = seconds_in("--monitor_interval", raw.monitor_interval, false);
+  opts.grace_period = seconds_in("--grace_period", raw.grace_period, true);
+  if (opts.module && opts.no_python) throw UsageError("--module and --no_python cannot be used together");
+  return {std::move(opts)};
+}
+
+}  // namespace ddprun

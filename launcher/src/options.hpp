@@ -1,0 +1,47 @@
+// The ddprun command line: torchrun's flags (both `_` and `-` spellings) parsed
+// into a validated LaunchOptions. Values that need the machine (GPU count, free
+// port, program lookup) are resolved later by prepare_launch() in launch_plan.hpp.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "stream_spec.hpp"
+
+namespace ddprun {
+
+struct LaunchOptions {
+  std::string nproc_per_node = "1";       // "N", "gpu", "cpu" or "auto" (resolved in the plan)
+  int nnodes = 1;                         // this issue: single node only
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;         // unset: 29500, or a free port with --standalone
+  bool standalone = false;
+  std::string role = "default";
+  std::string run_id;                     // --rdzv_id; empty: generated
+  int max_restarts = 0;
+  std::optional<std::string> log_dir;
+  StreamSpec redirects;                   // streams kept off the console (log file only)
+  StreamSpec tee;                         // streams written to the log file and the console
+  std::optional<std::set<int>> local_ranks_filter;  // local ranks whose output reaches the console
+  bool no_python = false;
+  bool module = false;
+  double monitor_interval = 0.1;          // seconds; accepted for torchrun compatibility
+  double grace_period = 30.0;             // seconds between SIGTERM and SIGKILL
+  bool verbose = false;
+  std::string program;
+  std::vector<std::string> program_args;
+};
+
+// What the command line asked for: a launch, or just help/version text (already printed).
+struct ParsedCommandLine {
+  std::optional<LaunchOptions> options;  // empty when --help or --version was handled
+};
+
+// Parses argv. Prints --help/--version text to stdout and returns no options for them.
+// Throws UsageError with a one-line message for anything invalid.
+ParsedCommandLine parse_command_line(int argc, const char* const* argv);
+
+}  // namespace ddprun

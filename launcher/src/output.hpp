@@ -1,0 +1,81 @@
+// Worker output: every worker's stdout and stderr come through pipes to ddprun,
+// which writes them to the console one whole line at a time, each line prefixed
+// with "[rankN]:", and (with a log dir) to per-rank log files byte for byte.
+// ddprun is the only writer of its stdout/stderr and writes whole lines per
+// write(), so lines of different ranks never mix mid-line.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace ddprun {
+
+// Splits a byte stream into lines. A line longer than kMaxLine is cut into
+// kMaxLine pieces, so a worker that never writes a newline cannot exhaust memory.
+class LineSplitter {
+ public:
+  static constexpr size_t kMaxLine = 1 << 20;
+  using LineFn = std::function<void(std::string_view line)>;  // without the '\n'
+
+  void feed(std::string_view data, const LineFn& on_line);
+  // Emits a final line that had no '\n' (at end of stream).
+  void finish(const LineFn& on_line);
+
+ private:
+  std::string partial_;
+};
+
+// The last few lines of a stream, kept for the failure summary.
+class TailBuffer {
+ public:
+  static constexpr size_t kLines = 10;
+  static constexpr size_t kLineChars = 300;
+
+  void push(std::string_view line);
+  const std::deque<std::string>& lines() const { return lines_; }
+
+ private:
+  std::deque<std::string> lines_;
+};
+
+// Writes all of `data` to `fd`, retrying short writes and EINTR. Returns false on
+// an error (e.g. EPIPE when the reader went away); the caller drops the output then.
+bool write_fully(int fd, std::string_view data);
+
+// One worker stream (stdout or stderr): console copy with prefix, optional log file,
+// and (for stderr) the tail for the summary.
+class WorkerStream {
+ public:
+  struct Options {
+    std::string prefix;        // e.g. "[rank3]:"
+    int console_fd = -1;       // 1 or 2; -1 keeps it off the console
+    int log_fd = -1;           // an open log file, owned by this object; -1 for none
+    bool keep_tail = false;
+  };
+
+  explicit WorkerStream(Options options);
+  ~WorkerStream();
+  WorkerStream(const WorkerStream&) = delete;
+  WorkerStream& operator=(const WorkerStream&) = delete;
+
+  void consume(std::string_view data);
+  // End of stream: flushes a last line that had no '\n' and closes the log file.
+  void finish();
+
+  const TailBuffer& tail() const { return tail_; }
+
+ private:
+  void take_line(std::string_view line);
+  void flush_batch();
+
+  Options options_;
+  LineSplitter splitter_;
+  TailBuffer tail_;
+  std::string batch_;  // prefixed lines waiting for one write()
+  bool finished_ = false;
+};
+
+}  // namespace ddprun

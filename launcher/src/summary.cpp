@@ -1,0 +1,67 @@
+#include "summary.hpp"
+
+#include <string.h>
+
+#include <ctime>
+#include <sstream>
+
+namespace ddprun {
+namespace {
+
+std::string utc_time(std::chrono::system_clock::time_point t) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char text[64];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof(out), "%s.%03dZ", text, static_cast<int>(ms % 1000));
+  return out;
+}
+
+void describe_worker(std::ostringstream& os, const LaunchPlan& plan, const WorkerOutcome& w) {
+  os << "  rank " << w.rank << " (local_rank " << w.local_rank << ") on " << plan.hostname << ", pid " << w.pid << ": "
+     << w.describe();
+  if (w.reaped) os << " at " << utc_time(w.ended);
+  if (w.ended_after_stop) os << " (stopped by ddprun)";
+  os << "\n";
+}
+
+}  // namespace
+
+std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& result, int attempt) {
+  std::ostringstream os;
+  const std::string rule(72, '=');
+  os << rule << "\n";
+  os << "ddprun: job " << plan.run_id << " (attempt " << attempt << ") ";
+  if (result.stop_signal != 0) {
+    os << "stopped by SIG" << sigabbrev_np(result.stop_signal) << " (signal " << result.stop_signal
+       << ") sent to ddprun\n";
+  } else {
+    os << "failed\n";
+  }
+  if (result.root_cause) {
+    const WorkerOutcome& root = result.workers[*result.root_cause];
+    os << "Root cause (first worker to fail):\n";
+    describe_worker(os, plan, root);
+    os << "    log: " << (root.stderr_log.empty() ? "(console only; --log_dir keeps files)" : root.stderr_log) << "\n";
+    if (root.stderr_tail.empty()) {
+      os << "    its stderr was empty\n";
+    } else {
+      os << "    last lines of its stderr:\n";
+      for (const auto& line : root.stderr_tail) os << "      | " << line << "\n";
+    }
+  }
+  bool header = false;
+  for (size_t i = 0; i < result.workers.size(); ++i) {
+    if (result.root_cause && i == *result.root_cause) continue;
+    if (!header) os << (result.root_cause ? "Other workers:\n" : "Workers:\n");
+    header = true;
+    describe_worker(os, plan, result.workers[i]);
+  }
+  os << rule << "\n";
+  return os.str();
+}
+
+}  // namespace ddprun

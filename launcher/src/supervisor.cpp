@@ -1,0 +1,410 @@
+#include "supervisor.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <fstream>
+#include <memory>
+
+#include "errors.hpp"
+#include "spawn.hpp"
+
+namespace ddprun {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+constexpr int kForwardOnlySignals[] = {SIGUSR1, SIGUSR2};
+// After SIGKILL, how long to wait for the kernel to finish off processes (e.g. ones
+// stuck in uninterruptible I/O) before giving up on reaping them.
+constexpr auto kReapAfterKillTimeout = std::chrono::seconds(5);
+
+bool is_stop_signal(int sig) {
+  for (int s : kStopSignals) {
+    if (s == sig) return true;
+  }
+  return false;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// Direct children of this process (workers, orphans re-parented to ddprun as the
+// subreaper, and the guard), from /proc/self/task/<tid>/children.
+std::vector<pid_t> direct_children() {
+  std::vector<pid_t> pids;
+  std::ifstream in("/proc/self/task/" + std::to_string(getpid()) + "/children");
+  pid_t pid;
+  while (in >> pid) pids.push_back(pid);
+  return pids;
+}
+
+// A pipe whose read end ddprun keeps; the write end goes to the worker.
+struct Pipe {
+  int read_fd = -1;
+  int write_fd = -1;
+  Pipe() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw LaunchError(std::string("cannot create a pipe: ") + strerror(errno));
+    read_fd = fds[0];
+    write_fd = fds[1];
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// WorkerOutcome / AttemptResult
+// ---------------------------------------------------------------------------
+
+bool WorkerOutcome::failed() const { return reaped && exit_status() != 0; }
+
+int WorkerOutcome::exit_status() const {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+std::string WorkerOutcome::describe() const {
+  if (!reaped) return "did not exit (still running after SIGKILL)";
+  if (WIFEXITED(wait_status)) return "exited with code " + std::to_string(WEXITSTATUS(wait_status));
+  int sig = WTERMSIG(wait_status);
+  return "killed by " + signal_name(sig) + " (signal " + std::to_string(sig) + ")" +
+         (WCOREDUMP(wait_status) ? ", core dumped" : "");
+}
+
+int AttemptResult::exit_status() const {
+  if (stop_signal != 0) return 128 + stop_signal;
+  if (root_cause) return workers[*root_cause].exit_status();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// WorkerGroup: the state of one attempt
+// ---------------------------------------------------------------------------
+
+class WorkerGroup {
+ public:
+  WorkerGroup(Supervisor& sup, int attempt) : sup_(sup), attempt_(attempt), grace_timer_(sup.io_) {}
+
+  ~WorkerGroup() {
+    if (finished_) return;
+    // Only reached with live workers when starting them failed part-way.
+    for (auto& w : workers_) {
+      if (!w->outcome.reaped) kill(-w->outcome.pid, SIGKILL);
+    }
+    for (auto& w : workers_) {
+      if (!w->outcome.reaped) waitpid(w->outcome.pid, nullptr, 0);
+      sup_.guard_.forget(w->outcome.pid);
+    }
+  }
+
+  void start();
+  void reap();
+  void on_signal(int sig);
+  AttemptResult finish();
+  bool done() const { return done_; }
+
+ private:
+  struct Stream {
+    Stream(asio::io_context& io, int fd, WorkerStream::Options opts) : descriptor(io, fd), sink(std::move(opts)) {}
+    asio::posix::stream_descriptor descriptor;
+    WorkerStream sink;
+    std::vector<char> buffer = std::vector<char>(64 * 1024);
+  };
+  struct Worker {
+    WorkerOutcome outcome;
+    std::unique_ptr<Stream> out;
+    std::unique_ptr<Stream> err;
+  };
+
+  std::unique_ptr<Stream> open_stream(int read_fd, int local_rank, unsigned which);
+  void read_some(Stream& s);
+  void drain(Stream& s);
+  void begin_stop(int sig, const std::string& why);
+  void signal_everything(int sig);
+  std::vector<pid_t> stragglers() const;
+  bool group_alive(pid_t pgid) const { return kill(-pgid, 0) == 0 || errno == EPERM; }
+  void check_done();
+  void on_grace_expired();
+
+  Supervisor& sup_;
+  int attempt_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  size_t running_ = 0;
+  bool stopping_ = false;
+  bool killed_ = false;   // SIGKILL sent
+  bool done_ = false;
+  bool finished_ = false;  // finish() ran: outcomes handed out, nothing left to clean up
+  std::optional<size_t> root_cause_;
+  int stop_signal_ = 0;
+  asio::steady_timer grace_timer_;
+};
+
+std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int local_rank, unsigned which) {
+  const LaunchPlan& plan = sup_.plan_;
+  const LaunchOptions& o = plan.options;
+  WorkerStream::Options opts;
+  opts.prefix = "[rank" + std::to_string(plan.rank_offset + local_rank) + "]:";
+  bool redirected = (o.redirects.for_rank(local_rank) & which) != 0;
+  bool filtered_out = o.local_ranks_filter && o.local_ranks_filter->count(local_rank) == 0;
+  opts.console_fd = redirected || filtered_out ? -1 : (which == kStdout ? STDOUT_FILENO : STDERR_FILENO);
+  opts.keep_tail = which == kStderr;
+  if (plan.log_root) {
+    auto path = worker_log_dir(plan, attempt_, local_rank) / (which == kStdout ? "stdout.log" : "stderr.log");
+    opts.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (opts.log_fd < 0) {
+      int err = errno;
+      close(read_fd);
+      throw LaunchError("cannot open log file '" + path.string() + "': " + strerror(err));
+    }
+  }
+  return std::make_unique<Stream>(sup_.io_, read_fd, std::move(opts));
+}
+
+void WorkerGroup::start() {
+  const LaunchPlan& plan = sup_.plan_;
+  for (int lr = 0; lr < plan.nproc; ++lr) {
+    auto w = std::make_unique<Worker>();
+    w->outcome.local_rank = lr;
+    w->outcome.rank = plan.rank_offset + lr;
+    if (plan.log_root) w->outcome.stderr_log = (worker_log_dir(plan, attempt_, lr) / "stderr.log").string();
+    Pipe out, err;
+    try {
+      w->out = open_stream(out.read_fd, lr, kStdout);
+      w->err = open_stream(err.read_fd, lr, kStderr);
+    } catch (...) {
+      close(out.write_fd);
+      close(err.write_fd);
+      throw;
+    }
+    std::vector<std::string> env = worker_environment(plan, lr, attempt_);
+    SpawnRequest req{&plan.command, &env, out.write_fd, err.write_fd};
+    pid_t pid = -1;
+    try {
+      pid = spawn_worker(req);
+    } catch (...) {
+      close(out.write_fd);
+      close(err.write_fd);
+      throw;
+    }
+    close(out.write_fd);
+    close(err.write_fd);
+    w->outcome.pid = pid;
+    sup_.guard_.watch(pid);
+    read_some(*w->out);
+    read_some(*w->err);
+    workers_.push_back(std::move(w));
+    ++running_;
+  }
+}
+
+void WorkerGroup::read_some(Stream& s) {
+  s.descriptor.async_read_some(asio::buffer(s.buffer), [this, &s](const boost::system::error_code& ec, size_t n) {
+    if (n > 0) s.sink.consume(std::string_view(s.buffer.data(), n));
+    if (ec) {
+      if (ec != asio::error::operation_aborted) {
+        s.sink.finish();
+        s.descriptor.close();
+      }
+      return;
+    }
+    read_some(s);
+  });
+}
+
+// Reads what is left in a pipe without blocking (its writers are gone or stuck).
+void WorkerGroup::drain(Stream& s) {
+  if (!s.descriptor.is_open()) return;
+  int fd = s.descriptor.native_handle();
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  while (true) {
+    ssize_t n = read(fd, s.buffer.data(), s.buffer.size());
+    if (n > 0) {
+      s.sink.consume(std::string_view(s.buffer.data(), static_cast<size_t>(n)));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  s.sink.finish();
+  boost::system::error_code ignored;
+  s.descriptor.close(ignored);
+}
+
+void WorkerGroup::reap() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    if (pid == sup_.guard_.pid()) {
+      spdlog::warn("the orphan guard (pid {}) exited unexpectedly; workers are no longer protected if ddprun is killed",
+                   pid);
+      continue;
+    }
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      WorkerOutcome& o = workers_[i]->outcome;
+      if (o.pid != pid) continue;
+      o.reaped = true;
+      o.wait_status = status;
+      o.ended = std::chrono::system_clock::now();
+      o.ended_after_stop = stopping_;
+      --running_;
+      if (o.failed() && !root_cause_ && !stopping_) {
+        root_cause_ = i;
+        begin_stop(SIGTERM, "rank " + std::to_string(o.rank) + " " + o.describe());
+      }
+      break;
+    }
+    // Anything else is a descendant re-parented to ddprun (the subreaper): reaped, nothing more.
+  }
+  check_done();
+}
+
+void WorkerGroup::begin_stop(int sig, const std::string& why) {
+  stopping_ = true;
+  double grace = sup_.plan_.options.grace_period;
+  if (running_ > 0 || !stragglers().empty()) {
+    spdlog::info("{}; sending {} to the remaining workers (SIGKILL after {} s)", why, signal_name(sig), grace);
+  }
+  signal_everything(sig);
+  grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace)));
+  grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) on_grace_expired();
+  });
+}
+
+void WorkerGroup::signal_everything(int sig) {
+  for (auto& w : workers_) {
+    // The leader may be gone while processes it started still hold its group.
+    if (group_alive(w->outcome.pid)) kill(-w->outcome.pid, sig);
+  }
+  for (pid_t pid : stragglers()) kill(pid, sig);
+}
+
+// Direct children that are neither running workers nor the guard: processes the
+// workers started that outlived them and were re-parented to ddprun.
+std::vector<pid_t> WorkerGroup::stragglers() const {
+  std::vector<pid_t> out;
+  for (pid_t pid : direct_children()) {
+    if (pid == sup_.guard_.pid()) continue;
+    bool is_worker = false;
+    for (auto& w : workers_) is_worker = is_worker || (w->outcome.pid == pid && !w->outcome.reaped);
+    if (!is_worker) out.push_back(pid);
+  }
+  return out;
+}
+
+void WorkerGroup::check_done() {
+  if (running_ > 0 || done_) return;
+  bool leftovers = !stragglers().empty();
+  for (auto& w : workers_) leftovers = leftovers || group_alive(w->outcome.pid);
+  if (leftovers) {
+    if (!stopping_) begin_stop(SIGTERM, "all workers exited but processes they started are still running");
+    return;  // the next SIGCHLD (or the grace timer) brings us back
+  }
+  done_ = true;
+  grace_timer_.cancel();
+  sup_.io_.stop();
+}
+
+void WorkerGroup::on_signal(int sig) {
+  if (!is_stop_signal(sig)) {
+    spdlog::info("received {}; forwarding it to the workers", signal_name(sig));
+    signal_everything(sig);
+    return;
+  }
+  if (stop_signal_ == 0) stop_signal_ = sig;
+  if (!stopping_) {
+    begin_stop(sig, "received " + signal_name(sig));
+  } else if (!killed_) {
+    spdlog::info("received {} while stopping; killing the workers now", signal_name(sig));
+    on_grace_expired();
+  }
+}
+
+void WorkerGroup::on_grace_expired() {
+  if (killed_) {
+    spdlog::error("{} worker process(es) did not exit {} s after SIGKILL; giving up on them", running_,
+                  std::chrono::duration_cast<std::chrono::seconds>(kReapAfterKillTimeout).count());
+    done_ = true;
+    sup_.io_.stop();
+    return;
+  }
+  killed_ = true;
+  spdlog::info("grace period over; sending SIGKILL to whatever is left");
+  signal_everything(SIGKILL);
+  grace_timer_.expires_after(kReapAfterKillTimeout);
+  grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) on_grace_expired();
+  });
+}
+
+AttemptResult WorkerGroup::finish() {
+  grace_timer_.cancel();
+  AttemptResult result;
+  for (auto& w : workers_) {
+    drain(*w->out);
+    drain(*w->err);
+    w->outcome.stderr_tail.assign(w->err->sink.tail().lines().begin(), w->err->sink.tail().lines().end());
+    sup_.guard_.forget(w->outcome.pid);
+  }
+  // Let the handlers of the closed descriptors and cancelled timer run (as aborted)
+  // while this group still exists.
+  sup_.io_.restart();
+  sup_.io_.poll();
+  for (auto& w : workers_) result.workers.push_back(w->outcome);
+  finished_ = true;
+  result.root_cause = root_cause_;
+  result.stop_signal = stop_signal_;
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Supervisor
+// ---------------------------------------------------------------------------
+
+Supervisor::Supervisor(const LaunchPlan& plan) : plan_(plan), signals_(io_) {
+  for (int sig : kStopSignals) signals_.add(sig);
+  for (int sig : kForwardOnlySignals) signals_.add(sig);
+  signals_.add(SIGCHLD);
+}
+
+AttemptResult Supervisor::run_attempt(int attempt) {
+  WorkerGroup group(*this, attempt);
+
+  std::function<void(const boost::system::error_code&, int)> on_signal;
+  on_signal = [&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    if (sig == SIGCHLD) {
+      group.reap();
+    } else {
+      group.on_signal(sig);
+    }
+    if (!group.done()) signals_.async_wait(on_signal);
+  };
+
+  group.start();
+  signals_.async_wait(on_signal);
+  group.reap();  // children that exited before the handler was armed
+  io_.restart();
+  while (!group.done()) {
+    io_.run();
+    io_.restart();
+  }
+  signals_.cancel();
+  return group.finish();
+}
+
+}  // namespace ddprun
