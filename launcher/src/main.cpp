@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
       spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
                    "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);
     }
+    if (plan.log_root && !plan.options.log_dir) {
+      spdlog::info("--redirects/--tee without --log_dir: worker logs go to {}", plan.log_root->string());
+    }
     if (plan.options.verbose) print_plan(plan);
     return launch(plan);
   } catch (const ddprun::UsageError& e) {

@@ -159,6 +159,14 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   }
 
   std::vector<std::string> rest = app.remaining();
+  // CLI11 reads "--flag=" (empty value) as "--flag" and takes the next word as the
+  // value; an empty value is never valid for ddprun, so refuse it by name.
+  for (int i = 1; i < argc - static_cast<int>(rest.size()); ++i) {
+    std::string_view arg = argv[i];
+    if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
+      throw UsageError("empty value for " + std::string(arg.substr(0, arg.size() - 1)));
+    }
+  }
   if (rest.empty()) throw UsageError("no program given: usage is ddprun [options] PROGRAM [ARGS...]");
   if (rest.front().size() > 1 && rest.front()[0] == '-') {
     throw UsageError("unknown option '" + rest.front() + "' (ddprun --help lists the options)");

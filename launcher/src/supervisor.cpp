@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <fstream>
 #include <memory>
+#include <set>
 
 #include "errors.hpp"
 #include "spawn.hpp"
@@ -28,6 +29,9 @@ constexpr int kForwardOnlySignals[] = {SIGUSR1, SIGUSR2};
 // After SIGKILL, how long to wait for the kernel to finish off processes (e.g. ones
 // stuck in uninterruptible I/O) before giving up on reaping them.
 constexpr auto kReapAfterKillTimeout = std::chrono::seconds(5);
+// Once every process is gone, the pipes hold at most their last buffered bytes; a
+// pipe still open after this long is held by something outside ddprun's reach.
+constexpr auto kDrainTimeout = std::chrono::seconds(2);
 
 bool is_stop_signal(int sig) {
   for (int s : kStopSignals) {
@@ -97,7 +101,8 @@ int AttemptResult::exit_status() const {
 
 class WorkerGroup {
  public:
-  WorkerGroup(Supervisor& sup, int attempt) : sup_(sup), attempt_(attempt), grace_timer_(sup.io_) {}
+  WorkerGroup(Supervisor& sup, int attempt)
+      : sup_(sup), attempt_(attempt), grace_timer_(sup.io_), drain_timer_(sup.io_) {}
 
   ~WorkerGroup() {
     if (finished_) return;
@@ -108,7 +113,12 @@ class WorkerGroup {
     for (auto& w : workers_) {
       if (!w->outcome.reaped) waitpid(w->outcome.pid, nullptr, 0);
       sup_.guard_.forget(w->outcome.pid);
+      w->out->descriptor.cancel();
+      w->err->descriptor.cancel();
     }
+    // Run the aborted read handlers now, while the streams they refer to exist.
+    sup_.io_.restart();
+    sup_.io_.poll();
   }
 
   void start();
@@ -132,7 +142,9 @@ class WorkerGroup {
 
   std::unique_ptr<Stream> open_stream(int read_fd, int local_rank, unsigned which);
   void read_some(Stream& s);
-  void drain(Stream& s);
+  void close_stream(Stream& s);
+  void processes_gone();
+  void maybe_complete();
   void begin_stop(int sig, const std::string& why);
   void signal_everything(int sig);
   std::vector<pid_t> stragglers() const;
@@ -146,11 +158,16 @@ class WorkerGroup {
   size_t running_ = 0;
   bool stopping_ = false;
   bool killed_ = false;   // SIGKILL sent
-  bool done_ = false;
+  size_t open_streams_ = 0;
+  bool processes_gone_ = false;  // every worker and descendant reaped (or given up on)
+  bool done_ = false;            // ...and every pipe read to the end: the attempt is over
   bool finished_ = false;  // finish() ran: outcomes handed out, nothing left to clean up
   std::optional<size_t> root_cause_;
   int stop_signal_ = 0;
+  int stop_sent_ = 0;                     // the signal the stop sent (SIGTERM, forwarded, or SIGKILL)
+  std::set<pid_t> signalled_stragglers_;  // so a re-parented process gets each signal once
   asio::steady_timer grace_timer_;
+  asio::steady_timer drain_timer_;
 };
 
 std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int local_rank, unsigned which) {
@@ -206,6 +223,7 @@ void WorkerGroup::start() {
     sup_.guard_.watch(pid);
     read_some(*w->out);
     read_some(*w->err);
+    open_streams_ += 2;
     workers_.push_back(std::move(w));
     ++running_;
   }
@@ -215,33 +233,19 @@ void WorkerGroup::read_some(Stream& s) {
   s.descriptor.async_read_some(asio::buffer(s.buffer), [this, &s](const boost::system::error_code& ec, size_t n) {
     if (n > 0) s.sink.consume(std::string_view(s.buffer.data(), n));
     if (ec) {
-      if (ec != asio::error::operation_aborted) {
-        s.sink.finish();
-        s.descriptor.close();
-      }
-      return;
+      close_stream(s);  // end of file, or cancelled by the drain timeout
+    } else {
+      read_some(s);
     }
-    read_some(s);
   });
 }
 
-// Reads what is left in a pipe without blocking (its writers are gone or stuck).
-void WorkerGroup::drain(Stream& s) {
-  if (!s.descriptor.is_open()) return;
-  int fd = s.descriptor.native_handle();
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  while (true) {
-    ssize_t n = read(fd, s.buffer.data(), s.buffer.size());
-    if (n > 0) {
-      s.sink.consume(std::string_view(s.buffer.data(), static_cast<size_t>(n)));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    break;
-  }
+void WorkerGroup::close_stream(Stream& s) {
   s.sink.finish();
   boost::system::error_code ignored;
   s.descriptor.close(ignored);
+  --open_streams_;
+  maybe_complete();
 }
 
 void WorkerGroup::reap() {
@@ -274,6 +278,7 @@ void WorkerGroup::reap() {
 
 void WorkerGroup::begin_stop(int sig, const std::string& why) {
   stopping_ = true;
+  stop_sent_ = sig;
   double grace = sup_.plan_.options.grace_period;
   if (running_ > 0 || !stragglers().empty()) {
     spdlog::info("{}; sending {} to the remaining workers (SIGKILL after {} s)", why, signal_name(sig), grace);
@@ -290,7 +295,10 @@ void WorkerGroup::signal_everything(int sig) {
     // The leader may be gone while processes it started still hold its group.
     if (group_alive(w->outcome.pid)) kill(-w->outcome.pid, sig);
   }
-  for (pid_t pid : stragglers()) kill(pid, sig);
+  for (pid_t pid : stragglers()) {
+    kill(pid, sig);
+    signalled_stragglers_.insert(pid);
+  }
 }
 
 // Direct children that are neither running workers nor the guard: processes the
@@ -307,15 +315,46 @@ std::vector<pid_t> WorkerGroup::stragglers() const {
 }
 
 void WorkerGroup::check_done() {
-  if (running_ > 0 || done_) return;
+  if (running_ > 0 || processes_gone_) return;
   bool leftovers = !stragglers().empty();
   for (auto& w : workers_) leftovers = leftovers || group_alive(w->outcome.pid);
   if (leftovers) {
-    if (!stopping_) begin_stop(SIGTERM, "all workers exited but processes they started are still running");
+    if (!stopping_) {
+      begin_stop(SIGTERM, "all workers exited but processes they started are still running");
+    } else {
+      // Processes re-parented to ddprun since the stop began (their parent was a
+      // worker that just died) get the same signal the rest got.
+      for (pid_t pid : stragglers()) {
+        if (signalled_stragglers_.insert(pid).second) kill(pid, stop_sent_);
+      }
+    }
     return;  // the next SIGCHLD (or the grace timer) brings us back
   }
-  done_ = true;
+  processes_gone();
+}
+
+// Every process is gone; what they wrote last may still sit in the pipes.
+void WorkerGroup::processes_gone() {
+  processes_gone_ = true;
   grace_timer_.cancel();
+  if (open_streams_ > 0) {
+    drain_timer_.expires_after(kDrainTimeout);
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto& w : workers_) {
+        for (Stream* s : {w->out.get(), w->err.get()}) {
+          if (s->descriptor.is_open()) s->descriptor.cancel();  // its handler closes it
+        }
+      }
+    });
+  }
+  maybe_complete();
+}
+
+void WorkerGroup::maybe_complete() {
+  if (!processes_gone_ || open_streams_ > 0 || done_) return;
+  done_ = true;
+  drain_timer_.cancel();
   sup_.io_.stop();
 }
 
@@ -338,11 +377,11 @@ void WorkerGroup::on_grace_expired() {
   if (killed_) {
     spdlog::error("{} worker process(es) did not exit {} s after SIGKILL; giving up on them", running_,
                   std::chrono::duration_cast<std::chrono::seconds>(kReapAfterKillTimeout).count());
-    done_ = true;
-    sup_.io_.stop();
+    processes_gone();
     return;
   }
   killed_ = true;
+  stop_sent_ = SIGKILL;
   spdlog::info("grace period over; sending SIGKILL to whatever is left");
   signal_everything(SIGKILL);
   grace_timer_.expires_after(kReapAfterKillTimeout);
@@ -352,16 +391,13 @@ void WorkerGroup::on_grace_expired() {
 }
 
 AttemptResult WorkerGroup::finish() {
-  grace_timer_.cancel();
   AttemptResult result;
   for (auto& w : workers_) {
-    drain(*w->out);
-    drain(*w->err);
     w->outcome.stderr_tail.assign(w->err->sink.tail().lines().begin(), w->err->sink.tail().lines().end());
     sup_.guard_.forget(w->outcome.pid);
   }
-  // Let the handlers of the closed descriptors and cancelled timer run (as aborted)
-  // while this group still exists.
+  // Let the handlers of the cancelled timers and signal wait run (as aborted) while
+  // this group still exists.
   sup_.io_.restart();
   sup_.io_.poll();
   for (auto& w : workers_) result.workers.push_back(w->outcome);

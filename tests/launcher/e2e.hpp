@@ -1,0 +1,43 @@
+// Helpers for the end-to-end launcher tests: argv for the real ddprun binary and
+// the test worker, and the per-rank view of ddprun's prefixed output.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "subprocess.hpp"
+
+namespace e2e {
+
+inline const std::string kDdprun = DDPRUN_BIN;
+inline const std::string kWorker = TEST_WORKER_BIN;
+
+// {ddprun, args...}
+inline std::vector<std::string> ddprun(std::vector<std::string> args) {
+  args.insert(args.begin(), kDdprun);
+  return args;
+}
+
+// Lines of ddprun's output that came from workers, by global rank, prefix removed.
+inline std::map<int, std::vector<std::string>> by_rank(const std::string& output) {
+  std::map<int, std::vector<std::string>> out;
+  for (const auto& line : testing::lines_of(output)) {
+    if (line.rfind("[rank", 0) != 0) continue;
+    auto close = line.find("]:");
+    if (close == std::string::npos) continue;
+    out[std::stoi(line.substr(5, close - 5))].push_back(line.substr(close + 2));
+  }
+  return out;
+}
+
+// Lines ddprun printed itself ("ddprun: level: ...").
+inline std::vector<std::string> own_lines(const std::string& output) {
+  std::vector<std::string> out;
+  for (const auto& line : testing::lines_of(output)) {
+    if (line.rfind("ddprun: ", 0) == 0) out.push_back(line);
+  }
+  return out;
+}
+
+}  // namespace e2e

@@ -1,0 +1,115 @@
+// Command-line parsing: torchrun's flags in both spellings, and one clear
+// UsageError for each kind of bad value.
+#include <catch2/catch.hpp>
+
+#include "errors.hpp"
+#include "options.hpp"
+
+using ddprun::LaunchOptions;
+using ddprun::UsageError;
+
+namespace {
+
+LaunchOptions parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "ddprun");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  auto parsed = ddprun::parse_command_line(static_cast<int>(argv.size()), argv.data());
+  REQUIRE(parsed.options.has_value());
+  return *parsed.options;
+}
+
+std::string usage_error(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  FAIL("expected a UsageError");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("both spellings of torchrun's flags are accepted", "[options]") {
+  auto a = parse({"--nproc_per_node=3", "--master_port", "1234", "--no_python", "prog"});
+  auto b = parse({"--nproc-per-node", "3", "--master-port=1234", "--no-python", "prog"});
+  CHECK(a.nproc_per_node == "3");
+  CHECK(b.nproc_per_node == "3");
+  CHECK(a.master_port == 1234);
+  CHECK(b.master_port == 1234);
+  CHECK(a.no_python);
+  CHECK(b.no_python);
+}
+
+TEST_CASE("everything after the program belongs to the program", "[options]") {
+  auto o = parse({"--nproc_per_node=2", "train.py", "--nproc_per_node=7", "-m", "--lr", "0.1"});
+  CHECK(o.program == "train.py");
+  CHECK(o.program_args == std::vector<std::string>{"--nproc_per_node=7", "-m", "--lr", "0.1"});
+  CHECK(o.nproc_per_node == "2");
+  CHECK_FALSE(o.module);
+}
+
+TEST_CASE("defaults match torchrun's", "[options]") {
+  auto o = parse({"prog"});
+  CHECK(o.nproc_per_node == "1");
+  CHECK(o.nnodes == 1);
+  CHECK(o.node_rank == 0);
+  CHECK(o.master_addr == "127.0.0.1");
+  CHECK_FALSE(o.master_port.has_value());
+  CHECK(o.role == "default");
+  CHECK(o.max_restarts == 0);
+  CHECK(o.grace_period == 30.0);
+  CHECK_FALSE(o.redirects.any());
+}
+
+TEST_CASE("symbolic worker counts and redirect maps parse", "[options]") {
+  for (const char* spec : {"gpu", "cpu", "auto"}) CHECK(parse({std::string("--nproc_per_node=") + spec, "p"}).nproc_per_node == spec);
+  auto o = parse({"--redirects", "0:3,2:1", "--tee=2", "--local_ranks_filter=0,2", "--nnodes=1:1", "p"});
+  CHECK(o.redirects.for_rank(0) == 3u);
+  CHECK(o.redirects.for_rank(1) == 0u);
+  CHECK(o.redirects.for_rank(2) == 1u);
+  CHECK(o.tee.for_rank(5) == 2u);
+  CHECK(*o.local_ranks_filter == std::set<int>{0, 2});
+}
+
+TEST_CASE("each bad value is one UsageError naming the flag", "[options]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {{}, "no program given"},
+      {{"--nproc_per_node=0", "p"}, "--nproc_per_node"},
+      {{"--nproc_per_node=-2", "p"}, "--nproc_per_node"},
+      {{"--nproc_per_node=two", "p"}, "--nproc_per_node"},
+      {{"--nproc_per_node=4x", "p"}, "--nproc_per_node"},
+      {{"--nnodes=2", "p"}, "multi-node"},
+      {{"--nnodes=1:4", "p"}, "elastic"},
+      {{"--nnodes=x", "p"}, "--nnodes"},
+      {{"--node_rank=1", "p"}, "--node_rank"},
+      {{"--master_port=0", "p"}, "--master_port"},
+      {{"--master_port=70000", "p"}, "--master_port"},
+      {{"--master_port=http", "p"}, "--master_port"},
+      {{"--master_addr=", "p"}, "empty value for --master_addr"}, {{"--master_addr", "a b", "p"}, "--master_addr"},
+      {{"--role=", "p"}, "empty value for --role"}, {{"--role", "", "p"}, "--role"},
+      {{"--rdzv_id=a/b", "p"}, "--rdzv_id"},
+      {{"--max_restarts=-1", "p"}, "--max_restarts"},
+      {{"--redirects=4", "p"}, "--redirects"},
+      {{"--redirects=0:1,0:2", "p"}, "twice"},
+      {{"--tee=x:1", "p"}, "--tee"},
+      {{"--local_ranks_filter=a", "p"}, "--local_ranks_filter"},
+      {{"--monitor_interval=0", "p"}, "--monitor_interval"},
+      {{"--monitor_interval=nan", "p"}, "--monitor_interval"},
+      {{"--grace_period=-1", "p"}, "--grace_period"},
+      {{"--module", "--no_python", "p"}, "together"},
+      {{"--bogus", "p"}, "--bogus"},
+      {{"--nproc_per_node"}, "--nproc_per_node"},
+  };
+  for (const auto& c : cases) {
+    INFO("args: " << Catch::rangeToString(c.args));
+    std::string message = usage_error(c.args);
+    CHECK_THAT(message, Catch::Contains(c.expect));
+    CHECK(message.find('\n') == std::string::npos);
+  }
+}

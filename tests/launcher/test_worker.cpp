@@ -1,0 +1,170 @@
+// test_worker: the worker program the launcher tests run under ddprun. Each mode
+// exercises one behaviour of the supervisor; all read RANK from the environment.
+//
+//   env KEY...                 print KEY=VALUE (or KEY unset) for each key
+//   fail RANK CODE             rank RANK writes a line to stderr and exits CODE
+//                              (CODE "sig:N" kills itself with signal N); others sleep
+//   trap SIG...                print "ready", then print "got SIGxxx" for each listed
+//                              signal received; exit 0 after SIGTERM/SIGINT/the last one
+//   ignore-term                ignore SIGTERM and SIGINT, print "ready", sleep
+//   tree DIR                   start a grandchild in the worker's group and one that
+//                              leaves it (setsid), write all pids to DIR/pids.RANK, sleep
+//   leave-behind DIR           start a setsid'd grandchild, write its pid, exit 0
+//   flood LINES                write LINES numbered lines to stdout in ragged pieces
+//   bind-master-port           exit 0 when MASTER_PORT can be bound on all interfaces
+//   fail-until-restart N       exit 5 while TORCHELASTIC_RESTART_COUNT < N, then 0
+//   touch FILE                 create FILE (proves a worker started)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace {
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+void say(const std::string& text) {
+  std::string line = text + "\n";
+  (void)!write(STDOUT_FILENO, line.data(), line.size());
+}
+
+[[noreturn]] void sleep_forever() {
+  for (int i = 0; i < 600; ++i) sleep(1);
+  _exit(99);  // nobody stopped us: the test fails on this status
+}
+
+volatile sig_atomic_t g_last_signal = 0;
+void record_signal(int sig) { g_last_signal = sig; }
+
+int mode_trap(int argc, char** argv) {
+  struct sigaction sa {};
+  sa.sa_handler = record_signal;
+  for (int i = 2; i < argc; ++i) sigaction(std::atoi(argv[i]), &sa, nullptr);
+  say("ready");
+  int remaining = argc - 2;
+  while (remaining > 0) {
+    pause();
+    int sig = g_last_signal;
+    if (sig == 0) continue;
+    g_last_signal = 0;
+    say(std::string("got SIG") + sigabbrev_np(sig));
+    --remaining;
+    if (sig == SIGTERM || sig == SIGINT) return 0;
+  }
+  return 0;
+}
+
+pid_t start_sleeper(bool leave_group) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (leave_group) setsid();
+    execl("/bin/sleep", "sleep", "300", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int mode_flood(long lines) {
+  int rank = env_int("RANK");
+  std::string payload(200, 'x');
+  for (long i = 0; i < lines; ++i) {
+    // Lines of varying length, each written in up to three pieces.
+    std::string line = "rank=" + std::to_string(rank) + " i=" + std::to_string(i) + " " +
+                       payload.substr(0, static_cast<size_t>((i * 37) % 200)) + "|end\n";
+    size_t a = line.size() / 3, b = 2 * line.size() / 3;
+    (void)!write(STDOUT_FILENO, line.data(), a);
+    (void)!write(STDOUT_FILENO, line.data() + a, b - a);
+    (void)!write(STDOUT_FILENO, line.data() + b, line.size() - b);
+  }
+  return 0;
+}
+
+int mode_bind_master_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(env_int("MASTER_PORT")));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 1) != 0) {
+    std::fprintf(stderr, "cannot bind MASTER_PORT %d: %s\n", env_int("MASTER_PORT"), std::strerror(errno));
+    return 1;
+  }
+  say("bound " + std::to_string(env_int("MASTER_PORT")));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: test_worker MODE [ARGS...]\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  int rank = env_int("RANK");
+
+  if (mode == "env") {
+    for (int i = 2; i < argc; ++i) {
+      const char* v = std::getenv(argv[i]);
+      say(std::string(argv[i]) + (v ? std::string("=") + v : std::string(" unset")));
+    }
+    return 0;
+  }
+  if (mode == "fail" && argc == 4) {
+    if (rank != std::atoi(argv[2])) sleep_forever();
+    usleep(200 * 1000);  // let the others start sleeping
+    std::fprintf(stderr, "rank %d failing on purpose\n", rank);
+    std::fflush(stderr);
+    std::string code = argv[3];
+    if (code.rfind("sig:", 0) == 0) {
+      signal(std::atoi(code.c_str() + 4), SIG_DFL);
+      raise(std::atoi(code.c_str() + 4));
+    }
+    return std::atoi(code.c_str());
+  }
+  if (mode == "trap") return mode_trap(argc, argv);
+  if (mode == "ignore-term") {
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    say("ready");
+    sleep_forever();
+  }
+  if (mode == "tree" && argc == 3) {
+    pid_t in_group = start_sleeper(false);
+    pid_t escaped = start_sleeper(true);
+    std::ofstream(std::string(argv[2]) + "/pids." + std::to_string(rank))
+        << getpid() << " " << in_group << " " << escaped << "\n";
+    say("ready");
+    sleep_forever();
+  }
+  if (mode == "leave-behind" && argc == 3) {
+    pid_t escaped = start_sleeper(true);
+    std::ofstream(std::string(argv[2]) + "/pids." + std::to_string(rank)) << escaped << "\n";
+    return 0;
+  }
+  if (mode == "flood" && argc == 3) return mode_flood(std::atol(argv[2]));
+  if (mode == "bind-master-port") return mode_bind_master_port();
+  if (mode == "fail-until-restart" && argc == 3) {
+    int count = env_int("TORCHELASTIC_RESTART_COUNT");
+    say("attempt " + std::to_string(count));
+    return count < std::atoi(argv[2]) ? 5 : 0;
+  }
+  if (mode == "touch" && argc == 3) {
+    std::ofstream(argv[2]) << "started\n";
+    return 0;
+  }
+  std::fprintf(stderr, "test_worker: bad mode or arguments: %s\n", mode.c_str());
+  return 2;
+}

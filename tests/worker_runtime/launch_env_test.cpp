@@ -1,0 +1,67 @@
+// ddp::LaunchEnv reads the launch contract and rejects contradictions.
+#include <catch2/catch.hpp>
+#include <stdlib.h>
+
+#include <map>
+#include <string>
+
+#include "ddp/launch_env.hpp"
+
+namespace {
+struct ScopedEnv {
+  explicit ScopedEnv(std::map<std::string, std::string> vars) : vars_(std::move(vars)) {
+    for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                          "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                          "TORCHELASTIC_RESTART_COUNT"}) {
+      unsetenv(k);
+    }
+    for (const auto& [k, v] : vars_) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : vars_) unsetenv(k.c_str());
+  }
+  std::map<std::string, std::string> vars_;
+};
+}  // namespace
+
+TEST_CASE("a full torchrun environment is read", "[launch_env]") {
+  ScopedEnv env({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                 {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_NAME", "trainer"},
+                 {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "abc"},
+                 {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  auto e = ddp::LaunchEnv::from_environment();
+  CHECK(e.rank == 5);
+  CHECK(e.world_size == 8);
+  CHECK(e.local_rank == 1);
+  CHECK(e.local_world_size == 4);
+  CHECK(e.group_rank == 1);
+  CHECK(e.group_world_size == 2);
+  CHECK(e.role_name == "trainer");
+  CHECK(e.master_addr == "10.0.0.1");
+  CHECK(e.master_port == 29500);
+  CHECK(e.run_id == "abc");
+  CHECK(e.restart_count == 2);
+}
+
+TEST_CASE("missing or contradictory variables are named in the error", "[launch_env]") {
+  {
+    ScopedEnv env({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+    CHECK_THROWS_WITH(ddp::LaunchEnv::from_environment(), Catch::Contains("RANK is not set"));
+  }
+  {
+    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+    CHECK_THROWS_WITH(ddp::LaunchEnv::from_environment(), Catch::Contains("RANK='2'"));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "x"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+    CHECK_THROWS_WITH(ddp::LaunchEnv::from_environment(), Catch::Contains("WORLD_SIZE='x'"));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}});
+    CHECK_THROWS_WITH(ddp::LaunchEnv::from_environment(), Catch::Contains("MASTER_PORT"));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "1"}});
+    CHECK_THROWS_WITH(ddp::LaunchEnv::from_environment(), Catch::Contains("MASTER_ADDR"));
+  }
+}
