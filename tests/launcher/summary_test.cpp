@@ -36,8 +36,8 @@ TEST_CASE("the summary names the root cause first and then the others", "[summar
 
 TEST_CASE("a stop by signal is reported as such and exits 128+signal", "[summary]") {
   ddprun::LaunchPlan plan;
-  plan.run_id = "r";
-  plan.hostname = "h";
+  plan.run_id = "run-b";
+  plan.hostname = "host-b";
   ddprun::AttemptResult result;
   result.stop_signal = SIGINT;
   result.workers = {{0, 0, 5, true, SIGINT, {}, true, {}, ""}};
