@@ -1,0 +1,74 @@
+#include "auth.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <fstream>
+
+#include "rdzv/store.hpp"
+#include "rdzv/token.hpp"
+
+namespace rdzv::auth {
+namespace {
+
+std::string hmac(const std::string& token, const std::string& message) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len) == nullptr) {
+    throw StoreError("HMAC-SHA256 failed");
+  }
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+}  // namespace
+
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
+    throw StoreError("cannot get random bytes from OpenSSL");
+  }
+  return out;
+}
+
+std::string client_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce,
+                         const std::string& ns) {
+  return hmac(token, "ddprun-store-v1 client|" + server_nonce + client_nonce + ns);
+}
+
+std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce) {
+  return hmac(token, "ddprun-store-v1 server|" + client_nonce + server_nonce);
+}
+
+bool proofs_equal(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace rdzv::auth
+
+namespace rdzv {
+
+std::string generate_token() {
+  static const char* kHex = "0123456789abcdef";
+  std::string raw = auth::random_bytes(32), out;
+  for (unsigned char c : raw) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw StoreError("cannot read token file '" + path + "'");
+  std::string line;
+  std::getline(in, line);
+  auto begin = line.find_first_not_of(" \t\r");
+  auto end = line.find_last_not_of(" \t\r");
+  if (begin == std::string::npos) throw StoreError("token file '" + path + "' is empty");
+  return line.substr(begin, end - begin + 1);
+}
+
+}  // namespace rdzv
