@@ -1,0 +1,241 @@
+// The server's own duties: cleaning up after clients, authentication, namespaces,
+// wills, limits, and surviving malformed frames.
+#include <arpa/inet.h>
+#include <catch2/catch.hpp>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "protocol.hpp"
+#include "server_fixture.hpp"
+
+using namespace std::chrono_literals;
+using testing::ServerThread;
+
+namespace {
+
+// Polls a condition on the server's counters (they change on the server's thread).
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return pred();
+}
+
+// A raw TCP connection for sending bytes no well-behaved client would.
+struct RawConnection {
+  int fd = -1;
+  explicit RawConnection(uint16_t port) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~RawConnection() { close(fd); }
+  void send_bytes(const std::string& bytes) { REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) >= 0); }
+  // Everything the server sends until it closes the connection (or 5 s pass).
+  std::string read_until_closed() {
+    std::string all;
+    char buf[4096];
+    while (true) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 5000) <= 0) return all + "<no close>";
+      ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return all;
+      all.append(buf, static_cast<size_t>(n));
+    }
+  }
+};
+
+std::string error_text(const std::string& frames) {
+  // Skip the CHALLENGE, find the ERROR frame and return its message.
+  size_t at = 0;
+  while (at + rdzv::wire::kHeaderSize <= frames.size()) {
+    auto h = rdzv::wire::decode_header(frames.data() + at, {});
+    std::string_view body(frames.data() + at + rdzv::wire::kHeaderSize, h.body_size);
+    if (h.type == rdzv::wire::Type::kError) {
+      rdzv::wire::BodyReader r(body, {});
+      return r.bytes();
+    }
+    at += rdzv::wire::kHeaderSize + h.body_size;
+  }
+  return "<no error frame>";
+}
+
+}  // namespace
+
+TEST_CASE("a client that disconnects mid-wait leaves no server state behind", "[server]") {
+  ServerThread server;
+  {
+    auto waiter = server.client("job");
+    std::thread t([&] {
+      try {
+        waiter->get("never", 60s);
+      } catch (const rdzv::StoreError&) {
+      }
+    });
+    REQUIRE(eventually([&] { return server.stats().waiters == 1; }));
+    // Close the client's socket from under the blocked get.
+    for (int fd = 3; fd < 1024; ++fd) {
+      sockaddr_in peer{};
+      socklen_t len = sizeof(peer);
+      if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0 && ntohs(peer.sin_port) == server.port()) {
+        ::shutdown(fd, SHUT_RDWR);
+      }
+    }
+    t.join();
+  }
+  CHECK(eventually([&] {
+    auto st = server.stats();
+    return st.waiters == 0 && st.connections == 0;
+  }));
+  CHECK(server.stats().namespaces == 0);  // the job's namespace went with its last client
+}
+
+TEST_CASE("with a token, clients without it or with a wrong one get nothing", "[server][auth]") {
+  rdzv::ServerOptions options;
+  options.token = "s3cret";
+  ServerThread server(options);
+  auto good = server.client();
+  good->set("k", "v");
+
+  auto no_token = server.client_options();
+  no_token.token = "";
+  CHECK_THROWS_AS(rdzv::TcpStore(no_token), rdzv::StoreAuthError);
+  auto wrong = server.client_options();
+  wrong.token = "guess";
+  CHECK_THROWS_WITH(rdzv::TcpStore(wrong), Catch::Contains("authentication failed"));
+
+  // A raw client that skips HELLO can neither read nor write.
+  RawConnection raw(server.port());
+  rdzv::wire::Request get;
+  get.type = rdzv::wire::Type::kGet;
+  get.keys = {"k"};
+  get.number = 100;
+  raw.send_bytes(rdzv::wire::make_frame(get.type, 7, rdzv::wire::encode_request(get)));
+  std::string reply = raw.read_until_closed();
+  CHECK_THAT(error_text(reply), Catch::Contains("not authenticated"));
+  // The only frames it got were the challenge and the error: no value.
+  size_t frames = 0;
+  for (size_t at = 0; at + rdzv::wire::kHeaderSize <= reply.size(); ++frames) {
+    auto h = rdzv::wire::decode_header(reply.data() + at, {});
+    CHECK(h.type != rdzv::wire::Type::kOk);
+    at += rdzv::wire::kHeaderSize + h.body_size;
+  }
+  CHECK(frames == 2);
+  CHECK(good->get("k", 1s) == "v");  // the server carries on
+}
+
+TEST_CASE("a client with a token refuses a server that cannot prove it", "[server][auth]") {
+  ServerThread server;  // no token
+  auto options = server.client_options();
+  options.token = "mine";
+  CHECK_THROWS_AS(rdzv::TcpStore(options), rdzv::StoreAuthError);
+}
+
+TEST_CASE("namespaces keep jobs apart on one server", "[server]") {
+  ServerThread server;
+  auto a = server.client("job-a");
+  auto b = server.client("job-b");
+  a->set("nccl_id", "A");
+  b->set("nccl_id", "B");
+  CHECK(a->get("nccl_id", 1s) == "A");
+  CHECK(b->get("nccl_id", 1s) == "B");
+  CHECK(a->num_keys() == 1);
+  CHECK_FALSE(b->check({"job-a/nccl_id"}));
+  CHECK(server.stats().namespaces == 2);
+}
+
+TEST_CASE("a will is published when a client drops, not when it says goodbye", "[server]") {
+  ServerThread server;
+  auto watcher = server.client("job");
+  {
+    auto node = server.client("job");
+    node->set_will("failure", "node 1 lost");
+    node->close();
+  }
+  CHECK_FALSE(watcher->check({"failure"}));
+  {
+    auto node = server.client("job");
+    node->set_will("failure", "node 2 lost");
+  }  // destroyed without close(): the connection just drops
+  CHECK(watcher->get("failure", 5s) == "node 2 lost");
+  {
+    auto node = server.client("job");
+    node->set_will("failure", "node 3 lost");
+  }
+  std::this_thread::sleep_for(100ms);
+  CHECK(watcher->get("failure", 1s) == "node 2 lost");  // the first failure stays the root cause
+}
+
+TEST_CASE("malformed frames close only that connection, with an error", "[server][protocol]") {
+  ServerThread server;
+  auto bystander = server.client("job");
+  bystander->set("k", "v");
+  const std::string hello_frame = [] {
+    rdzv::wire::Request h;
+    h.type = rdzv::wire::Type::kHello;
+    h.values = {"job", std::string(rdzv::wire::kNonceSize, 'n'), ""};
+    return rdzv::wire::make_frame(h.type, 1, rdzv::wire::encode_request(h));
+  }();
+
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* expect;
+  };
+  std::string huge = rdzv::wire::make_frame(rdzv::wire::Type::kSet, 2, "");
+  huge[12] = huge[13] = huge[14] = huge[15] = '\xff';  // body size 4 GiB
+  std::string bad_count = hello_frame + rdzv::wire::make_frame(rdzv::wire::Type::kMultiGet, 3,
+                                                               rdzv::wire::BodyWriter().u32(0x7fffffff).i64(1).take());
+  std::string long_key = hello_frame + rdzv::wire::make_frame(
+                                           rdzv::wire::Type::kGet, 3,
+                                           rdzv::wire::BodyWriter().bytes(std::string(5000, 'k')).i64(1).take());
+  std::string trailing = hello_frame + rdzv::wire::make_frame(rdzv::wire::Type::kPing, 3, "xx");
+  std::vector<Case> cases = {
+      {"garbage", std::string(64, 'G'), "bad magic"},
+      {"oversized body", huge, "exceeds the limit"},
+      {"impossible key count", bad_count, "key count"},
+      {"key too long", long_key, "key of 5000 bytes"},
+      {"trailing bytes", trailing, "unexpected bytes"},
+      {"server-only type", hello_frame + rdzv::wire::make_frame(rdzv::wire::Type::kOk, 3, ""), "may not send"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    RawConnection raw(server.port());
+    raw.send_bytes(c.bytes);
+    std::string reply = raw.read_until_closed();
+    CHECK(reply.find("<no close>") == std::string::npos);
+    CHECK_THAT(error_text(reply), Catch::Contains(c.expect));
+  }
+  CHECK(bystander->get("k", 1s) == "v");
+  CHECK(eventually([&] { return server.stats().connections == 1; }));
+}
+
+TEST_CASE("memory and connection limits are enforced with clear errors", "[server]") {
+  rdzv::ServerOptions options;
+  options.max_memory = 3500;  // room for three 1000-byte values
+  options.max_value = 1024;
+  options.max_connections = 2;
+  ServerThread server(options);
+  auto a = server.client();
+  CHECK_THROWS_WITH(a->set("big", std::string(2000, 'x')), Catch::Contains("exceeds the limit of 1024"));
+  a->set("v1", std::string(1000, 'x'));
+  a->set("v2", std::string(1000, 'x'));
+  a->set("v3", std::string(1000, 'x'));
+  CHECK_THROWS_WITH(a->set("v4", std::string(1000, 'x')), Catch::Contains("memory limit"));
+  CHECK(a->delete_key("v1"));
+  a->set("v4", std::string(1000, 'x'));  // room again
+  auto b = server.client();
+  auto opts = server.client_options();
+  opts.connect_timeout = 200ms;
+  CHECK_THROWS_WITH(rdzv::TcpStore(opts), Catch::Contains("server full"));
+}
