@@ -114,8 +114,6 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
   plan.options = options;
   plan.command = build_command(options);
   plan.nproc = resolve_nproc(options.nproc_per_node);
-  plan.world_size = plan.nproc * options.nnodes;
-  plan.rank_offset = options.node_rank * plan.nproc;
 
   auto check_rank_map = [&](const char* flag, int max_rank) {
     if (max_rank >= plan.nproc) {
@@ -132,9 +130,13 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
   } else {
     plan.master_port = options.master_port.value_or(kDefaultMasterPort);
   }
-  if (std::string why = port_unavailable_reason(plan.master_port); !why.empty()) {
-    throw LaunchError("master port " + std::to_string(plan.master_port) + " cannot be bound (" + why +
-                      "); pick another with --master_port or use --standalone");
+  // One node: rank 0 binds MASTER_PORT. Several: node 0 hosts the store there (it says so itself
+  // if it cannot); the other nodes only connect to it.
+  if (options.nnodes == 1) {
+    if (std::string why = port_unavailable_reason(plan.master_port); !why.empty()) {
+      throw LaunchError("master port " + std::to_string(plan.master_port) + " cannot be bound (" + why +
+                        "); pick another with --master_port or use --standalone");
+    }
   }
 
   plan.run_id = options.run_id.empty() ? generate_run_id() : options.run_id;
@@ -144,16 +146,23 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
   // torchrun keeps logs when asked for a log dir, and makes a temporary one when
   // --redirects/--tee need files but no dir was given.
   if (options.log_dir) {
-    plan.log_root = std::filesystem::path(*options.log_dir) / plan.run_id;
+    plan.log_base = std::filesystem::path(*options.log_dir);
   } else if (options.redirects.any() || options.tee.any()) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "ddprun_XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) {
       throw LaunchError("cannot create a temporary log dir: " + std::string(std::strerror(errno)));
     }
-    plan.log_root = std::filesystem::path(tmpl) / plan.run_id;
+    plan.log_base = std::filesystem::path(tmpl);
   }
-  if (plan.log_root) create_log_dirs(plan, 0);
+  set_run_id(plan, plan.run_id);
+  // Several nodes without --rdzv_id take node 0's run id later; their folders wait for it.
+  if (plan.log_root && (options.nnodes == 1 || !options.run_id.empty())) create_log_dirs(plan, 0);
   return plan;
+}
+
+void set_run_id(LaunchPlan& plan, const std::string& run_id) {
+  plan.run_id = run_id;
+  if (plan.log_base) plan.log_root = *plan.log_base / run_id;
 }
 
 std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int local_rank) {
@@ -172,25 +181,34 @@ void create_log_dirs(const LaunchPlan& plan, int attempt) {
   }
 }
 
-std::vector<std::string> worker_environment(const LaunchPlan& plan, int local_rank, int restart_count) {
+std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
+                                            int restart_count) {
   const LaunchOptions& o = plan.options;
-  int rank = plan.rank_offset + local_rank;
+  int rank = layout.rank_offset + local_rank;
   std::map<std::string, std::string> contract = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(plan.world_size)},
+      {"WORLD_SIZE", std::to_string(layout.world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(plan.nproc)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
       {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(plan.world_size)},
+      {"ROLE_WORLD_SIZE", std::to_string(layout.world_size)},
       {"ROLE_NAME", o.role},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(plan.master_port)},
+      {"MASTER_ADDR", layout.master_addr},
+      {"MASTER_PORT", std::to_string(layout.master_port)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
       {"TORCHELASTIC_RUN_ID", plan.run_id},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      // ddprun's own: where the worker runtime finds the rendezvous store.
+      {"DDPRUN_STORE_ADDR", layout.store_addr},
+      {"DDPRUN_STORE_PORT", std::to_string(layout.store_port)},
+      {"DDPRUN_STORE_TOKEN", layout.store_token},
+      {"DDPRUN_STORE_NAMESPACE", layout.store_namespace},
+      {"DDPRUN_STORE_PREFIX", layout.store_prefix},
+      {"DDPRUN_RUN_ID", plan.run_id},
+      {"DDPRUN_NODE_RANK", std::to_string(o.node_rank)},
   };
   if (plan.set_omp_num_threads) contract["OMP_NUM_THREADS"] = "1";
 

@@ -21,18 +21,33 @@ struct WorkerCommand {
 struct LaunchPlan {
   LaunchOptions options;
   int nproc = 1;                  // workers on this node
-  int world_size = 1;             // workers in the job
-  int rank_offset = 0;            // global rank of local rank 0
-  int master_port = 0;
+  int master_port = 0;            // one node: MASTER_PORT; several: where node 0 hosts the store
   std::string run_id;
   std::string hostname;
   WorkerCommand command;
-  std::optional<std::filesystem::path> log_root;  // <log_dir>/<run_id>, when logs are kept
+  std::optional<std::filesystem::path> log_base;  // --log_dir, or a temporary dir for --redirects/--tee
+  std::optional<std::filesystem::path> log_root;  // <log_base>/<run_id>, when logs are kept
   bool set_omp_num_threads = false;               // OMP_NUM_THREADS=1 for the workers
+};
+
+// What one attempt of the job looks like from this node, once every node joined.
+struct JobLayout {
+  int world_size = 1;             // workers in the job
+  int rank_offset = 0;            // global rank of this node's local rank 0
+  std::string master_addr;        // MASTER_ADDR / MASTER_PORT: where rank 0 may host a store
+  int master_port = 0;
+  std::string store_addr;         // DDPRUN_STORE_*: the rendezvous store, for the worker runtime
+  int store_port = 0;
+  std::string store_token;
+  std::string store_namespace;
+  std::string store_prefix;       // keys of this run and attempt
 };
 
 // Resolves and checks everything; throws UsageError or LaunchError.
 LaunchPlan prepare_launch(const LaunchOptions& options);
+
+// Adopts the run id the nodes agreed on (it names the log folder too).
+void set_run_id(LaunchPlan& plan, const std::string& run_id);
 
 // <log_root>/attempt_<attempt>/<local_rank>; only meaningful when plan.log_root is set.
 std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int local_rank);
@@ -41,7 +56,8 @@ std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int lo
 void create_log_dirs(const LaunchPlan& plan, int attempt);
 
 // The environment of one worker: ddprun's own environment plus the launch contract.
-std::vector<std::string> worker_environment(const LaunchPlan& plan, int local_rank, int restart_count);
+std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
+                                            int restart_count);
 
 // Finds `name` as execvp would: a name with a '/' is taken as a path, otherwise
 // each PATH entry is tried. Returns the path of an executable regular file, or

@@ -7,11 +7,17 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <memory>
+#include <optional>
+#include <string.h>
 
 #include "errors.hpp"
 #include "launch_plan.hpp"
 #include "options.hpp"
 #include "output.hpp"
+#include "rdzv/token.hpp"
+#include "rendezvous_agent.hpp"
+#include "store_host.hpp"
 #include "summary.hpp"
 #include "supervisor.hpp"
 
@@ -25,32 +31,125 @@ void set_up_logging() {
 
 void print_plan(const ddprun::LaunchPlan& plan) {
   const auto& o = plan.options;
-  spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), world size {}, node {} of {}", plan.run_id,
-               plan.hostname, plan.nproc, o.nproc_per_node, plan.world_size, o.node_rank, o.nnodes);
+  spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), node {} of {}", plan.run_id, plan.hostname,
+               plan.nproc, o.nproc_per_node, o.node_rank, o.nnodes);
   std::string cmd;
   for (const auto& a : plan.command.argv) cmd += (cmd.empty() ? "" : " ") + a;
   spdlog::info("command: {} (exec {})", cmd, plan.command.path);
-  spdlog::info("MASTER_ADDR={} MASTER_PORT={}{}", o.master_addr, plan.master_port,
-               o.standalone ? " (--standalone: free port)" : "");
+  if (o.rdzv_host) {
+    spdlog::info("rendezvous: ddp-rendezvous daemon at {}:{}, job {}", *o.rdzv_host, o.rdzv_port, plan.run_id);
+  } else if (o.nnodes > 1) {
+    spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
+  } else {
+    spdlog::info("MASTER_ADDR={} MASTER_PORT={}{}", o.master_addr, plan.master_port,
+                 o.standalone ? " (--standalone: free port)" : "");
+  }
   if (plan.log_root) spdlog::info("logs: {}", plan.log_root->string());
 }
 
-int launch(const ddprun::LaunchPlan& plan) {
+// Where this node's ddprun finds the job: a store it hosts itself (one node, or node 0
+// without --rdzv_endpoint) and, with several nodes, the rendezvous agent.
+struct Job {
+  std::unique_ptr<ddprun::StoreHost> store_host;
+  std::unique_ptr<ddprun::RendezvousAgent> agent;
+  std::string store_token;
+};
+
+Job set_up_job(ddprun::LaunchPlan& plan) {
+  const auto& o = plan.options;
+  Job job;
+  rdzv::ServerOptions server;
+  server.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.heartbeat_timeout * 1000));
+  if (o.nnodes == 1 && !o.rdzv_host) {
+    // The workers' store: this host only, with a token nobody else knows.
+    server.host = "127.0.0.1";
+    server.token = job.store_token = o.token.empty() ? rdzv::generate_token() : o.token;
+    job.store_host = std::make_unique<ddprun::StoreHost>(server);
+    return job;
+  }
+  job.store_token = o.token;
+  std::string host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
+  int port = o.rdzv_host ? o.rdzv_port : plan.master_port;
+  if (!o.rdzv_host && o.node_rank == 0) {
+    server.host = "0.0.0.0";
+    server.port = static_cast<uint16_t>(plan.master_port);
+    server.token = o.token;
+    if (o.token.empty()) {
+      spdlog::warn("the rendezvous store on port {} accepts anyone who can reach it; set DDPRUN_TOKEN (or "
+                   "--rdzv_token_file) on every node to require a shared token",
+                   plan.master_port);
+    }
+    job.store_host = std::make_unique<ddprun::StoreHost>(server);
+  }
+  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, host, port, o.token, o.rdzv_host ? plan.run_id : "");
+  ddprun::set_run_id(plan, job.agent->agree_run_id(plan.run_id));
+  return job;
+}
+
+ddprun::JobLayout single_node_layout(const ddprun::LaunchPlan& plan, const Job& job, int attempt) {
+  ddprun::JobLayout layout;
+  layout.world_size = plan.nproc;
+  layout.master_addr = plan.options.master_addr;
+  layout.master_port = plan.master_port;
+  layout.store_addr = "127.0.0.1";
+  layout.store_port = job.store_host->port();
+  layout.store_token = job.store_token;
+  layout.store_prefix = "run/" + plan.run_id + "/attempt/" + std::to_string(attempt) + "/workers";
+  return layout;
+}
+
+int launch(ddprun::LaunchPlan& plan) {
   // Orphans of the workers are re-parented to ddprun, so none escapes supervision.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   // A closed console must not kill ddprun (and with it the job); writes get EPIPE instead.
   signal(SIGPIPE, SIG_IGN);
 
-  ddprun::Supervisor supervisor(plan);
+  ddprun::Supervisor supervisor(plan);  // forks the orphan guard before any thread starts
+  Job job = set_up_job(plan);
+  const auto& o = plan.options;
+  if (o.verbose) print_plan(plan);
+  ddprun::RendezvousAgent* agent = job.agent.get();
+
   for (int attempt = 0;; ++attempt) {
-    if (attempt > 0 && plan.log_root) ddprun::create_log_dirs(plan, attempt);
-    ddprun::AttemptResult result = supervisor.run_attempt(attempt);
-    if (result.succeeded()) return 0;
+    if (plan.log_root && (attempt > 0 || agent != nullptr)) ddprun::create_log_dirs(plan, attempt);
+    ddprun::JobLayout layout = agent ? agent->join(attempt) : single_node_layout(plan, job, attempt);
+
+    ddprun::AttemptHooks hooks;
+    std::optional<ddprun::FailureNotice> winner;  // the job's root cause, when this node published first or later
+    if (agent != nullptr) {
+      agent->start_watch(attempt, [&supervisor, attempt](const ddprun::FailureNotice& n) {
+        supervisor.stop_for_remote(attempt, {n.describe(), n.status});
+      });
+      hooks.on_local_failure = [&](const ddprun::WorkerOutcome& w) {
+        winner = agent->publish_failure(attempt, {o.node_rank, w.rank, w.exit_status(), plan.hostname, w.describe()});
+      };
+    }
+    ddprun::AttemptResult result = supervisor.run_attempt(attempt, layout, hooks);
+
+    if (agent != nullptr) {
+      if (result.stop_signal != 0 && !result.root_cause) {
+        std::string sig = std::string("SIG") + sigabbrev_np(result.stop_signal);
+        winner = agent->publish_failure(attempt, {o.node_rank, -1, 128 + result.stop_signal, plan.hostname,
+                                                  "ddprun received " + sig + " and stopped its workers"});
+      } else if (result.succeeded()) {
+        winner = agent->exit_barrier(attempt);
+      }
+      agent->stop_watch();
+      // The job's root cause is whatever was published first, wherever that was.
+      if (winner && !(result.root_cause && winner->node == o.node_rank && winner->rank >= 0)) {
+        if (!result.remote) result.remote = ddprun::RemoteCause{winner->describe(), winner->status};
+      }
+    }
+    if (result.succeeded()) {
+      if (agent) agent->leave(attempt, job.store_host ? std::chrono::seconds(5) : std::chrono::seconds(0));
+      return 0;
+    }
     ddprun::write_fully(STDERR_FILENO, ddprun::format_failure_summary(plan, result, attempt));
-    if (result.stop_signal == 0 && attempt < plan.options.max_restarts) {
-      spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, plan.options.max_restarts);
+    if (result.stop_signal == 0 && attempt < o.max_restarts) {
+      spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, o.max_restarts);
       continue;
     }
+    if (agent) agent->leave(attempt, job.store_host ? std::chrono::seconds(1) : std::chrono::seconds(0));
     return result.exit_status();
   }
 }
@@ -58,6 +157,10 @@ int launch(const ddprun::LaunchPlan& plan) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A mask inherited from the parent would hide SIGCHLD and the stop signals from us.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
   set_up_logging();
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
@@ -70,7 +173,6 @@ int main(int argc, char** argv) {
     if (plan.log_root && !plan.options.log_dir) {
       spdlog::info("--redirects/--tee without --log_dir: worker logs go to {}", plan.log_root->string());
     }
-    if (plan.options.verbose) print_plan(plan);
     return launch(plan);
   } catch (const ddprun::UsageError& e) {
     spdlog::error("{}", e.what());

@@ -2,10 +2,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "errors.hpp"
 #include "parse_util.hpp"
+#include "rdzv/store.hpp"
+#include "rdzv/token.hpp"
 
 namespace ddprun {
 namespace {
@@ -27,6 +30,12 @@ struct RawFlags {
   std::string local_ranks_filter;
   std::string monitor_interval = "0.1";
   std::string grace_period = "30";
+  std::string rdzv_endpoint;
+  std::string rdzv_backend = "static";
+  std::string token_file;
+  std::string join_timeout = "600";
+  std::string heartbeat_timeout = "10";
+  std::string exit_barrier_timeout = "300";
 };
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
@@ -48,7 +57,7 @@ double seconds_in(const std::string& flag, const std::string& text, bool allow_z
   return *v;
 }
 
-// torchrun accepts --nnodes=N or MIN:MAX; a single-node launch needs 1 or 1:1.
+// torchrun accepts --nnodes=N or MIN:MAX; ddprun launches a fixed number of nodes.
 int parse_nnodes(const std::string& text) {
   auto colon = text.find(':');
   std::string lo = text.substr(0, colon);
@@ -61,10 +70,18 @@ int parse_nnodes(const std::string& text) {
   if (*a != *b) {
     throw UsageError("--nnodes " + text + ": elastic node counts (MIN:MAX) are not supported; give a fixed count");
   }
-  if (*a != 1) {
-    throw UsageError("--nnodes " + text + ": multi-node launches are not supported yet; this ddprun runs one node (--nnodes=1)");
-  }
-  return 1;
+  return static_cast<int>(*a);
+}
+
+// HOST:PORT, [IPv6]:PORT
+std::pair<std::string, int> parse_endpoint(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = integer_in("--rdzv_endpoint", text.substr(colon + 1), 1, 65535, "expected HOST:PORT");
+  if (host.empty() || host.find_first_of(" \t") != std::string::npos) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
+  return {host, port};
 }
 
 void validate_nproc(const std::string& text) {
@@ -147,6 +164,20 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "Accepted for torchrun compatibility; ddprun reacts to worker exits at once")->default_str("0.1");
   app.add_option("--grace_period,--grace-period", raw.grace_period,
                  "Seconds between SIGTERM and SIGKILL when stopping workers")->default_str("30");
+  app.add_option("--rdzv_endpoint,--rdzv-endpoint", raw.rdzv_endpoint,
+                 "HOST:PORT of a ddp-rendezvous daemon to rendezvous through (default: node 0 hosts the store "
+                 "on --master_addr:--master_port)");
+  app.add_option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend,
+                 "Accepted for torchrun compatibility: static, c10d or ddprun all mean ddprun's store")
+      ->default_str("static");
+  app.add_option("--rdzv_token_file,--rdzv-token-file", raw.token_file,
+                 "File holding the store's shared token (else DDPRUN_TOKEN; single node: generated)");
+  app.add_option("--join_timeout,--join-timeout", raw.join_timeout,
+                 "Seconds to wait for every node to join")->default_str("600");
+  app.add_option("--heartbeat_timeout,--heartbeat-timeout", raw.heartbeat_timeout,
+                 "Seconds after which a node that cannot be reached counts as failed")->default_str("10");
+  app.add_option("--exit_barrier_timeout,--exit-barrier-timeout", raw.exit_barrier_timeout,
+                 "Seconds a node whose workers finished waits for the other nodes")->default_str("300");
   app.add_flag("-v,--verbose", opts.verbose, "Print the launch plan before starting");
 
   try {
@@ -159,6 +190,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   }
 
   std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());  // "ddprun [options] -- PROGRAM"
   // CLI11 reads "--flag=" (empty value) as "--flag" and takes the next word as the
   // value; an empty value is never valid for ddprun, so refuse it by name.
   for (int i = 1; i < argc - static_cast<int>(rest.size()); ++i) {
@@ -202,9 +234,38 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   opts.redirects = StreamSpec::parse("--redirects", raw.redirects);
   opts.tee = StreamSpec::parse("--tee", raw.tee);
   if (!raw.local_ranks_filter.empty()) opts.local_ranks_filter = parse_rank_list(raw.local_ranks_filter);
-  opts.monitor_interval = seconds_in("--monitor_interval", raw.monitor_interval, false);
+  opts.monitor_interval = seconds_in("--monitor_interval", raw.monitor_interval, true);
   opts.grace_period = seconds_in("--grace_period", raw.grace_period, true);
   if (opts.module && opts.no_python) throw UsageError("--module and --no_python cannot be used together");
+  if (opts.standalone && opts.nnodes > 1) throw UsageError("--standalone is for single-node jobs (--nnodes=1)");
+  if (opts.nnodes == 1 && !raw.rdzv_endpoint.empty() && raw.rdzv_endpoint.size() > 2 &&
+      raw.rdzv_endpoint.compare(raw.rdzv_endpoint.size() - 2, 2, ":0") == 0) {
+    // torchrun's single-node recipe (--rdzv_endpoint=localhost:0): a free port, like --standalone.
+    opts.standalone = true;
+  } else if (!raw.rdzv_endpoint.empty()) {
+    auto [host, port] = parse_endpoint(raw.rdzv_endpoint);
+    opts.rdzv_host = host;
+    opts.rdzv_port = port;
+    if (opts.run_id.empty()) {
+      throw UsageError("--rdzv_endpoint needs --rdzv_id: jobs sharing a rendezvous daemon are told apart by it");
+    }
+  }
+  if (raw.rdzv_backend != "static" && raw.rdzv_backend != "c10d" && raw.rdzv_backend != "ddprun") {
+    invalid("--rdzv_backend", raw.rdzv_backend, "expected static, c10d or ddprun");
+  }
+  if (!raw.token_file.empty()) {
+    try {
+      opts.token = rdzv::read_token_file(raw.token_file);
+    } catch (const rdzv::StoreError& e) {
+      throw LaunchError(e.what());
+    }
+  } else if (const char* t = std::getenv("DDPRUN_TOKEN"); t != nullptr && *t != '\0') {
+    opts.token = t;
+  }
+  opts.join_timeout = seconds_in("--join_timeout", raw.join_timeout, false);
+  opts.heartbeat_timeout = seconds_in("--heartbeat_timeout", raw.heartbeat_timeout, false);
+  if (opts.heartbeat_timeout < 2) invalid("--heartbeat_timeout", raw.heartbeat_timeout, "expected at least 2 seconds");
+  opts.exit_barrier_timeout = seconds_in("--exit_barrier_timeout", raw.exit_barrier_timeout, false);
   return {std::move(opts)};
 }
 

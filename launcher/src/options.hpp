@@ -14,7 +14,7 @@ namespace ddprun {
 
 struct LaunchOptions {
   std::string nproc_per_node = "1";       // "N", "gpu", "cpu" or "auto" (resolved in the plan)
-  int nnodes = 1;                         // this issue: single node only
+  int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;         // unset: 29500, or a free port with --standalone
@@ -30,6 +30,12 @@ struct LaunchOptions {
   bool module = false;
   double monitor_interval = 0.1;          // seconds; accepted for torchrun compatibility
   double grace_period = 30.0;             // seconds between SIGTERM and SIGKILL
+  std::optional<std::string> rdzv_host;   // --rdzv_endpoint: an outside ddp-rendezvous daemon
+  int rdzv_port = 0;
+  std::string token;                      // --rdzv_token_file or DDPRUN_TOKEN; empty: none given
+  double join_timeout = 600.0;            // seconds to wait for every node to join
+  double heartbeat_timeout = 10.0;        // seconds until a silent, unreachable node counts as failed
+  double exit_barrier_timeout = 300.0;    // seconds a finished node waits for the others
   bool verbose = false;
   std::string program;
   std::vector<std::string> program_args;

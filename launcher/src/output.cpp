@@ -1,5 +1,6 @@
 #include "output.hpp"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,6 +48,11 @@ bool write_fully(int fd, std::string_view data) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN) {  // a non-blocking console (set by whoever shares it): wait until it drains
+        pollfd p{fd, POLLOUT, 0};
+        poll(&p, 1, -1);
+        continue;
+      }
       return false;
     }
     data.remove_prefix(static_cast<size_t>(n));

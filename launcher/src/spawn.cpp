@@ -22,7 +22,9 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
 
 // Runs in the child between fork and exec: only plain system calls, no allocation.
 [[noreturn]] void exec_child(const SpawnRequest& req, pid_t parent, char* const* argv, char* const* envp) {
-  setpgid(0, 0);
+  // Its own session (and so process group): job-control signals from ddprun's terminal
+  // do not reach it, and it cannot be stopped for reading a terminal it does not own.
+  setsid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // ddprun died before the prctl took effect
 
@@ -34,6 +36,7 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   sigprocmask(SIG_SETMASK, &none, nullptr);
 
   if (dup2(req.stdout_fd, STDOUT_FILENO) < 0 || dup2(req.stderr_fd, STDERR_FILENO) < 0) _exit(126);
+  close_range(3, ~0U, 0);  // nothing ddprun inherited from its own parent leaks into workers
   execve(req.command->path.c_str(), argv, envp);
 
   int err = errno;
@@ -59,9 +62,6 @@ pid_t spawn_worker(const SpawnRequest& req) {
     return child;
   });
   if (pid < 0) throw LaunchError(std::string("cannot start a worker: fork failed: ") + std::strerror(errno));
-  // Also set the group from this side, so it exists before ddprun signals it.
-  // (EACCES once the child has exec'd: it did setpgid itself by then.)
-  setpgid(pid, pid);
   return pid;
 }
 

@@ -1,5 +1,5 @@
-// Starting one worker process: fork + execve with the worker in its own process
-// group, killed by the kernel if ddprun dies (PR_SET_PDEATHSIG), default signal
+// Starting one worker process: fork + execve with the worker in its own session and
+// process group, killed by the kernel if ddprun dies (PR_SET_PDEATHSIG), default signal
 // dispositions and an empty signal mask, stdout/stderr on the given pipe ends.
 #pragma once
 

@@ -41,7 +41,11 @@ std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& 
   } else {
     os << "failed\n";
   }
-  if (result.root_cause) {
+  if (result.remote) {
+    os << "Root cause (first failure in the job, on another node or of a whole node):\n";
+    os << "  " << result.remote->description << "\n";
+    os << "  every node exits with status " << result.remote->status << "\n";
+  } else if (result.root_cause) {
     const WorkerOutcome& root = result.workers[*result.root_cause];
     os << "Root cause (first worker to fail):\n";
     describe_worker(os, plan, root);
@@ -55,8 +59,8 @@ std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& 
   }
   bool header = false;
   for (size_t i = 0; i < result.workers.size(); ++i) {
-    if (result.root_cause && i == *result.root_cause) continue;
-    if (!header) os << (result.root_cause ? "Other workers:\n" : "Workers:\n");
+    if (!result.remote && result.root_cause && i == *result.root_cause) continue;
+    if (!header) os << (result.remote ? "This node's workers:\n" : result.root_cause ? "Other workers:\n" : "Workers:\n");
     header = true;
     describe_worker(os, plan, result.workers[i]);
   }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
@@ -90,8 +91,10 @@ std::string WorkerOutcome::describe() const {
 }
 
 int AttemptResult::exit_status() const {
-  if (stop_signal != 0) return 128 + stop_signal;
+  // A failure that came first stays the root cause even if a signal followed it.
+  if (remote) return remote->status;
   if (root_cause) return workers[*root_cause].exit_status();
+  if (stop_signal != 0) return 128 + stop_signal;
   return 0;
 }
 
@@ -101,8 +104,8 @@ int AttemptResult::exit_status() const {
 
 class WorkerGroup {
  public:
-  WorkerGroup(Supervisor& sup, int attempt)
-      : sup_(sup), attempt_(attempt), grace_timer_(sup.io_), drain_timer_(sup.io_) {}
+  WorkerGroup(Supervisor& sup, int attempt, const JobLayout& layout, const AttemptHooks& hooks)
+      : sup_(sup), attempt_(attempt), layout_(layout), hooks_(hooks), grace_timer_(sup.io_), drain_timer_(sup.io_) {}
 
   ~WorkerGroup() {
     if (finished_) return;
@@ -112,7 +115,7 @@ class WorkerGroup {
     }
     for (auto& w : workers_) {
       if (!w->outcome.reaped) waitpid(w->outcome.pid, nullptr, 0);
-      sup_.guard_.forget(w->outcome.pid);
+      if (!w->group_gone) sup_.guard_.forget(w->outcome.pid);
       w->out->descriptor.cancel();
       w->err->descriptor.cancel();
     }
@@ -124,8 +127,10 @@ class WorkerGroup {
   void start();
   void reap();
   void on_signal(int sig);
+  void on_remote_failure(RemoteCause cause);
   AttemptResult finish();
   bool done() const { return done_; }
+  int attempt() const { return attempt_; }
 
  private:
   struct Stream {
@@ -136,6 +141,7 @@ class WorkerGroup {
   };
   struct Worker {
     WorkerOutcome outcome;
+    bool group_gone = false;  // its process group is empty: its id may be reused, never signal it
     std::unique_ptr<Stream> out;
     std::unique_ptr<Stream> err;
   };
@@ -148,12 +154,15 @@ class WorkerGroup {
   void begin_stop(int sig, const std::string& why);
   void signal_everything(int sig);
   std::vector<pid_t> stragglers() const;
-  bool group_alive(pid_t pgid) const { return kill(-pgid, 0) == 0 || errno == EPERM; }
+  bool group_alive(Worker& w);
   void check_done();
   void on_grace_expired();
 
   Supervisor& sup_;
   int attempt_;
+  const JobLayout& layout_;
+  const AttemptHooks& hooks_;
+  std::optional<RemoteCause> remote_;
   std::vector<std::unique_ptr<Worker>> workers_;
   size_t running_ = 0;
   bool stopping_ = false;
@@ -170,12 +179,25 @@ class WorkerGroup {
   asio::steady_timer drain_timer_;
 };
 
+// While the leader is unreaped its pid (and group id) cannot be reused. After that the
+// group lives as long as processes the worker started remain in it; once it is empty
+// it is forgotten for good, here and in the orphan guard.
+bool WorkerGroup::group_alive(Worker& w) {
+  if (w.group_gone) return false;
+  if (!w.outcome.reaped) return true;
+  if (kill(-w.outcome.pid, 0) == 0 || errno == EPERM) return true;
+  w.group_gone = true;
+  sup_.guard_.forget(w.outcome.pid);
+  return false;
+}
+
 std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int local_rank, unsigned which) {
   const LaunchPlan& plan = sup_.plan_;
   const LaunchOptions& o = plan.options;
   WorkerStream::Options opts;
-  opts.prefix = "[rank" + std::to_string(plan.rank_offset + local_rank) + "]:";
-  bool redirected = (o.redirects.for_rank(local_rank) & which) != 0;
+  opts.prefix = "[rank" + std::to_string(layout_.rank_offset + local_rank) + "]:";
+  // --tee wins over --redirects: a teed stream is on the console as well.
+  bool redirected = (o.redirects.for_rank(local_rank) & which) != 0 && (o.tee.for_rank(local_rank) & which) == 0;
   bool filtered_out = o.local_ranks_filter && o.local_ranks_filter->count(local_rank) == 0;
   opts.console_fd = redirected || filtered_out ? -1 : (which == kStdout ? STDOUT_FILENO : STDERR_FILENO);
   opts.keep_tail = which == kStderr;
@@ -193,38 +215,51 @@ std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int l
 
 void WorkerGroup::start() {
   const LaunchPlan& plan = sup_.plan_;
-  for (int lr = 0; lr < plan.nproc; ++lr) {
-    auto w = std::make_unique<Worker>();
-    w->outcome.local_rank = lr;
-    w->outcome.rank = plan.rank_offset + lr;
-    if (plan.log_root) w->outcome.stderr_log = (worker_log_dir(plan, attempt_, lr) / "stderr.log").string();
-    Pipe out, err;
-    try {
+  // First every pipe and log file, so nothing that can fail is left once workers run.
+  std::vector<std::pair<int, int>> write_ends;  // stdout, stderr of each worker
+  try {
+    for (int lr = 0; lr < plan.nproc; ++lr) {
+      auto w = std::make_unique<Worker>();
+      w->outcome.local_rank = lr;
+      w->outcome.rank = layout_.rank_offset + lr;
+      if (plan.log_root) w->outcome.stderr_log = (worker_log_dir(plan, attempt_, lr) / "stderr.log").string();
+      Pipe out;
+      write_ends.emplace_back(out.write_fd, -1);
       w->out = open_stream(out.read_fd, lr, kStdout);
+      Pipe err;
+      write_ends.back().second = err.write_fd;
       w->err = open_stream(err.read_fd, lr, kStderr);
-    } catch (...) {
-      close(out.write_fd);
-      close(err.write_fd);
-      throw;
+      workers_.push_back(std::move(w));
     }
-    std::vector<std::string> env = worker_environment(plan, lr, attempt_);
-    SpawnRequest req{&plan.command, &env, out.write_fd, err.write_fd};
+  } catch (...) {
+    for (auto [o, e] : write_ends) {
+      close(o);
+      if (e >= 0) close(e);
+    }
+    throw;
+  }
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = *workers_[i];
+    std::vector<std::string> env = worker_environment(plan, layout_, w.outcome.local_rank, attempt_);
+    SpawnRequest req{&plan.command, &env, write_ends[i].first, write_ends[i].second};
     pid_t pid = -1;
     try {
       pid = spawn_worker(req);
     } catch (...) {
-      close(out.write_fd);
-      close(err.write_fd);
+      for (size_t j = i; j < write_ends.size(); ++j) {
+        close(write_ends[j].first);
+        close(write_ends[j].second);
+      }
+      workers_.resize(i);  // the destructor kills and reaps those already started
       throw;
     }
-    close(out.write_fd);
-    close(err.write_fd);
-    w->outcome.pid = pid;
+    close(write_ends[i].first);
+    close(write_ends[i].second);
+    w.outcome.pid = pid;
     sup_.guard_.watch(pid);
-    read_some(*w->out);
-    read_some(*w->err);
+    read_some(*w.out);
+    read_some(*w.err);
     open_streams_ += 2;
-    workers_.push_back(std::move(w));
     ++running_;
   }
 }
@@ -265,9 +300,11 @@ void WorkerGroup::reap() {
       o.ended = std::chrono::system_clock::now();
       o.ended_after_stop = stopping_;
       --running_;
+      group_alive(*workers_[i]);  // forget the group at once if the leader was its last member
       if (o.failed() && !root_cause_ && !stopping_) {
         root_cause_ = i;
         begin_stop(SIGTERM, "rank " + std::to_string(o.rank) + " " + o.describe());
+        if (hooks_.on_local_failure) hooks_.on_local_failure(o);
       }
       break;
     }
@@ -293,7 +330,10 @@ void WorkerGroup::begin_stop(int sig, const std::string& why) {
 void WorkerGroup::signal_everything(int sig) {
   for (auto& w : workers_) {
     // The leader may be gone while processes it started still hold its group.
-    if (group_alive(w->outcome.pid)) kill(-w->outcome.pid, sig);
+    if (!group_alive(*w)) continue;
+    // A worker that has not reached setsid() yet has no group: signal it directly
+    // (its signals are blocked until it resets them, so nothing is lost).
+    if (kill(-w->outcome.pid, sig) != 0 && errno == ESRCH && !w->outcome.reaped) kill(w->outcome.pid, sig);
   }
   for (pid_t pid : stragglers()) {
     kill(pid, sig);
@@ -317,7 +357,7 @@ std::vector<pid_t> WorkerGroup::stragglers() const {
 void WorkerGroup::check_done() {
   if (running_ > 0 || processes_gone_) return;
   bool leftovers = !stragglers().empty();
-  for (auto& w : workers_) leftovers = leftovers || group_alive(w->outcome.pid);
+  for (auto& w : workers_) leftovers = group_alive(*w) || leftovers;
   if (leftovers) {
     if (!stopping_) {
       begin_stop(SIGTERM, "all workers exited but processes they started are still running");
@@ -373,6 +413,13 @@ void WorkerGroup::on_signal(int sig) {
   }
 }
 
+void WorkerGroup::on_remote_failure(RemoteCause cause) {
+  if (stopping_ || done_) return;
+  std::string why = "the job failed elsewhere: " + cause.description;
+  remote_ = std::move(cause);
+  begin_stop(SIGTERM, why);
+}
+
 void WorkerGroup::on_grace_expired() {
   if (killed_) {
     spdlog::error("{} worker process(es) did not exit {} s after SIGKILL; giving up on them", running_,
@@ -394,7 +441,7 @@ AttemptResult WorkerGroup::finish() {
   AttemptResult result;
   for (auto& w : workers_) {
     w->outcome.stderr_tail.assign(w->err->sink.tail().lines().begin(), w->err->sink.tail().lines().end());
-    sup_.guard_.forget(w->outcome.pid);
+    if (!w->group_gone) sup_.guard_.forget(w->outcome.pid);
   }
   // Let the handlers of the cancelled timers and signal wait run (as aborted) while
   // this group still exists.
@@ -403,6 +450,7 @@ AttemptResult WorkerGroup::finish() {
   for (auto& w : workers_) result.workers.push_back(w->outcome);
   finished_ = true;
   result.root_cause = root_cause_;
+  result.remote = remote_;
   result.stop_signal = stop_signal_;
   return result;
 }
@@ -417,8 +465,19 @@ Supervisor::Supervisor(const LaunchPlan& plan) : plan_(plan), signals_(io_) {
   signals_.add(SIGCHLD);
 }
 
-AttemptResult Supervisor::run_attempt(int attempt) {
-  WorkerGroup group(*this, attempt);
+void Supervisor::stop_for_remote(int attempt, RemoteCause cause) {
+  asio::post(io_, [this, attempt, cause = std::move(cause)]() mutable {
+    if (current_ != nullptr && current_->attempt() == attempt) current_->on_remote_failure(std::move(cause));
+  });
+}
+
+AttemptResult Supervisor::run_attempt(int attempt, const JobLayout& layout, const AttemptHooks& hooks) {
+  WorkerGroup group(*this, attempt, layout, hooks);
+  current_ = &group;
+  struct Clear {
+    WorkerGroup*& p;
+    ~Clear() { p = nullptr; }
+  } clear{current_};
 
   std::function<void(const boost::system::error_code&, int)> on_signal;
   on_signal = [&](const boost::system::error_code& ec, int sig) {

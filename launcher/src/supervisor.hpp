@@ -17,6 +17,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,14 +44,29 @@ struct WorkerOutcome {
   std::string describe() const;   // "exited with code 3", "killed by signal 9 (SIGKILL)"
 };
 
+// The job's root cause when it was not one of this node's workers (multi-node).
+struct RemoteCause {
+  std::string description;  // "rank 5 on node 1 (hostb): exited with code 3"
+  int status = 1;           // the status every node exits with
+};
+
 struct AttemptResult {
   std::vector<WorkerOutcome> workers;
-  std::optional<size_t> root_cause;  // index of the first worker to fail
+  std::optional<size_t> root_cause;  // index of this node's first worker to fail
+  std::optional<RemoteCause> remote; // the job's first failure, when it happened elsewhere
   int stop_signal = 0;               // signal ddprun received that stopped the attempt, or 0
 
-  bool succeeded() const { return !root_cause && stop_signal == 0; }
-  int exit_status() const;           // 0, 128+stop_signal, or the root cause's status
+  bool succeeded() const { return !root_cause && !remote && stop_signal == 0; }
+  // The remote root cause's status, else the local root cause's, else 128+stop_signal, else 0.
+  int exit_status() const;
 };
+
+// What an attempt tells the rest of the job (multi-node), called on ddprun's main thread.
+struct AttemptHooks {
+  std::function<void(const WorkerOutcome&)> on_local_failure;  // this node's first failure
+};
+
+class WorkerGroup;
 
 class Supervisor {
  public:
@@ -59,7 +75,11 @@ class Supervisor {
   // Starts the workers for `attempt` (TORCHELASTIC_RESTART_COUNT) and returns when
   // they and all their descendants are gone. Throws LaunchError when the workers
   // cannot be started (those already started are killed first).
-  AttemptResult run_attempt(int attempt);
+  AttemptResult run_attempt(int attempt, const JobLayout& layout, const AttemptHooks& hooks = {});
+
+  // Stops attempt `attempt` because of a failure elsewhere. Safe from any thread;
+  // ignored when that attempt is not running or is already stopping.
+  void stop_for_remote(int attempt, RemoteCause cause);
 
  private:
   friend class WorkerGroup;
@@ -68,6 +88,7 @@ class Supervisor {
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   OrphanGuard guard_;
+  WorkerGroup* current_ = nullptr;  // the running attempt (touched only on the io thread)
 };
 
 }  // namespace ddprun

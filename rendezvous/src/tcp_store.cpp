@@ -1,6 +1,8 @@
 #include "rdzv/tcp_store.hpp"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -117,7 +119,14 @@ int try_connect(const std::string& host, uint16_t port, Clock::time_point deadli
 
 }  // namespace
 
-TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) { connect_and_authenticate(); }
+TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
+  try {
+    connect_and_authenticate();
+  } catch (...) {
+    if (fd_ >= 0) ::close(fd_);
+    throw;
+  }
+}
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
@@ -169,7 +178,7 @@ void TcpStore::connect_and_authenticate() {
 
 std::string TcpStore::call(const wire::Request& q, Millis server_wait) {
   std::lock_guard lock(mutex_);
-  if (fd_ < 0) throw StoreConnectionError("the store connection is closed");
+  if (broken_) throw StoreConnectionError("the store connection is closed");
   const auto deadline = Clock::now() + server_wait + options_.io_timeout;
   uint32_t id = next_id_++;
   try {
@@ -184,12 +193,10 @@ std::string TcpStore::call(const wire::Request& q, Millis server_wait) {
   } catch (const StoreTimeout&) {
     throw;
   } catch (const wire::ProtocolError&) {
-    ::close(fd_);  // out of step with the server: nothing after this could be trusted
-    fd_ = -1;
+    broken_ = true;  // out of step with the server: nothing after this could be trusted
     throw;
   } catch (const StoreConnectionError&) {
-    ::close(fd_);
-    fd_ = -1;
+    broken_ = true;
     throw;
   }
 }
@@ -272,15 +279,32 @@ void TcpStore::set_will(const std::string& key, const std::string& value) {
 }
 
 void TcpStore::close() {
-  if (fd_ < 0) return;
   try {
     call(request(Type::kGoodbye), Millis(0));
   } catch (const StoreError&) {
     // Closing anyway; a lost connection has nothing to say goodbye to.
   }
   std::lock_guard lock(mutex_);
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  broken_ = true;
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+void TcpStore::abort() {
+  // No lock: the call being interrupted holds it. fd_ stays open until the destructor.
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+std::string TcpStore::local_address() const {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  char text[INET6_ADDRSTRLEN] = {};
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
+  if (addr.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof(text));
+  } else {
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text, sizeof(text));
+  }
+  return text;
 }
 
 }  // namespace rdzv

@@ -36,7 +36,8 @@ void expect_refusal(const std::vector<std::string>& flags, int status, const std
 TEST_CASE("invalid flag values are usage errors (exit 2)", "[e2e][bad_input]") {
   expect_refusal({"--nproc_per_node=0"}, 2, "--nproc_per_node");
   expect_refusal({"--nproc_per_node=lots"}, 2, "--nproc_per_node");
-  expect_refusal({"--nnodes=2"}, 2, "multi-node");
+  expect_refusal({"--nnodes=2", "--standalone"}, 2, "single-node");
+  expect_refusal({"--rdzv_endpoint=daemon:29400"}, 2, "--rdzv_id");
   expect_refusal({"--node_rank=3"}, 2, "--node_rank");
   expect_refusal({"--master_port=65536"}, 2, "--master_port");
   expect_refusal({"--redirects=7"}, 2, "--redirects");

@@ -2,6 +2,11 @@
 // the test worker, and the per-rank view of ddprun's prefixed output.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +34,19 @@ inline std::map<int, std::vector<std::string>> by_rank(const std::string& output
     out[std::stoi(line.substr(5, close - 5))].push_back(line.substr(close + 2));
   }
   return out;
+}
+
+// A port nothing listens on right now (the kernel's pick for a socket bound to port 0).
+inline int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 // Lines ddprun printed itself ("ddprun: level: ...").

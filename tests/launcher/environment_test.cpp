@@ -79,10 +79,11 @@ TEST_CASE("rank 0 can bind MASTER_PORT whether explicit or chosen by standalone"
     CHECK(r.status == 0);
   }
   SECTION("--master_port") {
-    auto r = run(e2e::ddprun({"--master_port=29517", e2e::kWorker, "bind-master-port"}));
+    std::string port = std::to_string(e2e::free_port());
+    auto r = run(e2e::ddprun({"--master_port=" + port, e2e::kWorker, "bind-master-port"}));
     INFO(r.err);
     CHECK(r.status == 0);
-    CHECK(e2e::by_rank(r.out)[0] == std::vector<std::string>{"bound 29517"});
+    CHECK(e2e::by_rank(r.out)[0] == std::vector<std::string>{"bound " + port});
   }
 }
 

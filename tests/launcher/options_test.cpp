@@ -63,6 +63,20 @@ TEST_CASE("defaults match torchrun's", "[options]") {
   CHECK_FALSE(o.redirects.any());
 }
 
+TEST_CASE("torchrun's rendezvous flags are understood", "[options]") {
+  auto daemon = parse({"--nnodes=2", "--node_rank=1", "--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:29400",
+                       "--rdzv_id=job7", "p"});
+  CHECK(daemon.nnodes == 2);
+  CHECK(daemon.node_rank == 1);
+  CHECK(*daemon.rdzv_host == "::1");
+  CHECK(daemon.rdzv_port == 29400);
+  // torchrun's single-node recipe: a free port, no daemon.
+  auto local = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "p"});
+  CHECK(local.standalone);
+  CHECK_FALSE(local.rdzv_host.has_value());
+  CHECK(parse({"--", "prog", "x"}).program == "prog");
+}
+
 TEST_CASE("symbolic worker counts and redirect maps parse", "[options]") {
   for (const char* spec : {"gpu", "cpu", "auto"}) CHECK(parse({std::string("--nproc_per_node=") + spec, "p"}).nproc_per_node == spec);
   auto o = parse({"--redirects", "0:3,2:1", "--tee=2", "--local_ranks_filter=0,2", "--nnodes=1:1", "p"});
@@ -84,7 +98,13 @@ TEST_CASE("each bad value is one UsageError naming the flag", "[options]") {
       {{"--nproc_per_node=-2", "p"}, "--nproc_per_node"},
       {{"--nproc_per_node=two", "p"}, "--nproc_per_node"},
       {{"--nproc_per_node=4x", "p"}, "--nproc_per_node"},
-      {{"--nnodes=2", "p"}, "multi-node"},
+      {{"--nnodes=2", "--standalone", "p"}, "single-node"},
+      {{"--rdzv_endpoint=hostonly", "p"}, "--rdzv_endpoint"},
+      {{"--rdzv_endpoint=h:99999", "--rdzv_id=j", "p"}, "--rdzv_endpoint"},
+      {{"--rdzv_endpoint=h:29400", "p"}, "--rdzv_id"},
+      {{"--rdzv_backend=etcd", "p"}, "--rdzv_backend"},
+      {{"--heartbeat_timeout=1", "p"}, "--heartbeat_timeout"},
+      {{"--join_timeout=0", "p"}, "--join_timeout"},
       {{"--nnodes=1:4", "p"}, "elastic"},
       {{"--nnodes=x", "p"}, "--nnodes"},
       {{"--node_rank=1", "p"}, "--node_rank"},
@@ -99,7 +119,7 @@ TEST_CASE("each bad value is one UsageError naming the flag", "[options]") {
       {{"--redirects=0:1,0:2", "p"}, "twice"},
       {{"--tee=x:1", "p"}, "--tee"},
       {{"--local_ranks_filter=a", "p"}, "--local_ranks_filter"},
-      {{"--monitor_interval=0", "p"}, "--monitor_interval"},
+      {{"--monitor_interval=-1", "p"}, "--monitor_interval"},
       {{"--monitor_interval=nan", "p"}, "--monitor_interval"},
       {{"--grace_period=-1", "p"}, "--grace_period"},
       {{"--module", "--no_python", "p"}, "together"},

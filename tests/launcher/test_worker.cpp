@@ -47,13 +47,21 @@ volatile sig_atomic_t g_last_signal = 0;
 void record_signal(int sig) { g_last_signal = sig; }
 
 int mode_trap(int argc, char** argv) {
+  // The signals stay blocked except inside sigsuspend(), so one that arrives right
+  // after "ready" waits for us instead of being handled before we sleep.
   struct sigaction sa {};
   sa.sa_handler = record_signal;
-  for (int i = 2; i < argc; ++i) sigaction(std::atoi(argv[i]), &sa, nullptr);
+  sigset_t wanted, old;
+  sigemptyset(&wanted);
+  for (int i = 2; i < argc; ++i) {
+    sigaction(std::atoi(argv[i]), &sa, nullptr);
+    sigaddset(&wanted, std::atoi(argv[i]));
+  }
+  sigprocmask(SIG_BLOCK, &wanted, &old);
   say("ready");
   int remaining = argc - 2;
   while (remaining > 0) {
-    pause();
+    sigsuspend(&old);
     int sig = g_last_signal;
     if (sig == 0) continue;
     g_last_signal = 0;

@@ -47,6 +47,13 @@ class TcpStore : public Store {
   // Clean close (GOODBYE): the will is discarded. Further calls throw.
   void close();
 
+  // Unblocks a call in progress on another thread (it throws StoreConnectionError)
+  // and leaves the connection unusable. Safe to call from any thread.
+  void abort();
+
+  // The local address of this connection (the interface that reaches the server).
+  std::string local_address() const;
+
   const TcpStoreOptions& options() const { return options_; }
 
  private:
@@ -55,7 +62,8 @@ class TcpStore : public Store {
 
   TcpStoreOptions options_;
   std::mutex mutex_;
-  int fd_ = -1;
+  int fd_ = -1;         // valid from construction to destruction
+  bool broken_ = false; // a connection error or abort(): every call throws
   uint32_t next_id_ = 1;
 };
 

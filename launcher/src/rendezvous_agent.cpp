@@ -1,0 +1,266 @@
+#include "rendezvous_agent.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
+#include "errors.hpp"
+#include "ports.hpp"
+
+namespace ddprun {
+
+using Millis = std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+Millis to_ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// FailureNotice: "node\nrank\nstatus\nhost\nwhat" (the last field may not hold newlines)
+// ---------------------------------------------------------------------------
+
+std::string FailureNotice::encode() const {
+  std::string line = what;
+  for (char& c : line) {
+    if (c == '\n') c = ' ';
+  }
+  return std::to_string(node) + "\n" + std::to_string(rank) + "\n" + std::to_string(status) + "\n" + host + "\n" + line;
+}
+
+FailureNotice FailureNotice::decode(const std::string& text) {
+  FailureNotice n;
+  std::istringstream in(text);
+  std::string node, rank, status;
+  std::getline(in, node);
+  std::getline(in, rank);
+  std::getline(in, status);
+  std::getline(in, n.host);
+  std::getline(in, n.what);
+  try {
+    n.node = std::stoi(node);
+    n.rank = std::stoi(rank);
+    n.status = std::stoi(status);
+  } catch (const std::exception&) {
+    n = FailureNotice{};
+    n.what = "an unreadable failure notice: " + text.substr(0, 200);
+  }
+  return n;
+}
+
+std::string FailureNotice::describe() const {
+  std::string where = "node " + std::to_string(node) + (host.empty() ? "" : " (" + host + ")");
+  return (rank >= 0 ? "rank " + std::to_string(rank) + " on " : "") + where + ": " + what;
+}
+
+// ---------------------------------------------------------------------------
+// RendezvousAgent
+// ---------------------------------------------------------------------------
+
+RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
+                                 std::string ns)
+    : plan_(plan), store_host_(std::move(store_host)), store_port_(store_port), token_(std::move(token)),
+      ns_(std::move(ns)) {
+  try {
+    store_ = std::make_unique<rdzv::TcpStore>(store_options(to_ms(plan_.options.join_timeout)));
+  } catch (const rdzv::StoreError& e) {
+    throw LaunchError(std::string("rendezvous: ") + e.what());
+  }
+}
+
+RendezvousAgent::~RendezvousAgent() { stop_watch(); }
+
+rdzv::TcpStoreOptions RendezvousAgent::store_options(Millis connect_timeout) const {
+  rdzv::TcpStoreOptions o;
+  o.host = store_host_;
+  o.port = static_cast<uint16_t>(store_port_);
+  o.token = token_;
+  o.ns = ns_;
+  o.connect_timeout = connect_timeout;
+  o.io_timeout = to_ms(plan_.options.heartbeat_timeout);
+  o.heartbeat_timeout = to_ms(plan_.options.heartbeat_timeout);
+  return o;
+}
+
+std::string RendezvousAgent::key(int attempt, const std::string& name) const {
+  return "attempt/" + std::to_string(attempt) + "/" + name;
+}
+
+std::string RendezvousAgent::agree_run_id(const std::string& mine) {
+  try {
+    std::string agreed = plan_.options.node_rank == 0 ? store_->compare_set("run_id", "", mine)
+                                                       : store_->get("run_id", to_ms(plan_.options.join_timeout));
+    if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
+      spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
+    }
+    return agreed;
+  } catch (const rdzv::StoreTimeout&) {
+    throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(plan_.options.join_timeout)) +
+                      " s waiting for node rank(s) 0 to join at " + store_host_ + ":" + std::to_string(store_port_));
+  } catch (const rdzv::StoreError& e) {
+    throw LaunchError(std::string("rendezvous: ") + e.what());
+  }
+}
+
+JobLayout RendezvousAgent::join(int attempt) {
+  const LaunchOptions& o = plan_.options;
+  const int me = o.node_rank;
+  try {
+    // If this ddprun dies or is cut off from here on, the server publishes that for us.
+    FailureNotice will{me, -1, 1, plan_.hostname,
+                       "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
+    store_->set_will(key(attempt, "failure"), will.encode());
+
+    std::string address = store_->local_address();
+    store_->set(key(attempt, "node/" + std::to_string(me)),
+                plan_.hostname + "\n" + address + "\n" + std::to_string(plan_.nproc));
+    if (me == 0) store_->set(key(attempt, "master_port"), std::to_string(pick_free_port()));
+
+    std::vector<std::string> keys;
+    for (int r = 0; r < o.nnodes; ++r) keys.push_back(key(attempt, "node/" + std::to_string(r)));
+    keys.push_back(key(attempt, "master_port"));
+    std::vector<std::string> values;
+    try {
+      values = store_->multi_get(keys, to_ms(o.join_timeout));
+    } catch (const rdzv::StoreTimeout&) {
+      std::string missing;
+      for (int r = 0; r < o.nnodes; ++r) {
+        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(o.join_timeout)) +
+                        " s waiting for node rank(s) " + missing + " of " + std::to_string(o.nnodes) +
+                        " to join at " + store_host_ + ":" + std::to_string(store_port_));
+    }
+
+    JobLayout layout;
+    std::string node0_address;
+    for (int r = 0; r < o.nnodes; ++r) {
+      std::istringstream in(values[r]);
+      std::string host, addr, nproc;
+      std::getline(in, host);
+      std::getline(in, addr);
+      std::getline(in, nproc);
+      int n = std::stoi(nproc);
+      if (r < me) layout.rank_offset += n;
+      layout.world_size += n;
+      if (r == 0) node0_address = addr;
+    }
+    layout.world_size -= 1;  // started at 1
+    // MASTER_ADDR: --master_addr names node 0 when it hosts the store; with a daemon,
+    // node 0's own address as the daemon saw it.
+    layout.master_addr = o.rdzv_host ? node0_address : o.master_addr;
+    layout.master_port = std::stoi(values.back());
+    layout.store_addr = store_host_;
+    layout.store_port = store_port_;
+    layout.store_token = token_;
+    layout.store_namespace = ns_;
+    layout.store_prefix = "run/" + plan_.run_id + "/attempt/" + std::to_string(attempt) + "/workers";
+    return layout;
+  } catch (const rdzv::StoreError& e) {
+    throw LaunchError(std::string("rendezvous: ") + e.what());
+  }
+}
+
+void RendezvousAgent::start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure) {
+  stop_watch();
+  stopping_ = false;
+  failure_seen_ = false;
+  try {
+    watcher_ = std::make_unique<rdzv::TcpStore>(store_options(to_ms(plan_.options.heartbeat_timeout)));
+  } catch (const rdzv::StoreError& e) {
+    throw LaunchError(std::string("rendezvous: ") + e.what());
+  }
+  watch_thread_ = std::thread([this, attempt, on_failure = std::move(on_failure)] {
+    const std::string failure_key = key(attempt, "failure");
+    while (!stopping_) {
+      try {
+        std::string text = watcher_->get(failure_key, Millis(3600 * 1000));
+        failure_seen_ = true;
+        on_failure(FailureNotice::decode(text));
+        return;
+      } catch (const rdzv::StoreTimeout&) {
+        continue;  // an hour without news: ask again
+      } catch (const rdzv::StoreError& e) {
+        if (stopping_) return;
+        failure_seen_ = true;
+        FailureNotice lost{0, -1, 1, "",
+                           "the rendezvous store at " + store_host_ + ":" + std::to_string(store_port_) +
+                               " is gone (its host died or this node is cut off): " + e.what()};
+        on_failure(lost);
+        return;
+      }
+    }
+  });
+}
+
+void RendezvousAgent::stop_watch() {
+  if (!watch_thread_.joinable()) return;
+  stopping_ = true;
+  watcher_->abort();
+  watch_thread_.join();
+  watcher_.reset();
+}
+
+FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice& notice) {
+  try {
+    return FailureNotice::decode(store_->compare_set(key(attempt, "failure"), "", notice.encode()));
+  } catch (const rdzv::StoreError& e) {
+    spdlog::error("could not publish the failure to the store: {}", e.what());
+    return notice;
+  }
+}
+
+std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
+  const LaunchOptions& o = plan_.options;
+  std::vector<std::string> done;
+  for (int r = 0; r < o.nnodes; ++r) done.push_back(key(attempt, "done/" + std::to_string(r)));
+  auto deadline = Clock::now() + to_ms(o.exit_barrier_timeout);
+  try {
+    store_->set(done[o.node_rank], "1");
+    // Short waits, so a failure published meanwhile (the watcher sees it) ends the wait.
+    while (true) {
+      if (failure_seen_ || store_->check({key(attempt, "failure")})) {
+        return FailureNotice::decode(store_->get(key(attempt, "failure"), Millis(1000)));
+      }
+      try {
+        store_->wait(done, Millis(500));
+        return std::nullopt;
+      } catch (const rdzv::StoreTimeout&) {
+        if (Clock::now() >= deadline) {
+          std::string missing;
+          for (int r = 0; r < o.nnodes; ++r) {
+            if (!store_->check({done[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          }
+          return FailureNotice{o.node_rank, -1, 1, plan_.hostname,
+                               "exit barrier: node rank(s) " + missing + " did not finish within " +
+                                   std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"};
+        }
+      }
+    }
+  } catch (const rdzv::StoreError& e) {
+    return FailureNotice{0, -1, 1, "", std::string("exit barrier: lost the rendezvous store: ") + e.what()};
+  }
+}
+
+void RendezvousAgent::leave(int attempt, Millis linger) {
+  const LaunchOptions& o = plan_.options;
+  try {
+    store_->set(key(attempt, "left/" + std::to_string(o.node_rank)), "1");
+    if (linger.count() > 0) {
+      std::vector<std::string> left;
+      for (int r = 0; r < o.nnodes; ++r) left.push_back(key(attempt, "left/" + std::to_string(r)));
+      try {
+        store_->wait(left, linger);
+      } catch (const rdzv::StoreTimeout&) {
+        // Someone is slow to leave; their answers were sent already.
+      }
+    }
+    store_->close();
+  } catch (const rdzv::StoreError&) {
+    // Leaving anyway.
+  }
+}
+
+}  // namespace ddprun

@@ -1,0 +1,85 @@
+// The agent's side of a multi-node launch: every node's ddprun registers in the
+// store, waits for the others, agrees on ranks, watches for failures elsewhere,
+// and passes an exit barrier. Keys live under "attempt/<k>/" so a restarted
+// group rendezvouses afresh:
+//
+//   node/<r>       "<host>\n<address>\n<nproc>"   each node, at join
+//   master_port    the free port on node 0 that becomes MASTER_PORT
+//   failure        the first failure anywhere (FailureNotice); also the will every
+//                  agent leaves, so a node that dies or is cut off fails the job
+//   done/<r>       node r's workers all succeeded (exit barrier)
+//   left/<r>       node r passed the barrier (node 0 keeps the store up until all left)
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "launch_plan.hpp"
+#include "rdzv/tcp_store.hpp"
+
+namespace ddprun {
+
+// Who failed and how, as published in the store.
+struct FailureNotice {
+  int node = -1;         // node rank that reported (or that was lost)
+  int rank = -1;         // global rank of the failed worker; -1 when a whole node was lost
+  int status = 1;        // the exit status every ddprun then exits with
+  std::string host;
+  std::string what;      // one line: "exited with code 3", "ddprun ... was lost"
+
+  std::string encode() const;
+  static FailureNotice decode(const std::string& text);
+  std::string describe() const;  // "rank 3 on node 1 (host): exited with code 3"
+};
+
+class RendezvousAgent {
+ public:
+  // Connects to the store (retrying until the join timeout). Throws LaunchError.
+  RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
+                  std::string ns);
+  ~RendezvousAgent();
+
+  // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's.
+  std::string agree_run_id(const std::string& mine);
+
+  // Registers this node for `attempt` and waits for all nodes. Throws LaunchError
+  // naming the nodes that did not join in time.
+  JobLayout join(int attempt);
+
+  // Runs `on_failure` (on a helper thread) when a failure is published for `attempt`,
+  // or when the store cannot be reached any more.
+  void start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure);
+  void stop_watch();
+
+  // Publishes a local worker failure; the first one anywhere wins. Returns the winner.
+  FailureNotice publish_failure(int attempt, const FailureNotice& notice);
+
+  // After this node's workers succeeded: waits for every node to finish. Returns the
+  // failure that ended the job instead, if any.
+  std::optional<FailureNotice> exit_barrier(int attempt);
+
+  // Says goodbye (no will fires). The node hosting the store first waits up to
+  // `linger` for the others to leave, so their last answers get out.
+  void leave(int attempt, std::chrono::milliseconds linger);
+
+ private:
+  std::string key(int attempt, const std::string& name) const;
+  rdzv::TcpStoreOptions store_options(std::chrono::milliseconds connect_timeout) const;
+
+  const LaunchPlan& plan_;
+  std::string store_host_;
+  int store_port_;
+  std::string token_;
+  std::string ns_;
+  std::unique_ptr<rdzv::TcpStore> store_;    // registration, barrier, will
+  std::unique_ptr<rdzv::TcpStore> watcher_;  // blocks in get("failure") on its own thread
+  std::thread watch_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> failure_seen_{false};
+};
+
+}  // namespace ddprun
