@@ -131,6 +131,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.prefix_command();  // the first positional is PROGRAM; the rest belongs to it
   app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
 
+  // As with torchrun's argparse, a flag given twice takes its last value.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
   RawFlags raw;
   LaunchOptions opts;
   app.add_option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node,

@@ -124,10 +124,29 @@ JobLayout RendezvousAgent::join(int attempt) {
     std::vector<std::string> values;
     try {
       values = store_->multi_get(keys, to_ms(o.join_timeout));
-    } catch (const rdzv::StoreTimeout&) {
+    } catch (const rdzv::StoreTimeout& e) {
+      // The server's message names the keys still missing ("... 'attempt/0/node/2'"): read the
+      // node ranks from it rather than asking again (node 0 may already be gone with its store).
       std::string missing;
-      for (int r = 0; r < o.nnodes; ++r) {
-        if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      std::string text = e.what();
+      const std::string tag = key(attempt, "node/");
+      for (size_t at = text.find(tag); at != std::string::npos; at = text.find(tag, at + 1)) {
+        size_t begin = at + tag.size(), end = text.find('\'', begin);
+        missing += (missing.empty() ? "" : ", ") + text.substr(begin, end - begin);
+      }
+      if (missing.empty()) missing = "?";
+      // Let the nodes that did join read their own timeout before node 0 takes the store away.
+      try {
+        store_->set(key(attempt, "left/" + std::to_string(me)), "1");
+        if (me == 0 && !o.rdzv_host) {
+          std::vector<std::string> joined;
+          for (int r = 1; r < o.nnodes; ++r) {
+            if (store_->check({keys[r]})) joined.push_back(key(attempt, "left/" + std::to_string(r)));
+          }
+          store_->wait(joined, std::min(to_ms(o.join_timeout), Millis(5000)));
+        }
+      } catch (const rdzv::StoreError&) {
+        // Leaving anyway.
       }
       throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(o.join_timeout)) +
                         " s waiting for node rank(s) " + missing + " of " + std::to_string(o.nnodes) +
@@ -158,6 +177,9 @@ JobLayout RendezvousAgent::join(int attempt) {
     layout.store_namespace = ns_;
     layout.store_prefix = "run/" + plan_.run_id + "/attempt/" + std::to_string(attempt) + "/workers";
     return layout;
+  } catch (const rdzv::StoreConnectionError& e) {
+    throw LaunchError("rendezvous: the store at " + store_host_ + ":" + std::to_string(store_port_) +
+                      " went away while this node waited for the others (node 0 gave up or died): " + e.what());
   } catch (const rdzv::StoreError& e) {
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }

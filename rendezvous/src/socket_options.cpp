@@ -12,14 +12,15 @@ void set_liveness_options(int fd, Millis timeout) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (timeout.count() <= 0) return;
-  // Probe after half the timeout of silence, then up to 4 probes spread over the
-  // other half (whole seconds: the kernel's unit): an unreachable peer is declared
-  // dead after about `timeout`.
-  int total = std::max<int>(2, static_cast<int>(timeout.count() / 1000));
-  int idle = std::max(1, total / 2);
-  int count = std::clamp(total - idle, 1, 4);
-  int interval = std::max(1, (total - idle) / count);
-  unsigned user_timeout = static_cast<unsigned>(timeout.count());  // unacknowledged data
+  // Aim at about half the timeout (whole seconds: the kernel's unit), because the
+  // kernel overshoots: an idle period, then probes one second apart, and a user
+  // timeout that only acts when a probe or retransmission is due. Measured on a
+  // cut veth link (3 s timeout): detection in about 3 s.
+  int budget = std::max<int>(1, static_cast<int>(timeout.count() / 2000));
+  int idle = std::max(1, budget / 2);
+  int interval = 1;
+  int count = std::max(1, budget - idle);
+  unsigned user_timeout = static_cast<unsigned>(std::max<int64_t>(1000, timeout.count() / 2));
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
