@@ -48,6 +48,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
  public:
   ServerCore(asio::io_context& io, ServerOptions options);
   void start_accept();
+  void admit(tcp::socket socket);
   void stop();
 
   asio::io_context& io_;
@@ -84,7 +85,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void start() {
     server_->sessions_.insert(this);
-    set_liveness_options(socket_.native_handle(), server_->options_.heartbeat_timeout);
     nonce_ = auth::random_bytes(wire::kNonceSize);
     wire::BodyWriter w;
     w.bytes(nonce_).u32(server_->options_.token.empty() ? 0 : 1);
@@ -438,27 +438,27 @@ ServerCore::ServerCore(asio::io_context& io, ServerOptions options)
   if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acceptor_.non_blocking(true, ec);
+  // Accepted sockets inherit these (Linux copies the listener's TCP options).
+  if (!ec) set_liveness_options(acceptor_.native_handle(), options_.heartbeat_timeout);
   if (ec) {
     throw StoreError("store: cannot listen on " + options_.host + ":" + std::to_string(options_.port) + ": " +
                      ec.message());
   }
 }
 
+// Waits until the listening socket is readable, then accepts every pending connection
+// without going back to the reactor in between (thousands arrive at once at job start).
 void ServerCore::start_accept() {
-  acceptor_.async_accept([self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
-    if (self->stopped_) return;
-    if (!ec) {
-      if (self->sessions_.size() >= self->options_.max_connections) {
-        // Refused politely: one error frame, written without waiting, then close.
-        std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes("server full").take());
-        boost::system::error_code ignored;
-        socket.non_blocking(true, ignored);
-        socket.write_some(asio::buffer(frame), ignored);
-      } else {
-        std::make_shared<Session>(std::move(socket), self)->start();
-      }
+  acceptor_.async_wait(tcp::acceptor::wait_read, [self = shared_from_this()](const boost::system::error_code& ec) {
+    if (self->stopped_ || ec == asio::error::operation_aborted) return;
+    boost::system::error_code accept_ec = ec;
+    while (!accept_ec) {
+      tcp::socket socket(self->io_);
+      self->acceptor_.accept(socket, accept_ec);
+      if (!accept_ec) self->admit(std::move(socket));
     }
-    if (ec && ec != asio::error::operation_aborted) {
+    if (accept_ec != asio::error::would_block && accept_ec != asio::error::try_again) {
       // EMFILE and friends: the backlog holds the rest; try again shortly instead of spinning.
       self->retry_timer_.expires_after(Millis(50));
       self->retry_timer_.async_wait([self](const boost::system::error_code& e) {
@@ -468,6 +468,18 @@ void ServerCore::start_accept() {
     }
     self->start_accept();
   });
+}
+
+void ServerCore::admit(tcp::socket socket) {
+  if (sessions_.size() >= options_.max_connections) {
+    // Refused politely: one error frame, written without waiting, then close.
+    std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes("server full").take());
+    boost::system::error_code ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(frame), ignored);
+    return;
+  }
+  std::make_shared<Session>(std::move(socket), shared_from_this())->start();
 }
 
 void ServerCore::stop() {

@@ -37,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kMaxConnecting = 512;
+constexpr size_t kMaxConnecting = 1024;
 
 struct Config {
   tcp::endpoint endpoint;
