@@ -3,8 +3,10 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "rdzv/store.hpp"
@@ -26,9 +28,17 @@ std::string hmac(const std::string& token, const std::string& message) {
 }  // namespace
 
 std::string random_bytes(size_t n) {
+  // The kernel's CSPRNG directly: no OpenSSL initialisation (config files, several
+  // milliseconds and megabytes) on ddprun's start-up path.
   std::string out(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
-    throw StoreError("cannot get random bytes from OpenSSL");
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = getrandom(out.data() + done, n - done, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw StoreError(std::string("getrandom failed: ") + std::strerror(errno));
+    }
+    done += static_cast<size_t>(got);
   }
   return out;
 }
