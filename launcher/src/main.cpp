@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <iostream>
@@ -55,7 +56,16 @@ struct Job {
   std::string store_token;
 };
 
-Job set_up_job(ddprun::LaunchPlan& plan) {
+// Many nodes' agents and workers connect to a store this ddprun hosts.
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   const auto& o = plan.options;
   Job job;
   rdzv::ServerOptions server;
@@ -79,9 +89,11 @@ Job set_up_job(ddprun::LaunchPlan& plan) {
                    "--rdzv_token_file) on every node to require a shared token",
                    plan.master_port);
     }
+    raise_fd_limit();
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
   }
-  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, host, port, o.token, o.rdzv_host ? plan.run_id : "");
+  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, host, port, o.token, o.rdzv_host ? plan.run_id : "",
+                                                        [&supervisor] { return supervisor.poll_stop_signal(); });
   ddprun::set_run_id(plan, job.agent->agree_run_id(plan.run_id));
   return job;
 }
@@ -105,20 +117,36 @@ int launch(ddprun::LaunchPlan& plan) {
   signal(SIGPIPE, SIG_IGN);
 
   ddprun::Supervisor supervisor(plan);  // forks the orphan guard before any thread starts
-  Job job = set_up_job(plan);
+  Job job;
+  try {
+    job = set_up_job(plan, supervisor);
+  } catch (const ddprun::Interrupted& stop) {
+    spdlog::error("received SIG{} while joining the rendezvous; no worker was started", sigabbrev_np(stop.signal));
+    return 128 + stop.signal;
+  }
   const auto& o = plan.options;
   if (o.verbose) print_plan(plan);
   ddprun::RendezvousAgent* agent = job.agent.get();
 
   for (int attempt = 0;; ++attempt) {
     if (plan.log_root && (attempt > 0 || agent != nullptr)) ddprun::create_log_dirs(plan, attempt);
-    ddprun::JobLayout layout = agent ? agent->join(attempt) : single_node_layout(plan, job, attempt);
+    ddprun::JobLayout layout;
+    try {
+      layout = agent ? agent->join(attempt) : single_node_layout(plan, job, attempt);
+    } catch (const ddprun::Interrupted& stop) {
+      std::string sig = std::string("SIG") + sigabbrev_np(stop.signal);
+      agent->publish_failure(attempt, {o.node_rank, -1, 128 + stop.signal, plan.hostname,
+                                       "ddprun received " + sig + " while joining the rendezvous"});
+      agent->leave(attempt, std::chrono::seconds(0));
+      spdlog::error("received {} while joining the rendezvous; no worker was started", sig);
+      return 128 + stop.signal;
+    }
 
     ddprun::AttemptHooks hooks;
     std::optional<ddprun::FailureNotice> winner;  // the job's root cause, when this node published first or later
     if (agent != nullptr) {
       agent->start_watch(attempt, [&supervisor, attempt](const ddprun::FailureNotice& n) {
-        supervisor.stop_for_remote(attempt, {n.describe(), n.status});
+        supervisor.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0});
       });
       hooks.on_local_failure = [&](const ddprun::WorkerOutcome& w) {
         winner = agent->publish_failure(attempt, {o.node_rank, w.rank, w.exit_status(), plan.hostname, w.describe()});
@@ -137,7 +165,7 @@ int launch(ddprun::LaunchPlan& plan) {
       agent->stop_watch();
       // The job's root cause is whatever was published first, wherever that was.
       if (winner && !(result.root_cause && winner->node == o.node_rank && winner->rank >= 0)) {
-        if (!result.remote) result.remote = ddprun::RemoteCause{winner->describe(), winner->status};
+        if (!result.remote) result.remote = ddprun::RemoteCause{winner->describe(), winner->status, winner->rank >= 0};
       }
     }
     if (result.succeeded()) {
@@ -145,7 +173,10 @@ int launch(ddprun::LaunchPlan& plan) {
       return 0;
     }
     ddprun::write_fully(STDERR_FILENO, ddprun::format_failure_summary(plan, result, attempt));
-    if (result.stop_signal == 0 && attempt < o.max_restarts) {
+    // A restart helps after a worker failure; not when a node was lost or told to stop
+    // (it will not rejoin, and the others would wait out the join timeout for it).
+    bool worker_failure = result.remote ? result.remote->worker_failure : result.root_cause.has_value();
+    if (result.stop_signal == 0 && worker_failure && attempt < o.max_restarts) {
       spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, o.max_restarts);
       continue;
     }

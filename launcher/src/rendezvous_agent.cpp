@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <string.h>
+
+#include <algorithm>
 #include <sstream>
 
 #include "errors.hpp"
@@ -60,17 +63,51 @@ std::string FailureNotice::describe() const {
 // ---------------------------------------------------------------------------
 
 RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
-                                 std::string ns)
+                                 std::string ns, std::function<int()> stop_signal)
     : plan_(plan), store_host_(std::move(store_host)), store_port_(store_port), token_(std::move(token)),
-      ns_(std::move(ns)) {
+      ns_(std::move(ns)), stop_signal_(std::move(stop_signal)) {
   try {
     store_ = std::make_unique<rdzv::TcpStore>(store_options(to_ms(plan_.options.join_timeout)));
   } catch (const rdzv::StoreError& e) {
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }
+  heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
-RendezvousAgent::~RendezvousAgent() { stop_watch(); }
+RendezvousAgent::~RendezvousAgent() {
+  stop_watch();
+  {
+    std::lock_guard lock(heartbeat_mutex_);
+    heartbeat_done_ = true;
+  }
+  heartbeat_stop_.notify_all();
+  heartbeat_thread_.join();
+}
+
+void RendezvousAgent::heartbeat_loop() {
+  const Millis every = std::max(Millis(250), to_ms(plan_.options.heartbeat_timeout) / 4);
+  std::unique_lock lock(heartbeat_mutex_);
+  while (!heartbeat_stop_.wait_for(lock, every, [this] { return heartbeat_done_; })) {
+    try {
+      store_->ping();
+    } catch (const rdzv::StoreError&) {
+      return;  // the store is gone or we left; the watcher reports what matters
+    }
+  }
+}
+
+std::vector<std::string> RendezvousAgent::patient_multi_get(const std::vector<std::string>& keys, Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) throw Interrupted{sig};
+    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    try {
+      return store_->multi_get(keys, std::clamp(left, Millis(0), Millis(500)));
+    } catch (const rdzv::StoreTimeout&) {
+      if (Clock::now() >= deadline) throw;
+    }
+  }
+}
 
 rdzv::TcpStoreOptions RendezvousAgent::store_options(Millis connect_timeout) const {
   rdzv::TcpStoreOptions o;
@@ -91,7 +128,7 @@ std::string RendezvousAgent::key(int attempt, const std::string& name) const {
 std::string RendezvousAgent::agree_run_id(const std::string& mine) {
   try {
     std::string agreed = plan_.options.node_rank == 0 ? store_->compare_set("run_id", "", mine)
-                                                       : store_->get("run_id", to_ms(plan_.options.join_timeout));
+                                                       : patient_multi_get({"run_id"}, to_ms(plan_.options.join_timeout))[0];
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
     }
@@ -111,7 +148,7 @@ JobLayout RendezvousAgent::join(int attempt) {
     // If this ddprun dies or is cut off from here on, the server publishes that for us.
     FailureNotice will{me, -1, 1, plan_.hostname,
                        "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
-    store_->set_will(key(attempt, "failure"), will.encode());
+    store_->set_will(key(attempt, "failure"), will.encode(), to_ms(o.heartbeat_timeout));
 
     std::string address = store_->local_address();
     store_->set(key(attempt, "node/" + std::to_string(me)),
@@ -123,7 +160,7 @@ JobLayout RendezvousAgent::join(int attempt) {
     keys.push_back(key(attempt, "master_port"));
     std::vector<std::string> values;
     try {
-      values = store_->multi_get(keys, to_ms(o.join_timeout));
+      values = patient_multi_get(keys, to_ms(o.join_timeout));
     } catch (const rdzv::StoreTimeout& e) {
       // The server's message names the keys still missing ("... 'attempt/0/node/2'"): read the
       // node ranks from it rather than asking again (node 0 may already be gone with its store).
@@ -143,9 +180,11 @@ JobLayout RendezvousAgent::join(int attempt) {
           for (int r = 1; r < o.nnodes; ++r) {
             if (store_->check({keys[r]})) joined.push_back(key(attempt, "left/" + std::to_string(r)));
           }
-          store_->wait(joined, std::min(to_ms(o.join_timeout), Millis(5000)));
+          patient_multi_get(joined, std::min(to_ms(o.join_timeout), Millis(5000)));
         }
       } catch (const rdzv::StoreError&) {
+        // Leaving anyway.
+      } catch (const Interrupted&) {
         // Leaving anyway.
       }
       throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(o.join_timeout)) +
@@ -246,6 +285,11 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
       if (failure_seen_ || store_->check({key(attempt, "failure")})) {
         return FailureNotice::decode(store_->get(key(attempt, "failure"), Millis(1000)));
       }
+      if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
+        return publish_failure(attempt, {o.node_rank, -1, 128 + sig, plan_.hostname,
+                                         std::string("ddprun received SIG") + sigabbrev_np(sig) +
+                                             " while waiting for the other nodes to finish"});
+      }
       try {
         store_->wait(done, Millis(500));
         return std::nullopt;
@@ -255,9 +299,10 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
           for (int r = 0; r < o.nnodes; ++r) {
             if (!store_->check({done[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
           }
-          return FailureNotice{o.node_rank, -1, 1, plan_.hostname,
-                               "exit barrier: node rank(s) " + missing + " did not finish within " +
-                                   std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"};
+          // Published, so the nodes still running learn the job is over.
+          return publish_failure(attempt, {o.node_rank, -1, 1, plan_.hostname,
+                                           "exit barrier: node rank(s) " + missing + " did not finish within " +
+                                               std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"});
         }
       }
     }
@@ -274,13 +319,15 @@ void RendezvousAgent::leave(int attempt, Millis linger) {
       std::vector<std::string> left;
       for (int r = 0; r < o.nnodes; ++r) left.push_back(key(attempt, "left/" + std::to_string(r)));
       try {
-        store_->wait(left, linger);
+        patient_multi_get(left, linger);  // short slices: the heartbeat keeps going meanwhile
       } catch (const rdzv::StoreTimeout&) {
         // Someone is slow to leave; their answers were sent already.
       }
     }
     store_->close();
   } catch (const rdzv::StoreError&) {
+    // Leaving anyway.
+  } catch (const Interrupted&) {
     // Leaving anyway.
   }
 }

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -36,11 +38,18 @@ struct FailureNotice {
   std::string describe() const;  // "rank 3 on node 1 (host): exited with code 3"
 };
 
+// Thrown when a stop signal arrives while the agent waits on the other nodes.
+struct Interrupted {
+  int signal;
+};
+
 class RendezvousAgent {
  public:
   // Connects to the store (retrying until the join timeout). Throws LaunchError.
+  // `stop_signal` is asked between short waits: a non-zero signal number ends the
+  // wait (join throws Interrupted, the exit barrier returns a notice).
   RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
-                  std::string ns);
+                  std::string ns, std::function<int()> stop_signal);
   ~RendezvousAgent();
 
   // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's.
@@ -69,6 +78,9 @@ class RendezvousAgent {
  private:
   std::string key(int attempt, const std::string& name) const;
   rdzv::TcpStoreOptions store_options(std::chrono::milliseconds connect_timeout) const;
+  // get/multi_get in short slices until `timeout`, checking for stop signals between them.
+  std::vector<std::string> patient_multi_get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  void heartbeat_loop();
 
   const LaunchPlan& plan_;
   std::string store_host_;
@@ -80,6 +92,13 @@ class RendezvousAgent {
   std::thread watch_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failure_seen_{false};
+  std::function<int()> stop_signal_;
+  // Pings on store_ a few times per heartbeat timeout, so the server can tell this
+  // ddprun is alive (its will carries that silence limit).
+  std::thread heartbeat_thread_;
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_stop_;
+  bool heartbeat_done_ = false;
 };
 
 }  // namespace ddprun

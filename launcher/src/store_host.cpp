@@ -2,6 +2,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "errors.hpp"
 
 namespace ddprun {
@@ -14,7 +16,18 @@ StoreHost::StoreHost(rdzv::ServerOptions options) : work_(boost::asio::make_work
   }
   port_ = server_->port();
   token_ = options.token;
-  thread_ = std::thread([this] { io_.run(); });
+  thread_ = std::thread([this] {
+    // The server turns client misbehaviour into errors for that client; anything that
+    // still escapes is logged and serving goes on, rather than taking ddprun down.
+    while (true) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        spdlog::error("rendezvous store: {}", e.what());
+      }
+    }
+  });
 }
 
 StoreHost::~StoreHost() {

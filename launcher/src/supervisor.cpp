@@ -465,6 +465,27 @@ Supervisor::Supervisor(const LaunchPlan& plan) : plan_(plan), signals_(io_) {
   signals_.add(SIGCHLD);
 }
 
+int Supervisor::poll_stop_signal() {
+  while (true) {
+    int got = 0;
+    bool fired = false;
+    signals_.async_wait([&](const boost::system::error_code& ec, int sig) {
+      fired = true;
+      if (!ec) got = sig;
+    });
+    io_.restart();
+    io_.poll();
+    if (!fired) {
+      signals_.cancel();
+      io_.restart();
+      io_.poll();  // runs the cancelled handler while `fired` and `got` still exist
+      return 0;
+    }
+    if (is_stop_signal(got)) return got;
+    // SIGCHLD (the guard is the only child now) or USR1/USR2 with no workers to forward to.
+  }
+}
+
 void Supervisor::stop_for_remote(int attempt, RemoteCause cause) {
   asio::post(io_, [this, attempt, cause = std::move(cause)]() mutable {
     if (current_ != nullptr && current_->attempt() == attempt) current_->on_remote_failure(std::move(cause));

@@ -48,6 +48,7 @@ struct WorkerOutcome {
 struct RemoteCause {
   std::string description;  // "rank 5 on node 1 (hostb): exited with code 3"
   int status = 1;           // the status every node exits with
+  bool worker_failure = true;  // a worker failed (a restart may help), not a node lost or stopped
 };
 
 struct AttemptResult {
@@ -76,6 +77,10 @@ class Supervisor {
   // they and all their descendants are gone. Throws LaunchError when the workers
   // cannot be started (those already started are killed first).
   AttemptResult run_attempt(int attempt, const JobLayout& layout, const AttemptHooks& hooks = {});
+
+  // Between attempts (rendezvous, exit barrier): a stop signal (INT, TERM, HUP, QUIT)
+  // that arrived since the last call, or 0. Never blocks.
+  int poll_stop_signal();
 
   // Stops attempt `attempt` because of a failure elsewhere. Safe from any thread;
   // ignored when that attempt is not running or is already stopping.

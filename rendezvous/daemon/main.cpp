@@ -83,8 +83,14 @@ int main(int argc, char** argv) {
     std::printf("ddp-rendezvous listening on %s:%u (%s)\n", options.host.c_str(), server.port(),
                 options.token.empty() ? "no authentication" : "token required");
     std::fflush(stdout);
-    io.run();
-    return 0;
+    while (true) {  // an error escaping one client's handling must not end every job's store
+      try {
+        io.run();
+        return 0;
+      } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+      }
+    }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -135,8 +135,10 @@ std::string encode_request(const Request& q) {
       break;
     case Type::kSet:
     case Type::kAppend:
-    case Type::kSetWill:
       w.bytes(q.keys.at(0)).bytes(q.values.at(0));
+      break;
+    case Type::kSetWill:
+      w.bytes(q.keys.at(0)).bytes(q.values.at(0)).i64(q.number);
       break;
     case Type::kGet:
     case Type::kAdd:
@@ -188,9 +190,13 @@ Request decode_request(Type type, std::string_view body, const Limits& limits) {
       break;
     case Type::kSet:
     case Type::kAppend:
+      q.keys.push_back(r.key());
+      q.values.push_back(r.bytes());
+      break;
     case Type::kSetWill:
       q.keys.push_back(r.key());
       q.values.push_back(r.bytes());
+      q.number = r.i64();
       break;
     case Type::kGet:
     case Type::kAdd:
@@ -224,7 +230,8 @@ Request decode_request(Type type, std::string_view body, const Limits& limits) {
       throw ProtocolError(std::string("a client may not send ") + type_name(type));
   }
   r.finish();
-  if ((type == Type::kGet || type == Type::kWait || type == Type::kMultiGet) && q.number < 0) {
+  if ((type == Type::kGet || type == Type::kWait || type == Type::kMultiGet || type == Type::kSetWill) &&
+      q.number < 0) {
     throw ProtocolError("negative timeout");
   }
   return q;

@@ -107,7 +107,8 @@ class BodyReader {
 
 // A decoded client request. Field use by type:
 //   HELLO        values = {namespace, client nonce, mac (empty when the client has no token)}
-//   SET, APPEND, SET_WILL   keys = {key}, values = {value}
+//   SET, APPEND  keys = {key}, values = {value}
+//   SET_WILL     keys = {key}, values = {value}, number = silence limit in ms (0: none)
 //   GET          keys = {key}, number = timeout in ms
 //   ADD          keys = {key}, number = delta
 //   COMPARE_SET  keys = {key}, values = {expected, desired}

@@ -22,6 +22,12 @@ using wire::Type;
 
 namespace {
 constexpr int64_t kMaxWaitMs = int64_t{365} * 24 * 3600 * 1000;  // clamp absurd timeouts
+// A connection must authenticate within this, and may not send more than a HELLO
+// needs before it does: an unauthenticated peer can hold neither memory nor a slot long.
+constexpr Millis kAuthTimeout(10000);
+constexpr uint32_t kMaxBodyBeforeHello = 1024;
+// Blocked GET/WAIT/MULTI_GET requests one connection may have outstanding.
+constexpr size_t kMaxWaitsPerConnection = 1024;
 }
 
 class Session;
@@ -54,6 +60,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   asio::io_context& io_;
   ServerOptions options_;
   wire::Limits limits_;
+  wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
   tcp::acceptor acceptor_;
   asio::steady_timer retry_timer_;
   std::unordered_set<Session*> sessions_;
@@ -81,7 +88,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<ServerCore> server)
-      : socket_(std::move(socket)), server_(std::move(server)) {}
+      : socket_(std::move(socket)), server_(std::move(server)), timer_(server_->io_) {}
 
   void start() {
     server_->sessions_.insert(this);
@@ -89,6 +96,11 @@ class Session : public std::enable_shared_from_this<Session> {
     wire::BodyWriter w;
     w.bytes(nonce_).u32(server_->options_.token.empty() ? 0 : 1);
     send(Type::kChallenge, 0, w.take());
+    timer_.expires_after(kAuthTimeout);
+    timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!ec && self && self->ns_ == nullptr) self->close(false);  // never authenticated
+    });
     read_more();
   }
 
@@ -101,14 +113,16 @@ class Session : public std::enable_shared_from_this<Session> {
       std::vector<std::shared_ptr<Waiter>> mine = waiters_;  // finish_waiter() edits waiters_
       for (auto& w : mine) server_->finish_waiter(*ns_, w);
       // The will: compare_set(key, "", value), i.e. only if nobody set the key yet.
-      if (will_ && !clean && ns_->table.find(will_->first) == nullptr &&
-          fits(ns_->table.growth_if_set(will_->first, will_->second.size()))) {
-        set_key(will_->first, will_->second);
+      if (will_) {
+        server_->bytes_ -= will_->first.size() + will_->second.size();  // was held in reserve
+        if (!clean && ns_->table.find(will_->first) == nullptr) set_key(will_->first, will_->second);
+        will_.reset();
       }
       server_->leave(ns_name_);
       ns_ = nullptr;
     }
     waiters_.clear();
+    timer_.cancel();
     boost::system::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -129,6 +143,13 @@ class Session : public std::enable_shared_from_this<Session> {
         if (ns_->table.find(k) == nullptr) missing += (missing.empty() ? "'" : ", '") + k + "'";
       }
       send(Type::kTimeout, request_id, wire::BodyWriter().bytes("timed out waiting for " + missing).take());
+      return;
+    }
+    size_t reply = 4;
+    for (const auto& k : keys) reply += 4 + ns_->table.find(k)->size();
+    if (reply > server_->limits_.max_body) {  // e.g. one big key asked for many times
+      send(Type::kError, request_id,
+           wire::BodyWriter().bytes("reply of " + std::to_string(reply) + " bytes exceeds the frame limit").take());
       return;
     }
     wire::BodyWriter out;
@@ -165,6 +186,10 @@ class Session : public std::enable_shared_from_this<Session> {
                           return self->close(self->clean_close_);
                         }
                         if (!self->pending_.empty()) self->flush();
+                        if (self->reading_paused_ && !self->output_backlogged()) {
+                          self->reading_paused_ = false;
+                          self->process_input();
+                        }
                       });
   }
 
@@ -185,7 +210,7 @@ class Session : public std::enable_shared_from_this<Session> {
     while (!closed_ && !closing_after_write_ && filled_ - used >= wire::kHeaderSize) {
       wire::Header h;
       try {
-        h = wire::decode_header(inbuf_.data() + used, server_->limits_);
+        h = wire::decode_header(inbuf_.data() + used, ns_ ? server_->limits_ : server_->hello_limits_);
       } catch (const wire::ProtocolError& e) {
         return fail(0, e.what());
       }
@@ -215,7 +240,17 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_ || closing_after_write_) return;
     std::memmove(inbuf_.data(), inbuf_.data() + used, filled_ - used);
     filled_ -= used;
+    // Backpressure: a client that sends requests but does not read the answers is not
+    // read from either until its answers drain.
+    if (output_backlogged()) {
+      reading_paused_ = true;
+      return;
+    }
     read_more();
+  }
+
+  bool output_backlogged() const {
+    return pending_.size() + sending_.size() > 2 * static_cast<size_t>(server_->options_.max_value) + (1u << 20);
   }
 
   void on_frame(const wire::Header& h, std::string_view body) {
@@ -227,10 +262,13 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (ns_ == nullptr && q.type != Type::kHello) return fail(h.request_id, "not authenticated: HELLO first");
     if (ns_ != nullptr && q.type == Type::kHello) return fail(h.request_id, "HELLO twice");
+    last_heard_ = std::chrono::steady_clock::now();
     try {
       handle(h.request_id, q);
     } catch (const StoreError& e) {  // e.g. add() on a non-integer: the connection stays
       send(Type::kError, h.request_id, wire::BodyWriter().bytes(e.what()).take());
+    } catch (const std::exception& e) {  // out of memory and the like: this client goes, the server stays
+      fail(h.request_id, std::string("server error: ") + e.what());
     }
   }
 
@@ -326,11 +364,17 @@ class Session : public std::enable_shared_from_this<Session> {
       case Type::kWait:
       case Type::kMultiGet:
         return start_wait(id, q);
-      case Type::kSetWill:
+      case Type::kSetWill: {
         check_value(q.values[0]);
+        size_t old = will_ ? will_->first.size() + will_->second.size() : 0;
+        require_fits(static_cast<int64_t>(q.keys[0].size() + q.values[0].size()) - static_cast<int64_t>(old));
+        server_->bytes_ = server_->bytes_ - old + q.keys[0].size() + q.values[0].size();  // held in reserve
         will_.emplace(q.keys[0], q.values[0]);
+        if (q.number > 0) watch_silence(Millis(std::min(q.number, kMaxWaitMs)));
         break;
+      }
       case Type::kGoodbye:
+        if (will_) server_->bytes_ -= will_->first.size() + will_->second.size();
         will_.reset();
         send(Type::kOk, id, {});
         closing_after_write_ = true;
@@ -357,13 +401,35 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     nonce_.clear();
     nonce_.shrink_to_fit();
+    timer_.cancel();  // authenticated in time
     ns_name_ = ns;
     ns_ = &server_->join(ns);
     send(Type::kOk, id, wire::BodyWriter().bytes(proof).take());
   }
 
+  // A client with a will must be heard from (any request, PING included) at least every
+  // `limit`, or it counts as dead: how a frozen or hung ddprun is told from a slow one.
+  void watch_silence(Millis limit) {
+    silence_limit_ = limit;
+    arm_silence_timer(limit);
+  }
+  void arm_silence_timer(Millis after) {
+    timer_.expires_after(after);
+    timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->closed_) return;
+      auto quiet = std::chrono::steady_clock::now() - self->last_heard_;
+      if (quiet >= self->silence_limit_) return self->close(false);  // the will fires
+      self->arm_silence_timer(std::chrono::duration_cast<Millis>(self->silence_limit_ - quiet) + Millis(1));
+    });
+  }
+
   void start_wait(uint32_t id, wire::Request& q) {
     if (ns_->table.contains_all(q.keys)) return reply_wait(id, q.type, q.keys, false);
+    if (waiters_.size() >= kMaxWaitsPerConnection) {
+      throw StoreError("too many blocked requests on one connection (limit " +
+                       std::to_string(kMaxWaitsPerConnection) + ")");
+    }
     auto w = std::make_shared<Waiter>(server_->io_, shared_from_this(), id, q.type, std::move(q.keys));
     for (const auto& k : w->keys) ns_->waiters[k].push_back(w);
     waiters_.push_back(w);
@@ -391,6 +457,10 @@ class Session : public std::enable_shared_from_this<Session> {
   Namespace* ns_ = nullptr;           // set by HELLO
   std::string pending_, sending_;     // outgoing frames
   bool writing_ = false;
+  bool reading_paused_ = false;       // answers are piling up: stop reading until they drain
+  asio::steady_timer timer_;          // authentication deadline, then the will's silence limit
+  Millis silence_limit_{0};
+  std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();
   bool closing_after_write_ = false;  // close once the queued frames are out
   bool clean_close_ = false;          // ...after GOODBYE: the will is discarded
   bool closed_ = false;
@@ -402,11 +472,23 @@ class Session : public std::enable_shared_from_this<Session> {
 void ServerCore::wake(Namespace& ns, const std::string& key) {
   auto it = ns.waiters.find(key);
   if (it == ns.waiters.end()) return;
-  std::vector<std::shared_ptr<Waiter>> list = it->second;  // finish_waiter() edits the map
+  // Detach the key's list, so finishing thousands of waiters (everyone blocked on the
+  // NCCL id) does not erase them one by one from it; put back those still waiting.
+  std::vector<std::shared_ptr<Waiter>> list = std::move(it->second);
+  ns.waiters.erase(it);
+  std::vector<std::shared_ptr<Waiter>> still_waiting;
   for (auto& w : list) {
-    if (w->done || !ns.table.contains_all(w->keys)) continue;
+    if (w->done) continue;
+    if (!ns.table.contains_all(w->keys)) {
+      still_waiting.push_back(std::move(w));
+      continue;
+    }
     w->session->reply_wait(w->request_id, w->type, w->keys, false);
     finish_waiter(ns, w);
+  }
+  if (!still_waiting.empty()) {
+    auto& slot = ns.waiters[key];
+    slot.insert(slot.end(), std::make_move_iterator(still_waiting.begin()), std::make_move_iterator(still_waiting.end()));
   }
 }
 
@@ -430,6 +512,7 @@ void ServerCore::finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w) 
 ServerCore::ServerCore(asio::io_context& io, ServerOptions options)
     : io_(io), options_(std::move(options)), acceptor_(io), retry_timer_(io) {
   limits_.max_body = options_.max_value + 2 * limits_.max_key + 64;
+  hello_limits_.max_body = kMaxBodyBeforeHello;
   boost::system::error_code ec;
   auto address = asio::ip::make_address(options_.host, ec);
   if (ec) throw StoreError("store: bad listen address '" + options_.host + "': " + ec.message());

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -181,17 +182,15 @@ std::string TcpStore::call(const wire::Request& q, Millis server_wait) {
   if (broken_) throw StoreConnectionError("the store connection is closed");
   const auto deadline = Clock::now() + server_wait + options_.io_timeout;
   uint32_t id = next_id_++;
+  Frame f;
   try {
     send_all(fd_, wire::make_frame(q.type, id, wire::encode_request(q)), deadline);
-    Frame f = recv_frame(fd_, deadline);
+    f = recv_frame(fd_, deadline);
     if (f.header.request_id != id) throw wire::ProtocolError("the store answered a different request");
-    if (f.header.type == Type::kOk) return std::move(f.body);
-    wire::BodyReader r(f.body, wire::Limits{});
-    std::string message = r.bytes();
-    if (f.header.type == Type::kTimeout) throw StoreTimeout(message);
-    throw StoreError("store: " + message);
   } catch (const StoreTimeout&) {
-    throw;
+    broken_ = true;  // a frame may be half sent or its answer still coming: out of step for good
+    throw StoreConnectionError("the store at " + options_.host + ":" + std::to_string(options_.port) +
+                               " did not answer within the I/O timeout");
   } catch (const wire::ProtocolError&) {
     broken_ = true;  // out of step with the server: nothing after this could be trusted
     throw;
@@ -199,9 +198,17 @@ std::string TcpStore::call(const wire::Request& q, Millis server_wait) {
     broken_ = true;
     throw;
   }
+  if (f.header.type == Type::kOk) return std::move(f.body);
+  wire::BodyReader r(f.body, wire::Limits{});
+  std::string message = r.bytes();
+  if (f.header.type == Type::kTimeout) throw StoreTimeout(message);
+  throw StoreError("store: " + message);
 }
 
 namespace {
+// Blocking timeouts go to the server as milliseconds in [0, a year].
+Millis clamp_wait(Millis timeout) { return std::clamp(timeout, Millis(0), Millis(int64_t{365} * 24 * 3600 * 1000)); }
+
 wire::Request request(Type t, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
                       int64_t number = 0) {
   wire::Request q;
@@ -222,6 +229,7 @@ void TcpStore::set(const std::string& key, const std::string& value) {
 }
 
 std::string TcpStore::get(const std::string& key, Millis timeout) {
+  timeout = clamp_wait(timeout);
   std::string body = call(request(Type::kGet, {key}, {}, timeout.count()), timeout);
   return reader(body).bytes();
 }
@@ -237,6 +245,7 @@ std::string TcpStore::compare_set(const std::string& key, const std::string& exp
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  timeout = clamp_wait(timeout);
   call(request(Type::kWait, keys, {}, timeout.count()), timeout);
 }
 
@@ -256,6 +265,7 @@ int64_t TcpStore::num_keys() {
 }
 
 std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys, Millis timeout) {
+  timeout = clamp_wait(timeout);
   std::string body = call(request(Type::kMultiGet, keys, {}, timeout.count()), timeout);
   auto r = reader(body);
   uint32_t n = r.u32();
@@ -274,9 +284,11 @@ void TcpStore::append(const std::string& key, const std::string& value) {
   call(request(Type::kAppend, {key}, {value}), Millis(0));
 }
 
-void TcpStore::set_will(const std::string& key, const std::string& value) {
-  call(request(Type::kSetWill, {key}, {value}), Millis(0));
+void TcpStore::set_will(const std::string& key, const std::string& value, Millis silence_limit) {
+  call(request(Type::kSetWill, {key}, {value}, std::max<int64_t>(0, silence_limit.count())), Millis(0));
 }
+
+void TcpStore::ping() { call(request(Type::kPing), Millis(0)); }
 
 void TcpStore::close() {
   try {

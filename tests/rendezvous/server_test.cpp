@@ -239,3 +239,66 @@ TEST_CASE("memory and connection limits are enforced with clear errors", "[serve
   opts.connect_timeout = 200ms;
   CHECK_THROWS_WITH(rdzv::TcpStore(opts), Catch::Contains("server full"));
 }
+
+TEST_CASE("answers too big for a frame and too many blocked requests are errors, not crashes", "[server]") {
+  rdzv::ServerOptions options;
+  options.max_value = 1 << 16;
+  ServerThread server(options);
+  auto a = server.client();
+  a->set("big", std::string(60000, 'x'));
+  // 64 KiB asked for 100 times would be a 6 MB reply: refused, and the connection stays.
+  std::vector<std::string> same(100, "big");
+  CHECK_THROWS_WITH(a->multi_get(same, 1s), Catch::Contains("exceeds the frame limit"));
+  CHECK(a->get("big", 1s).size() == 60000);
+
+  // 1,025 blocked GETs pipelined on one raw connection: the last is refused.
+  RawConnection raw(server.port());
+  rdzv::wire::Request hello;
+  hello.type = rdzv::wire::Type::kHello;
+  hello.values = {"", std::string(rdzv::wire::kNonceSize, 'n'), ""};
+  std::string frames = rdzv::wire::make_frame(hello.type, 1, rdzv::wire::encode_request(hello));
+  for (uint32_t i = 0; i < 1025; ++i) {
+    rdzv::wire::Request get;
+    get.type = rdzv::wire::Type::kGet;
+    get.keys = {"never"};
+    get.number = 60000;
+    frames += rdzv::wire::make_frame(get.type, 2 + i, rdzv::wire::encode_request(get));
+  }
+  raw.send_bytes(frames);
+  REQUIRE(eventually([&] { return server.stats().waiters == 1024; }));
+  char buf[4096];
+  std::string got;
+  while (got.find("too many blocked requests") == std::string::npos) {
+    pollfd p{raw.fd, POLLIN, 0};
+    REQUIRE(poll(&p, 1, 5000) > 0);
+    ssize_t n = recv(raw.fd, buf, sizeof(buf), 0);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+TEST_CASE("a client with a silence limit that goes quiet counts as dead", "[server]") {
+  ServerThread server;
+  auto watcher = server.client("job");
+  auto quiet = server.client("job");
+  quiet->set_will("failure", "node 1 went silent", 300ms);
+  auto chatty = server.client("job");
+  chatty->set_will("other", "node 2 went silent", 300ms);
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) {  // 1 s of pings, 100 ms apart
+    std::this_thread::sleep_for(100ms);
+    chatty->ping();
+  }
+  CHECK(watcher->get("failure", 5s) == "node 1 went silent");
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK_FALSE(watcher->check({"other"}));  // the one that kept talking is alive
+}
+
+TEST_CASE("a connection that never authenticates cannot make the server allocate much", "[server]") {
+  ServerThread server;
+  RawConnection raw(server.port());
+  std::string header = rdzv::wire::make_frame(rdzv::wire::Type::kHello, 1, "");
+  header[12] = header[13] = '\xff';  // declares a 64 KiB HELLO: more than a HELLO ever needs
+  raw.send_bytes(header);
+  CHECK_THAT(error_text(raw.read_until_closed()), Catch::Contains("exceeds the limit of 1024"));
+}

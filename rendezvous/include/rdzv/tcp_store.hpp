@@ -42,8 +42,13 @@ class TcpStore : public Store {
   void append(const std::string& key, const std::string& value) override;
 
   // The server will compare_set(key, "", value) if this connection ends without close():
-  // how other nodes learn that this one died or was cut off.
-  void set_will(const std::string& key, const std::string& value);
+  // how other nodes learn that this one died or was cut off. With a `silence_limit`,
+  // the server also ends the connection (and publishes the will) when it hears nothing
+  // from this client for that long: keep it alive with ping().
+  void set_will(const std::string& key, const std::string& value, Millis silence_limit = Millis(0));
+
+  // A no-op round trip (keeps a will's silence limit from expiring).
+  void ping();
   // Clean close (GOODBYE): the will is discarded. Further calls throw.
   void close();
 
