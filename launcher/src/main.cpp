@@ -1,7 +1,7 @@
 // ddprun: launch one worker per GPU/CPU slot with torchrun's environment, supervise
 // them, and exit with the root cause's status.
 #include <signal.h>
-#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -12,6 +12,7 @@
 #include <optional>
 #include <string.h>
 
+#include "console.hpp"
 #include "errors.hpp"
 #include "launch_plan.hpp"
 #include "options.hpp"
@@ -24,8 +25,20 @@
 
 namespace {
 
+// ddprun's own messages go through the same console writer as the workers' lines,
+// so they keep their order and never block the supervisor.
+class ConsoleSink : public spdlog::sinks::base_sink<spdlog::details::null_mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t text;
+    formatter_->format(msg, text);
+    ddprun::Console::err().write(fmt::to_string(text));
+  }
+  void flush_() override {}
+};
+
 void set_up_logging() {
-  auto logger = spdlog::stderr_logger_st("ddprun");
+  auto logger = std::make_shared<spdlog::logger>("ddprun", std::make_shared<ConsoleSink>());
   logger->set_pattern("ddprun: %l: %v");
   spdlog::set_default_logger(logger);
 }
@@ -172,7 +185,7 @@ int launch(ddprun::LaunchPlan& plan) {
       if (agent) agent->leave(attempt, job.store_host ? std::chrono::seconds(5) : std::chrono::seconds(0));
       return 0;
     }
-    ddprun::write_fully(STDERR_FILENO, ddprun::format_failure_summary(plan, result, attempt));
+    ddprun::Console::err().write(ddprun::format_failure_summary(plan, result, attempt));
     // A restart helps after a worker failure; not when a node was lost or told to stop
     // (it will not rejoin, and the others would wait out the join timeout for it).
     bool worker_failure = result.remote ? result.remote->worker_failure : result.root_cause.has_value();
@@ -187,7 +200,18 @@ int launch(ddprun::LaunchPlan& plan) {
 
 }  // namespace
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  int status = run(argc, argv);
+  // Everything queued for the console goes out before ddprun exits, unless the console
+  // has stopped reading (nothing got out for 2 s).
+  ddprun::Console::out().flush(2000);
+  ddprun::Console::err().flush(2000);
+  return status;
+}
+
+int run(int argc, char** argv) {
   // A mask inherited from the parent would hide SIGCHLD and the stop signals from us.
   sigset_t none;
   sigemptyset(&none);

@@ -1,5 +1,7 @@
 #include "output.hpp"
 
+#include "console.hpp"
+
 #include <poll.h>
 #include <unistd.h>
 
@@ -71,7 +73,7 @@ void WorkerStream::consume(std::string_view data) {
     ::close(options_.log_fd);  // a full disk must not stop the job; the console still has it
     options_.log_fd = -1;
   }
-  if (options_.console_fd < 0 && !options_.keep_tail) return;
+  if (options_.console == nullptr && !options_.keep_tail) return;
   splitter_.feed(data, [this](std::string_view line) { take_line(line); });
   flush_batch();
 }
@@ -87,13 +89,11 @@ void WorkerStream::finish() {
 
 void WorkerStream::take_line(std::string_view line) {
   if (options_.keep_tail) tail_.push(line);
-  if (options_.console_fd >= 0) batch_.append(options_.prefix).append(line).push_back('\n');
+  if (options_.console != nullptr) batch_.append(options_.prefix).append(line).push_back('\n');
 }
 
 void WorkerStream::flush_batch() {
-  if (!batch_.empty() && options_.console_fd >= 0 && !write_fully(options_.console_fd, batch_)) {
-    options_.console_fd = -1;  // the console reader went away (EPIPE): keep running, drop the copy
-  }
+  if (!batch_.empty() && options_.console != nullptr) options_.console->write(std::move(batch_));
   batch_.clear();
 }
 

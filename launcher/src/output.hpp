@@ -13,6 +13,8 @@
 
 namespace ddprun {
 
+class Console;
+
 // Splits a byte stream into lines. A line longer than kMaxLine is cut into
 // kMaxLine pieces, so a worker that never writes a newline cannot exhaust memory.
 class LineSplitter {
@@ -51,7 +53,7 @@ class WorkerStream {
  public:
   struct Options {
     std::string prefix;        // e.g. "[rank3]:"
-    int console_fd = -1;       // 1 or 2; -1 keeps it off the console
+    Console* console = nullptr;  // Console::out() or err(); nullptr keeps it off the console
     int log_fd = -1;           // an open log file, owned by this object; -1 for none
     bool keep_tail = false;
   };

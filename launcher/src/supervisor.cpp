@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 
+#include "console.hpp"
 #include "errors.hpp"
 #include "spawn.hpp"
 
@@ -126,6 +127,7 @@ class WorkerGroup {
 
   void start();
   void reap();
+  void resume_reading();  // the console caught up
   void on_signal(int sig);
   void on_remote_failure(RemoteCause cause);
   AttemptResult finish();
@@ -164,6 +166,7 @@ class WorkerGroup {
   const AttemptHooks& hooks_;
   std::optional<RemoteCause> remote_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<Stream*> paused_;  // streams not read while the console is behind
   size_t running_ = 0;
   bool stopping_ = false;
   bool killed_ = false;   // SIGKILL sent
@@ -199,7 +202,7 @@ std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int l
   // --tee wins over --redirects: a teed stream is on the console as well.
   bool redirected = (o.redirects.for_rank(local_rank) & which) != 0 && (o.tee.for_rank(local_rank) & which) == 0;
   bool filtered_out = o.local_ranks_filter && o.local_ranks_filter->count(local_rank) == 0;
-  opts.console_fd = redirected || filtered_out ? -1 : (which == kStdout ? STDOUT_FILENO : STDERR_FILENO);
+  opts.console = redirected || filtered_out ? nullptr : (which == kStdout ? &Console::out() : &Console::err());
   opts.keep_tail = which == kStderr;
   if (plan.log_root) {
     auto path = worker_log_dir(plan, attempt_, local_rank) / (which == kStdout ? "stdout.log" : "stderr.log");
@@ -269,10 +272,18 @@ void WorkerGroup::read_some(Stream& s) {
     if (n > 0) s.sink.consume(std::string_view(s.buffer.data(), n));
     if (ec) {
       close_stream(s);  // end of file, or cancelled by the drain timeout
+    } else if (Console::out().backlog() > Console::kHighWater || Console::err().backlog() > Console::kHighWater) {
+      paused_.push_back(&s);  // the console is behind: leave the rest in the pipe for now
     } else {
       read_some(s);
     }
   });
+}
+
+void WorkerGroup::resume_reading() {
+  std::vector<Stream*> paused;
+  paused.swap(paused_);
+  for (Stream* s : paused) read_some(*s);
 }
 
 void WorkerGroup::close_stream(Stream& s) {
@@ -381,6 +392,9 @@ void WorkerGroup::processes_gone() {
     drain_timer_.expires_after(kDrainTimeout);
     drain_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
+      std::vector<Stream*> paused;
+      paused.swap(paused_);
+      for (Stream* s : paused) close_stream(*s);  // no read pending: close it here
       for (auto& w : workers_) {
         for (Stream* s : {w->out.get(), w->err.get()}) {
           if (s->descriptor.is_open()) s->descriptor.cancel();  // its handler closes it
@@ -460,6 +474,13 @@ AttemptResult WorkerGroup::finish() {
 // ---------------------------------------------------------------------------
 
 Supervisor::Supervisor(const LaunchPlan& plan) : plan_(plan), signals_(io_) {
+  auto resume = [this] {
+    asio::post(io_, [this] {
+      if (current_ != nullptr) current_->resume_reading();
+    });
+  };
+  Console::out().on_drained(resume);
+  Console::err().on_drained(resume);
   for (int sig : kStopSignals) signals_.add(sig);
   for (int sig : kForwardOnlySignals) signals_.add(sig);
   signals_.add(SIGCHLD);

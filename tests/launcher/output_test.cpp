@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "output.hpp"
+#include "console.hpp"
 #include "errors.hpp"
 #include "stream_spec.hpp"
 
@@ -49,14 +50,15 @@ TEST_CASE("a worker stream prefixes console lines and logs raw bytes", "[output]
   int console[2], log[2];
   REQUIRE(pipe(console) == 0);
   REQUIRE(pipe(log) == 0);
+  auto* writer = new ddprun::Console(console[1]);  // kept: its thread lives until the process exits
   {
-    ddprun::WorkerStream stream({"[rank7]:", console[1], log[1], true});
+    ddprun::WorkerStream stream({"[rank7]:", writer, log[1], true});
     stream.consume("one\ntw");
     stream.consume("o\nthree");
     stream.finish();
     CHECK(stream.tail().lines() == std::deque<std::string>{"one", "two", "three"});
   }  // closes the log fd
-  close(console[1]);
+  REQUIRE(writer->flush(5000));
   char buf[256];
   ssize_t n = read(console[0], buf, sizeof(buf));
   CHECK(std::string(buf, static_cast<size_t>(n)) == "[rank7]:one\n[rank7]:two\n[rank7]:three\n");

@@ -1,7 +1,9 @@
 // Supervision: failures stop the group and name the root cause, signals are
 // forwarded, nothing outlives ddprun, restarts.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <string.h>
 
 #include <algorithm>
@@ -194,4 +196,21 @@ TEST_CASE("max_restarts restarts the whole group with a new restart count", "[e2
     CHECK(f.status == 5);
     CHECK(e2e::by_rank(f.out)[0] == std::vector<std::string>{"attempt 0", "attempt 1"});
   }
+}
+
+TEST_CASE("a console that stops reading does not stop ddprun from handling signals", "[e2e][supervision]") {
+  TempDir dir;
+  auto fifo = (dir / "console").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  int keep_open = open(fifo.c_str(), O_RDWR);  // a reader that never reads: the pipe fills up
+  REQUIRE(keep_open >= 0);
+  Process p({"sh", "-c", "exec \"$0\" \"$@\" > " + fifo, e2e::kDdprun, "--nproc_per_node=2", "--standalone",
+             "--grace_period=1", e2e::kWorker, "flood", "10000000"});
+  std::this_thread::sleep_for(1s);  // the workers fill the pipe and ddprun's queue
+  p.send_signal(SIGTERM);
+  auto status = p.wait(20s);
+  close(keep_open);
+  REQUIRE(status.has_value());  // before the console writer, ddprun sat in write() for good
+  CHECK(*status == 128 + SIGTERM);
+  CHECK(p.seconds_since_start() < 10);
 }
