@@ -221,6 +221,11 @@ int run(int argc, char** argv) {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
     ddprun::LaunchPlan plan = ddprun::prepare_launch(*parsed.options);
+    if (!plan.options.slurm_notes.empty()) {
+      std::string taken;
+      for (const auto& n : plan.options.slurm_notes) taken += (taken.empty() ? "" : ", ") + n;
+      spdlog::info("Slurm step: {}", taken);
+    }
     if (plan.set_omp_num_threads) {
       spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
                    "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);

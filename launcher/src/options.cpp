@@ -7,6 +7,7 @@
 
 #include "errors.hpp"
 #include "parse_util.hpp"
+#include "slurm_env.hpp"
 #include "rdzv/store.hpp"
 #include "rdzv/token.hpp"
 
@@ -213,8 +214,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   validate_nproc(raw.nproc_per_node);
   opts.nproc_per_node = raw.nproc_per_node;
   opts.nnodes = parse_nnodes(raw.nnodes);
-  opts.node_rank = integer_in("--node_rank", raw.node_rank, 0, opts.nnodes - 1,
-                              "expected a node rank in [0, nnodes)");
+  opts.node_rank = integer_in("--node_rank", raw.node_rank, 0, 100000, "expected a node rank in [0, nnodes)");
   if (raw.master_addr.empty() || raw.master_addr.find_first_of(" \t\n") != std::string::npos) {
     invalid("--master_addr", raw.master_addr, "expected a host name or IP address");
   }
@@ -269,6 +269,19 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   opts.heartbeat_timeout = seconds_in("--heartbeat_timeout", raw.heartbeat_timeout, false);
   if (opts.heartbeat_timeout < 2) invalid("--heartbeat_timeout", raw.heartbeat_timeout, "expected at least 2 seconds");
   opts.exit_barrier_timeout = seconds_in("--exit_barrier_timeout", raw.exit_barrier_timeout, false);
+
+  // Inside `srun ddprun ...`, Slurm fills in what the flags left open.
+  ExplicitFlags given;
+  given.nnodes = app.count("--nnodes") > 0;
+  given.node_rank = app.count("--node_rank") > 0;
+  given.master_addr = app.count("--master_addr") > 0;
+  given.master_port = app.count("--master_port") > 0 || opts.standalone;
+  given.run_id = !opts.run_id.empty();
+  if (!opts.rdzv_host) opts.slurm_notes = apply_slurm_step(opts, given);
+  if (opts.node_rank >= opts.nnodes) {
+    invalid("--node_rank", std::to_string(opts.node_rank),
+            "expected a node rank in [0, nnodes) with nnodes=" + std::to_string(opts.nnodes));
+  }
   return {std::move(opts)};
 }
 

@@ -37,6 +37,7 @@ struct LaunchOptions {
   double heartbeat_timeout = 10.0;        // seconds until a silent, unreachable node counts as failed
   double exit_barrier_timeout = 300.0;    // seconds a finished node waits for the others
   bool verbose = false;
+  std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
   std::string program;
   std::vector<std::string> program_args;
 };

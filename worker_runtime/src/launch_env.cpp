@@ -1,5 +1,7 @@
 #include "ddp/launch_env.hpp"
 
+#include "ddp/slurm.hpp"
+
 #include <charconv>
 #include <cstdlib>
 #include <optional>
@@ -37,11 +39,53 @@ int optional_int(const char* name, int fallback, int lo, int hi) {
   return text ? parse_int(name, *text, lo, hi) : fallback;
 }
 
+// srun with one task per GPU and no launcher.
+LaunchEnv from_slurm() {
+  constexpr int kMaxInt = 1 << 30;
+  LaunchEnv env;
+  env.launcher = "slurm";
+  env.world_size = required_int("SLURM_NTASKS", 1, kMaxInt);
+  env.rank = required_int("SLURM_PROCID", 0, env.world_size - 1);
+  env.group_world_size = optional_int("SLURM_STEP_NUM_NODES", optional_int("SLURM_NNODES", 1, 1, kMaxInt), 1, kMaxInt);
+  env.group_rank = optional_int("SLURM_NODEID", 0, 0, env.group_world_size - 1);
+  env.local_rank = optional_int("SLURM_LOCALID", 0, 0, kMaxInt);
+  auto per_node = lookup("SLURM_STEP_TASKS_PER_NODE");
+  if (!per_node) per_node = lookup("SLURM_TASKS_PER_NODE");
+  try {
+    env.local_world_size = per_node ? slurm::tasks_on_node(*per_node, env.group_rank) : 1;
+  } catch (const std::invalid_argument& e) {
+    throw LaunchEnvError(e.what());
+  }
+  if (env.local_rank >= env.local_world_size) {
+    throw LaunchEnvError("SLURM_LOCALID=" + std::to_string(env.local_rank) + " but only " +
+                         std::to_string(env.local_world_size) + " tasks on this node");
+  }
+  long job = required_int("SLURM_JOB_ID", 0, kMaxInt);
+  long step = optional_int("SLURM_STEP_ID", 0, 0, kMaxInt);
+  env.master_addr = lookup("MASTER_ADDR").value_or("");
+  if (env.master_addr.empty()) {
+    auto nodes = lookup("SLURM_STEP_NODELIST");
+    if (!nodes) nodes = lookup("SLURM_JOB_NODELIST");
+    if (!nodes) throw LaunchEnvError("SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set");
+    try {
+      env.master_addr = slurm::expand_hostlist(*nodes).front();
+    } catch (const std::invalid_argument& e) {
+      throw LaunchEnvError(e.what());
+    }
+  }
+  env.master_port = optional_int("MASTER_PORT", slurm::rendezvous_port(job, step), 1, 65535);
+  env.run_id = "slurm-" + std::to_string(job) + "." + std::to_string(step);
+  env.role_name = "default";
+  return env;
+}
+
 }  // namespace
 
 LaunchEnv LaunchEnv::from_environment() {
   constexpr int kMaxInt = 1 << 30;
+  if (!lookup("RANK") && lookup("SLURM_PROCID")) return from_slurm();
   LaunchEnv env;
+  env.launcher = "torchrun";
   env.world_size = required_int("WORLD_SIZE", 1, kMaxInt);
   env.rank = required_int("RANK", 0, env.world_size - 1);
   env.local_world_size = optional_int("LOCAL_WORLD_SIZE", env.world_size, 1, env.world_size);

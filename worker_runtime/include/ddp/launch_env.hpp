@@ -31,12 +31,17 @@ struct LaunchEnv {
   int master_port = 0;        // MASTER_PORT: a port rank 0 can bind
   std::string run_id;         // TORCHELASTIC_RUN_ID
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: 0 on the first attempt
+  std::string launcher;       // "torchrun" (ddprun or torchrun set RANK...), or "slurm"
 
   // Reads the variables above from this process's environment.
+  // Under ddprun or torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
+  // required; the others default to a single-node job (LOCAL_* mirror the globals).
+  // Under srun with one task per GPU and no launcher (SLURM_PROCID set, RANK not):
+  // RANK/WORLD_SIZE/LOCAL_* come from SLURM_PROCID/NTASKS/LOCALID/TASKS_PER_NODE,
+  // the node from SLURM_NODEID/NNODES, MASTER_ADDR (unless set) is the step's first
+  // host and MASTER_PORT (unless set) is derived from the job id.
   // Throws LaunchEnvError naming the first variable that is missing or invalid,
   // or when the values contradict each other (e.g. RANK >= WORLD_SIZE).
-  // RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are required; the others default
-  // to a single-node job (LOCAL_* mirror the global values).
   static LaunchEnv from_environment();
 };
 

@@ -1,0 +1,110 @@
+#include "ddp/slurm.hpp"
+
+#include <charconv>
+
+namespace ddp::slurm {
+namespace {
+
+[[noreturn]] void bad(std::string_view expr, const std::string& why) {
+  throw std::invalid_argument("bad Slurm value '" + std::string(expr) + "': " + why);
+}
+
+long parse_number(std::string_view expr, std::string_view digits) {
+  long v = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size()) {
+    std::string what(digits);
+    what.append("' is not a number");  // (not "'" + ...: GCC 12 warns falsely on that form)
+    bad(expr, "'" + what);
+  }
+  return v;
+}
+
+// Expands one item (no top-level commas): the first bracket group, then the rest recursively.
+void expand_item(std::string_view expr, const std::string& head, std::string_view rest, std::vector<std::string>& out,
+                 size_t max_hosts) {
+  size_t open = rest.find('[');
+  if (open == std::string_view::npos) {
+    if (rest.find(']') != std::string_view::npos) bad(expr, "']' without '['");
+    if (out.size() >= max_hosts) bad(expr, "more than " + std::to_string(max_hosts) + " hosts");
+    out.push_back(head + std::string(rest));
+    return;
+  }
+  size_t close = rest.find(']', open);
+  if (close == std::string_view::npos) bad(expr, "'[' without ']'");
+  std::string prefix = head + std::string(rest.substr(0, open));
+  if (prefix.find(']') != std::string::npos) bad(expr, "']' without '['");
+  std::string_view ranges = rest.substr(open + 1, close - open - 1);
+  std::string_view tail = rest.substr(close + 1);
+  if (ranges.empty()) bad(expr, "empty brackets");
+  while (true) {
+    size_t comma = ranges.find(',');
+    std::string_view range = ranges.substr(0, comma);
+    size_t dash = range.find('-');
+    std::string_view first = range.substr(0, dash);
+    std::string_view last = dash == std::string_view::npos ? first : range.substr(dash + 1);
+    long lo = parse_number(expr, first), hi = parse_number(expr, last);
+    if (hi < lo) bad(expr, "range " + std::string(range) + " runs backwards");
+    if (static_cast<size_t>(hi - lo) >= max_hosts) bad(expr, "more than " + std::to_string(max_hosts) + " hosts");
+    for (long v = lo; v <= hi; ++v) {
+      std::string number = std::to_string(v);
+      if (number.size() < first.size()) number.insert(0, first.size() - number.size(), '0');
+      expand_item(expr, prefix + number, tail, out, max_hosts);
+    }
+    if (comma == std::string_view::npos) break;
+    ranges.remove_prefix(comma + 1);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> expand_hostlist(std::string_view expr, size_t max_hosts) {
+  std::vector<std::string> hosts;
+  size_t start = 0;
+  int depth = 0;
+  for (size_t i = 0; i <= expr.size(); ++i) {
+    char c = i < expr.size() ? expr[i] : ',';
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (depth < 0) bad(expr, "']' without '['");
+    if (depth > 1) bad(expr, "nested brackets");
+    if (c == ',' && depth == 0) {
+      std::string_view item = expr.substr(start, i - start);
+      if (item.empty()) bad(expr, "empty host name");
+      expand_item(expr, "", item, hosts, max_hosts);
+      start = i + 1;
+    }
+  }
+  if (depth != 0) bad(expr, "'[' without ']'");
+  return hosts;
+}
+
+int rendezvous_port(long job_id, long step_id) {
+  unsigned long mix = static_cast<unsigned long>(job_id) * 8u + static_cast<unsigned long>(step_id < 0 ? 0 : step_id);
+  return 10000 + static_cast<int>(mix % 20000);
+}
+
+int tasks_on_node(std::string_view spec, int node) {
+  // Items "N" or "N(xR)", comma-separated: N tasks on each of the next R nodes.
+  std::string_view rest = spec;
+  int seen = 0;
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    size_t paren = item.find("(x");
+    long n = parse_number(spec, item.substr(0, paren));
+    long repeat = 1;
+    if (paren != std::string_view::npos) {
+      if (item.back() != ')') bad(spec, "unclosed repeat");
+      repeat = parse_number(spec, item.substr(paren + 2, item.size() - paren - 3));
+    }
+    if (node < seen + repeat) return static_cast<int>(n);
+    seen += static_cast<int>(repeat);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  throw std::invalid_argument("SLURM_TASKS_PER_NODE '" + std::string(spec) + "' has no entry for node " +
+                              std::to_string(node));
+}
+
+}  // namespace ddp::slurm
