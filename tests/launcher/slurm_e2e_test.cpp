@@ -63,7 +63,7 @@ TEST_CASE("explicit flags win over Slurm's values", "[e2e][slurm]") {
 
 TEST_CASE("a step with several ddprun per node is refused with the fix", "[e2e][slurm]") {
   auto env = step_env(0, 1, "n0");
-  env["SLURM_STEP_TASKS_PER_NODE"] = "2";
+  env.insert_or_assign("SLURM_STEP_TASKS_PER_NODE", std::string("2"));
   auto r = run(e2e::ddprun({"--nproc_per_node=2", e2e::kWorker, "env", "RANK"}), {env, {}});
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains("srun --ntasks-per-node=1 ddprun"));

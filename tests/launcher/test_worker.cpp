@@ -14,6 +14,7 @@
 //   bind-master-port           exit 0 when MASTER_PORT can be bound on all interfaces
 //   fail-until-restart N       exit 5 while TORCHELASTIC_RESTART_COUNT < N, then 0
 //   touch FILE                 create FILE (proves a worker started)
+//   now                        print "started <wall-clock seconds>" (launch latency benchmarks)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -168,6 +170,14 @@ int main(int argc, char** argv) {
     int count = env_int("TORCHELASTIC_RESTART_COUNT");
     say("attempt " + std::to_string(count));
     return count < std::atoi(argv[2]) ? 5 : 0;
+  }
+  if (mode == "now") {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char text[64];
+    std::snprintf(text, sizeof(text), "started %lld.%09ld", static_cast<long long>(ts.tv_sec), ts.tv_nsec);
+    say(text);
+    return 0;
   }
   if (mode == "touch" && argc == 3) {
     std::ofstream(argv[2]) << "started\n";

@@ -1,0 +1,163 @@
+// ddprun under a real Slurm (slurmctld + slurmd per node, munge): batch jobs with
+// `srun ddprun`, the task-per-GPU style, and scancel.
+#include <catch2/catch.hpp>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "../launcher/e2e.hpp"
+#include "cluster.hpp"
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Writes a batch script and submits it with sbatch; returns the job id.
+std::string submit(SlurmCluster& c, const std::string& name, const std::string& body,
+                   const std::vector<std::string>& sbatch_flags) {
+  auto script = c.dir() / (name + ".sh");
+  write_file(script, "#!/bin/sh\n" + body, true);
+  std::vector<std::string> cmd = {"sbatch", "--parsable", "-o", (c.dir() / (name + ".out")).string()};
+  cmd.insert(cmd.end(), sbatch_flags.begin(), sbatch_flags.end());
+  cmd.push_back(script.string());
+  auto r = c.run_on_head(cmd);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+  REQUIRE(!id.empty());
+  return id;
+}
+
+// Waits until the job has left the queue; returns its output file.
+std::string wait_job(SlurmCluster& c, const std::string& name, const std::string& id,
+                     std::chrono::seconds limit = 90s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto q = c.run_on_head({"squeue", "-h", "-j", id, "-o", "%T"});
+    if (q.out.empty()) return read_file(c.dir() / (name + ".out"));
+    std::this_thread::sleep_for(200ms);
+  }
+  FAIL("job " << id << " did not finish; output so far:\n" << read_file(c.dir() / (name + ".out")));
+  return {};
+}
+
+std::string job_state(SlurmCluster& c, const std::string& id) {
+  // Without accounting, scontrol remembers finished jobs for a while (MinJobAge).
+  auto r = c.run_on_head({"scontrol", "show", "job", id});
+  std::smatch m;
+  std::regex state("JobState=(\\S+)");
+  return std::regex_search(r.out, m, state) ? m[1].str() : "?";
+}
+
+bool has(const std::vector<std::string>& lines, const std::string& kv) {
+  return std::find(lines.begin(), lines.end(), kv) != lines.end();
+}
+
+}  // namespace
+
+TEST_CASE("a 1-node sbatch of srun ddprun runs the example", "[slurm_cluster]") {
+  SlurmCluster c(1);
+  auto id = submit(c, "one", "srun " + e2e::kDdprun + " --nproc_per_node=2 " + HELLO_RANKS_BIN + "\n", {"-N1"});
+  std::string out = wait_job(c, "one", id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  CHECK_THAT(out, Catch::Contains("[rank0]:rank 0 of 2 (local rank 0 of 2, node 0 of 1) on n0"));
+  CHECK_THAT(out, Catch::Contains("[rank1]:rank 1 of 2 (local rank 1 of 2, node 0 of 1) on n0"));
+  CHECK_THAT(out, Catch::Contains("run slurm-" + id + ".0"));
+}
+
+TEST_CASE("a 2-node job of srun ddprun needs no flags beyond --nproc_per_node", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  auto id = submit(c, "two",
+                   "srun " + e2e::kDdprun + " --nproc_per_node=2 " + e2e::kWorker +
+                       " env RANK WORLD_SIZE LOCAL_RANK GROUP_RANK MASTER_ADDR DDPRUN_STORE_ADDR TORCHELASTIC_RUN_ID\n",
+                   {"-N2", "--ntasks-per-node=1"});
+  std::string out = wait_job(c, "two", id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  auto ranks = e2e::by_rank(out);
+  REQUIRE(ranks.size() == 4);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(has(ranks[r], "RANK=" + std::to_string(r)));
+    CHECK(has(ranks[r], "WORLD_SIZE=4"));
+    CHECK(has(ranks[r], "LOCAL_RANK=" + std::to_string(r % 2)));
+    CHECK(has(ranks[r], "GROUP_RANK=" + std::to_string(r / 2)));
+    CHECK(has(ranks[r], "MASTER_ADDR=n0"));        // the store host, from the nodelist
+    CHECK(has(ranks[r], "DDPRUN_STORE_ADDR=n0"));
+    CHECK(has(ranks[r], "TORCHELASTIC_RUN_ID=slurm-" + id + ".0"));
+  }
+}
+
+TEST_CASE("the task-per-GPU style runs without ddprun", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  auto id = submit(c, "tasks", std::string("srun ") + HELLO_RANKS_BIN + "\n", {"-N2", "--ntasks-per-node=2"});
+  std::string out = wait_job(c, "tasks", id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  for (int r = 0; r < 4; ++r) {
+    CHECK_THAT(out, Catch::Contains("rank " + std::to_string(r) + " of 4 (local rank " + std::to_string(r % 2) +
+                                    " of 2, node " + std::to_string(r / 2) + " of 2) on n" + std::to_string(r / 2)));
+  }
+  CHECK_THAT(out, Catch::Contains("rank 0 may host a store at n0:"));
+  CHECK_THAT(out, Catch::Contains("for run slurm-" + id + ".0"));
+}
+
+TEST_CASE("scancel leaves no worker behind on any node", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  auto pids_dir = c.dir() / "pids";
+  std::filesystem::create_directories(pids_dir);
+  auto id = submit(c, "cancel",
+                   "srun " + e2e::kDdprun + " --nproc_per_node=2 " + e2e::kWorker + " tree " + pids_dir.string() + "\n",
+                   {"-N2", "--ntasks-per-node=1"});
+  std::vector<pid_t> pids;
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (pids.size() < 12 && std::chrono::steady_clock::now() < deadline) {
+    pids.clear();
+    for (int r = 0; r < 4; ++r) {
+      std::istringstream in(read_file(pids_dir / ("pids." + std::to_string(r))));
+      pid_t p;
+      while (in >> p) pids.push_back(p);
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(pids.size() == 12);  // 4 workers, each with a grandchild in its group and one that left it
+  auto cancelled = std::chrono::steady_clock::now();
+  REQUIRE(c.run_on_head({"scancel", id}).status == 0);
+  auto alive = [&] { return std::count_if(pids.begin(), pids.end(), [](pid_t p) { return process_alive(p); }); };
+  while (alive() > 0 && std::chrono::steady_clock::now() - cancelled < 5s) std::this_thread::sleep_for(20ms);
+  CHECK(alive() == 0);  // within Slurm's KillWait (5 s here): nothing left for its SIGKILL
+  std::string out = wait_job(c, "cancel", id);
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("stopped by SIGTERM"));
+}
+
+// Not a test: `scripts/bench/slurm` runs it for the launch-latency figure.
+TEST_CASE("benchmark: srun start to all workers running, 2 nodes x 2 workers", "[.bench]") {
+  SlurmCluster c(2);
+  std::vector<double> latencies;
+  for (int i = 0; i < 5; ++i) {
+    std::string name = "lat" + std::to_string(i);
+    auto id = submit(c, name,
+                     "echo \"srun-start $(date +%s.%N)\"\nsrun " + e2e::kDdprun + " --nproc_per_node=2 " +
+                         e2e::kWorker + " now\n",
+                     {"-N2", "--ntasks-per-node=1"});
+    std::string out = wait_job(c, name, id);
+    double start = 0, last = 0;
+    for (const auto& line : lines_of(out)) {
+      if (line.rfind("srun-start ", 0) == 0) start = std::stod(line.substr(11));
+      auto at = line.find("]:started ");
+      if (at != std::string::npos) last = std::max(last, std::stod(line.substr(at + 10)));
+    }
+    REQUIRE(start > 0);
+    REQUIRE(last > 0);
+    latencies.push_back(last - start);
+  }
+  std::sort(latencies.begin(), latencies.end());
+  std::printf("srun start -> all 4 workers running (2 nodes x 2), 5 jobs: median %.1f ms, min %.1f ms, max %.1f ms\n",
+              latencies[2] * 1e3, latencies[0] * 1e3, latencies[4] * 1e3);
+}
