@@ -31,6 +31,10 @@ constexpr int kForwardOnlySignals[] = {SIGUSR1, SIGUSR2};
 // After SIGKILL, how long to wait for the kernel to finish off processes (e.g. ones
 // stuck in uninterruptible I/O) before giving up on reaping them.
 constexpr auto kReapAfterKillTimeout = std::chrono::seconds(5);
+// A worker killed by a stop signal (TERM, INT, HUP, QUIT) is often one of many
+// processes a job scheduler is signalling at once (scancel signals the whole step);
+// ddprun waits this long for its own copy before calling that worker the root cause.
+constexpr auto kStopSignalHold = std::chrono::milliseconds(200);
 // Once every process is gone, the pipes hold at most their last buffered bytes; a
 // pipe still open after this long is held by something outside ddprun's reach.
 constexpr auto kDrainTimeout = std::chrono::seconds(2);
@@ -106,7 +110,13 @@ int AttemptResult::exit_status() const {
 class WorkerGroup {
  public:
   WorkerGroup(Supervisor& sup, int attempt, const JobLayout& layout, const AttemptHooks& hooks)
-      : sup_(sup), attempt_(attempt), layout_(layout), hooks_(hooks), grace_timer_(sup.io_), drain_timer_(sup.io_) {}
+      : sup_(sup),
+        attempt_(attempt),
+        layout_(layout),
+        hooks_(hooks),
+        grace_timer_(sup.io_),
+        drain_timer_(sup.io_),
+        hold_timer_(sup.io_) {}
 
   ~WorkerGroup() {
     if (finished_) return;
@@ -159,6 +169,7 @@ class WorkerGroup {
   bool group_alive(Worker& w);
   void check_done();
   void on_grace_expired();
+  void declare_root_cause();
 
   Supervisor& sup_;
   int attempt_;
@@ -180,6 +191,8 @@ class WorkerGroup {
   std::set<pid_t> signalled_stragglers_;  // so a re-parented process gets each signal once
   asio::steady_timer grace_timer_;
   asio::steady_timer drain_timer_;
+  asio::steady_timer hold_timer_;
+  std::optional<size_t> held_failure_;  // a worker killed by a stop signal, not yet the root cause
 };
 
 // While the leader is unreaped its pid (and group id) cannot be reused. After that the
@@ -313,15 +326,34 @@ void WorkerGroup::reap() {
       --running_;
       group_alive(*workers_[i]);  // forget the group at once if the leader was its last member
       if (o.failed() && !root_cause_ && !stopping_) {
-        root_cause_ = i;
-        begin_stop(SIGTERM, "rank " + std::to_string(o.rank) + " " + o.describe());
-        if (hooks_.on_local_failure) hooks_.on_local_failure(o);
+        bool by_stop_signal = WIFSIGNALED(o.wait_status) && is_stop_signal(WTERMSIG(o.wait_status));
+        if (by_stop_signal && !held_failure_) {
+          held_failure_ = i;
+          hold_timer_.expires_after(kStopSignalHold);
+          hold_timer_.async_wait([this](const boost::system::error_code& ec) {
+            if (!ec) declare_root_cause();
+          });
+        } else {
+          if (!held_failure_) held_failure_ = i;
+          declare_root_cause();
+        }
       }
       break;
     }
     // Anything else is a descendant re-parented to ddprun (the subreaper): reaped, nothing more.
   }
   check_done();
+}
+
+// The first failed worker becomes the root cause, unless ddprun itself was told to
+// stop in the meantime (then the stop signal is the cause).
+void WorkerGroup::declare_root_cause() {
+  hold_timer_.cancel();
+  if (!held_failure_ || root_cause_ || stopping_) return;
+  root_cause_ = *held_failure_;
+  const WorkerOutcome& o = workers_[*root_cause_]->outcome;
+  begin_stop(SIGTERM, "rank " + std::to_string(o.rank) + " " + o.describe());
+  if (hooks_.on_local_failure) hooks_.on_local_failure(o);
 }
 
 void WorkerGroup::begin_stop(int sig, const std::string& why) {
@@ -387,6 +419,8 @@ void WorkerGroup::check_done() {
 // Every process is gone; what they wrote last may still sit in the pipes.
 void WorkerGroup::processes_gone() {
   processes_gone_ = true;
+  if (held_failure_ && !root_cause_ && !stopping_) declare_root_cause();  // everyone exited inside the hold
+  hold_timer_.cancel();
   grace_timer_.cancel();
   if (open_streams_ > 0) {
     drain_timer_.expires_after(kDrainTimeout);
@@ -452,6 +486,10 @@ void WorkerGroup::on_grace_expired() {
 }
 
 AttemptResult WorkerGroup::finish() {
+  // No handler of this group may outlive it (they would run in the next attempt).
+  grace_timer_.cancel();
+  drain_timer_.cancel();
+  hold_timer_.cancel();
   AttemptResult result;
   for (auto& w : workers_) {
     w->outcome.stderr_tail.assign(w->err->sink.tail().lines().begin(), w->err->sink.tail().lines().end());
