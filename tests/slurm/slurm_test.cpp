@@ -180,3 +180,16 @@ TEST_CASE("benchmark: srun start to all workers running, 2 nodes x 2 workers", "
               "(KillWait 5 s)\n",
               cancels[2] * 1e3, cancels[4] * 1e3);
 }
+
+TEST_CASE("a failing node ends the Slurm job on all nodes with the summary in its output", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  // Global rank 3 (node 1) fails; the others would sleep for 10 minutes.
+  auto id = submit(c, "fail", "srun " + e2e::kDdprun + " --nproc_per_node=2 " + e2e::kWorker + " fail 3 7\n",
+                   {"-N2", "--ntasks-per-node=1"});
+  std::string out = wait_job(c, "fail", id, 60s);
+  INFO(out);
+  CHECK(job_state(c, id) == "FAILED");
+  // Both nodes' ddprun printed a summary naming the same root cause.
+  CHECK_THAT(out, Catch::Contains("rank 3 (local_rank 1) on n1") && Catch::Contains("exited with code 7"));
+  CHECK_THAT(out, Catch::Contains("rank 3 on node 1 (n1): exited with code 7"));
+}
