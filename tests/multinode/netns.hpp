@@ -37,6 +37,9 @@ class NetnsCluster {
     return command;
   }
 
+  // The name of node i's network namespace (/run/netns/<name>).
+  const std::string& netns(int node) const { return namespaces_.at(node); }
+
   // Cuts node i off the network (its link goes down; nothing is told).
   void cut(int node) { ip({"-n", namespaces_.at(node), "link", "set", "eth0", "down"}); }
 

@@ -1,6 +1,7 @@
 // A throwaway Slurm cluster for tests, from Debian's slurm-wlm and munge: one
-// slurmd per node, each node a host of its own (network, UTS and mount namespaces:
-// its own address, hostname and /etc/hosts), slurmctld on node 0, one munged for all.
+// slurmd per node, each node a host of its own (a NetnsCluster network namespace, plus
+// UTS and mount namespaces: its own hostname and /etc/hosts), slurmctld on node 0, one
+// munged for all.
 // Config, state and logs live in a temporary folder; everything is stopped and
 // removed when the object goes, also when a test fails. Needs root.
 #pragma once
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../multinode/netns.hpp"
 #include "subprocess.hpp"
 
 namespace testing {
@@ -37,7 +39,7 @@ class SlurmCluster {
     std::string n = std::to_string(node);
     return n.insert(0, 1, 'n');  // (not "n" + ...: GCC 12 warns falsely on that form)
   }
-  std::string address(int node) const { return subnet_ + "." + std::to_string(node + 1); }
+  std::string address(int node) const { return network_->address(node); }
   const std::filesystem::path& dir() const { return dir_.path(); }
 
   // argv running `command` on node i (its namespaces), with SLURM_CONF set.
@@ -60,41 +62,21 @@ class SlurmCluster {
   }
 
   void start() {
-    int id = static_cast<int>(getpid() % 100000);
-    subnet_ = "10.215." + std::to_string(getpid() % 250);
-    prefix_ = "ddps" + std::to_string(id);
     std::filesystem::create_directories(dir() / "state");
     for (int i = 0; i < nodes_; ++i) std::filesystem::create_directories(dir() / "spool" / name(i));
-    write_hosts_and_config();
     start_munge();
 
-    // The switch, then one host per node.
-    must({"ip", "netns", "add", prefix_ + "-sw"});
-    made_netns_.push_back(prefix_ + "-sw");
-    must({"ip", "-n", prefix_ + "-sw", "link", "add", "br0", "type", "bridge"});
-    must({"ip", "-n", prefix_ + "-sw", "link", "set", "br0", "up"});
+    // One host per node on the test network: its own hostname and /etc/hosts too. It
+    // enters the namespace with nsenter --net (not `ip netns exec`, which remounts /sys
+    // without the cgroup hierarchy slurmd needs).
+    network_ = std::make_unique<NetnsCluster>(nodes_);
+    write_hosts_and_config();
     for (int i = 0; i < nodes_; ++i) {
-      std::string ns = prefix_ + "-" + name(i);
-      std::string a = "ds" + std::to_string(id) + "a" + std::to_string(i);
-      std::string b = "ds" + std::to_string(id) + "b" + std::to_string(i);
-      must({"ip", "netns", "add", ns});
-      made_netns_.push_back(ns);
-      must({"ip", "link", "add", a, "type", "veth", "peer", "name", b});
-      must({"ip", "link", "set", a, "netns", ns});
-      must({"ip", "link", "set", b, "netns", prefix_ + "-sw"});
-      must({"ip", "-n", ns, "link", "set", a, "name", "eth0"});
-      must({"ip", "-n", ns, "addr", "add", address(i) + "/24", "dev", "eth0"});
-      must({"ip", "-n", ns, "link", "set", "eth0", "up"});
-      must({"ip", "-n", ns, "link", "set", "lo", "up"});
-      must({"ip", "-n", prefix_ + "-sw", "link", "set", b, "master", "br0"});
-      must({"ip", "-n", prefix_ + "-sw", "link", "set", b, "up"});
-      // The host: nsenter --net (not `ip netns exec`, which remounts /sys without the
-      // cgroup hierarchy slurmd needs), then its own hostname and /etc/hosts.
       std::string script = "hostname " + name(i) + " && mount --bind " + (dir() / "hosts").string() +
                            " /etc/hosts && exec sleep 100000";
       hosts_.push_back(std::make_unique<Process>(std::vector<std::string>{
-          "nsenter", "--net=/run/netns/" + ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
-          script}));
+          "nsenter", "--net=/run/netns/" + network_->netns(i), "unshare", "--uts", "--mount", "--propagation",
+          "private", "sh", "-c", script}));
     }
     for (int i = 0; i < nodes_; ++i) {
       bool ready = false;
@@ -166,21 +148,17 @@ class SlurmCluster {
     if (!hosts_.empty()) run(on(0, {"scancel", "--full", "--quiet", "--user=root"}), {}, std::chrono::seconds(20));
     kill_pidfile(dir() / "slurmctld.pid");
     for (int i = 0; i < nodes_; ++i) kill_pidfile(dir() / ("slurmd-" + name(i) + ".pid"));
-    hosts_.clear();  // kills the host processes; their namespaces go with them
-    for (auto it = made_netns_.rbegin(); it != made_netns_.rend(); ++it) {
-      run({"ip", "netns", "del", *it}, {}, std::chrono::seconds(20));
-    }
-    made_netns_.clear();
+    hosts_.clear();  // kills the host processes; their UTS and mount namespaces go with them
+    network_.reset();
     if (started_munge_) run({"sh", "-c", "pkill -x munged"}, {}, std::chrono::seconds(10));
     started_munge_ = false;
   }
 
   int nodes_;
   TempDir dir_;
-  std::string subnet_, prefix_;
+  std::unique_ptr<NetnsCluster> network_;
   std::filesystem::path conf_;
   std::vector<std::unique_ptr<Process>> hosts_;
-  std::vector<std::string> made_netns_;
   bool started_munge_ = false;
 };
 
