@@ -240,7 +240,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   opts.monitor_interval = seconds_in("--monitor_interval", raw.monitor_interval, true);
   opts.grace_period = seconds_in("--grace_period", raw.grace_period, true);
   if (opts.module && opts.no_python) throw UsageError("--module and --no_python cannot be used together");
-  if (opts.standalone && opts.nnodes > 1) throw UsageError("--standalone is for single-node jobs (--nnodes=1)");
+
   if (opts.nnodes == 1 && !raw.rdzv_endpoint.empty() && raw.rdzv_endpoint.size() > 2 &&
       raw.rdzv_endpoint.compare(raw.rdzv_endpoint.size() - 2, 2, ":0") == 0) {
     // torchrun's single-node recipe (--rdzv_endpoint=localhost:0): a free port, like --standalone.
@@ -277,7 +277,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   given.master_addr = app.count("--master_addr") > 0;
   given.master_port = app.count("--master_port") > 0 || opts.standalone;
   given.run_id = !opts.run_id.empty();
-  if (!opts.rdzv_host) opts.slurm_notes = apply_slurm_step(opts, given);
+  opts.slurm_notes = apply_slurm_step(opts, given);
+  if (opts.standalone && opts.nnodes > 1) {
+    throw UsageError(std::string("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; this is ") +
+                     std::to_string(opts.nnodes) + " nodes" + (opts.slurm_notes.empty() ? "" : " (from Slurm)"));
+  }
   if (opts.node_rank >= opts.nnodes) {
     invalid("--node_rank", std::to_string(opts.node_rank),
             "expected a node rank in [0, nnodes) with nnodes=" + std::to_string(opts.nnodes));

@@ -192,7 +192,8 @@ class WorkerGroup {
   asio::steady_timer grace_timer_;
   asio::steady_timer drain_timer_;
   asio::steady_timer hold_timer_;
-  std::optional<size_t> held_failure_;  // a worker killed by a stop signal, not yet the root cause
+  std::optional<size_t> held_failure_;  // the first failed worker, not yet declared the root cause
+  bool hold_armed_ = false;             // waiting kStopSignalHold for ddprun's own stop signal
 };
 
 // While the leader is unreaped its pid (and group id) cannot be reused. After that the
@@ -326,16 +327,18 @@ void WorkerGroup::reap() {
       --running_;
       group_alive(*workers_[i]);  // forget the group at once if the leader was its last member
       if (o.failed() && !root_cause_ && !stopping_) {
+        if (!held_failure_) held_failure_ = i;  // the first failure stays the candidate
         bool by_stop_signal = WIFSIGNALED(o.wait_status) && is_stop_signal(WTERMSIG(o.wait_status));
-        if (by_stop_signal && !held_failure_) {
-          held_failure_ = i;
+        if (!by_stop_signal) {
+          declare_root_cause();
+        } else if (!hold_armed_) {
+          hold_armed_ = true;
           hold_timer_.expires_after(kStopSignalHold);
           hold_timer_.async_wait([this](const boost::system::error_code& ec) {
-            if (!ec) declare_root_cause();
+            if (ec) return;
+            declare_root_cause();
+            maybe_complete();  // the attempt may have been waiting for the hold only
           });
-        } else {
-          if (!held_failure_) held_failure_ = i;
-          declare_root_cause();
         }
       }
       break;
@@ -349,7 +352,8 @@ void WorkerGroup::reap() {
 // stop in the meantime (then the stop signal is the cause).
 void WorkerGroup::declare_root_cause() {
   hold_timer_.cancel();
-  if (!held_failure_ || root_cause_ || stopping_) return;
+  hold_armed_ = false;
+  if (!held_failure_ || root_cause_ || stop_signal_ != 0 || remote_) return;
   root_cause_ = *held_failure_;
   const WorkerOutcome& o = workers_[*root_cause_]->outcome;
   begin_stop(SIGTERM, "rank " + std::to_string(o.rank) + " " + o.describe());
@@ -419,8 +423,6 @@ void WorkerGroup::check_done() {
 // Every process is gone; what they wrote last may still sit in the pipes.
 void WorkerGroup::processes_gone() {
   processes_gone_ = true;
-  if (held_failure_ && !root_cause_ && !stopping_) declare_root_cause();  // everyone exited inside the hold
-  hold_timer_.cancel();
   grace_timer_.cancel();
   if (open_streams_ > 0) {
     drain_timer_.expires_after(kDrainTimeout);
@@ -440,7 +442,8 @@ void WorkerGroup::processes_gone() {
 }
 
 void WorkerGroup::maybe_complete() {
-  if (!processes_gone_ || open_streams_ > 0 || done_) return;
+  // A held failure is decided (root cause, or not) before the attempt ends.
+  if (!processes_gone_ || open_streams_ > 0 || done_ || hold_armed_) return;
   done_ = true;
   drain_timer_.cancel();
   sup_.io_.stop();
@@ -511,10 +514,17 @@ AttemptResult WorkerGroup::finish() {
 // Supervisor
 // ---------------------------------------------------------------------------
 
-Supervisor::Supervisor(const LaunchPlan& plan) : plan_(plan), signals_(io_) {
-  auto resume = [this] {
-    asio::post(io_, [this] {
-      if (current_ != nullptr) current_->resume_reading();
+Supervisor::Supervisor(const LaunchPlan& plan)
+    : plan_(plan), signals_(io_), drain_hook_(std::make_shared<DrainHook>()) {
+  drain_hook_->supervisor = this;
+  // Called on a console thread, possibly after this Supervisor is gone: the hook is
+  // shared and cleared under its lock by the destructor.
+  auto resume = [hook = drain_hook_] {
+    std::lock_guard lock(hook->mutex);
+    if (hook->supervisor == nullptr) return;
+    Supervisor* sup = hook->supervisor;
+    asio::post(sup->io_, [sup] {
+      if (sup->current_ != nullptr) sup->current_->resume_reading();
     });
   };
   Console::out().on_drained(resume);
@@ -522,6 +532,11 @@ Supervisor::Supervisor(const LaunchPlan& plan) : plan_(plan), signals_(io_) {
   for (int sig : kStopSignals) signals_.add(sig);
   for (int sig : kForwardOnlySignals) signals_.add(sig);
   signals_.add(SIGCHLD);
+}
+
+Supervisor::~Supervisor() {
+  std::lock_guard lock(drain_hook_->mutex);
+  drain_hook_->supervisor = nullptr;
 }
 
 int Supervisor::poll_stop_signal() {

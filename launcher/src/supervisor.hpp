@@ -18,6 +18,8 @@
 #include <boost/asio/signal_set.hpp>
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +74,7 @@ class WorkerGroup;
 class Supervisor {
  public:
   explicit Supervisor(const LaunchPlan& plan);
+  ~Supervisor();
 
   // Starts the workers for `attempt` (TORCHELASTIC_RESTART_COUNT) and returns when
   // they and all their descendants are gone. Throws LaunchError when the workers
@@ -94,6 +97,11 @@ class Supervisor {
   boost::asio::signal_set signals_;
   OrphanGuard guard_;
   WorkerGroup* current_ = nullptr;  // the running attempt (touched only on the io thread)
+  struct DrainHook {                // how the console threads reach this Supervisor
+    std::mutex mutex;
+    Supervisor* supervisor = nullptr;
+  };
+  std::shared_ptr<DrainHook> drain_hook_;
 };
 
 }  // namespace ddprun

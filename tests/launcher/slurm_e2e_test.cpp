@@ -68,3 +68,12 @@ TEST_CASE("a step with several ddprun per node is refused with the fix", "[e2e][
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains("srun --ntasks-per-node=1 ddprun"));
 }
+
+TEST_CASE("--standalone in a multi-node Slurm step is refused instead of splitting the job", "[e2e][slurm]") {
+  for (const char* flag : {"--standalone", "--rdzv_endpoint=localhost:0"}) {
+    auto r = run(e2e::ddprun({flag, e2e::kWorker, "env", "RANK"}), {step_env(0, 2, "n[0-1]"), {}});
+    INFO(flag << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, Catch::Contains("single-node jobs") && Catch::Contains("from Slurm"));
+  }
+}

@@ -214,3 +214,38 @@ TEST_CASE("a console that stops reading does not stop ddprun from handling signa
   CHECK(*status == 128 + SIGTERM);
   CHECK(p.seconds_since_start() < 10);
 }
+
+TEST_CASE("a worker killed by SIGTERM from outside is still the root cause when ddprun is not signalled",
+          "[e2e][supervision]") {
+  // The worker leaves a child running: ddprun's cleanup of it must not hide the failure.
+  Process p(e2e::ddprun({"--standalone", "--grace_period=2", "bash", "-c", "sleep 300 & echo ready $$; wait"}));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return out.find("[rank0]:ready ") != std::string::npos; }, 20s));
+  std::string out = p.out();
+  pid_t worker = std::stoi(out.substr(out.find("[rank0]:ready ") + 14));
+  REQUIRE(worker > 0);
+  kill(worker, SIGTERM);
+  auto status = p.wait(20s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 128 + SIGTERM);
+  CHECK_THAT(p.err(), Catch::Contains("Root cause") && Catch::Contains("killed by SIGTERM"));
+}
+
+TEST_CASE("workers and ddprun signalled together (as by scancel) report a stop, not a failure",
+          "[e2e][supervision]") {
+  Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", e2e::kWorker, "trap", std::to_string(SIGUSR1)}));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 3, "ready"); }, 20s));
+  std::ifstream children("/proc/" + std::to_string(p.pid()) + "/task/" + std::to_string(p.pid()) + "/children");
+  pid_t k;
+  while (children >> k) {
+    if (read_file("/proc/" + std::to_string(k) + "/comm").rfind("test_worker", 0) == 0) kill(k, SIGTERM);
+  }
+  std::this_thread::sleep_for(50ms);
+  p.send_signal(SIGTERM);
+  auto status = p.wait(20s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 128 + SIGTERM);
+  CHECK_THAT(p.err(), Catch::Contains("stopped by SIGTERM (signal 15) sent to ddprun"));
+  CHECK(p.err().find("Root cause") == std::string::npos);
+}

@@ -17,6 +17,9 @@ TEST_CASE("hostlist expressions expand like Slurm's", "[slurm]") {
   CHECK(expand_hostlist("rack[1-2]-n[1-2]") == Hosts{"rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"});
   CHECK(expand_hostlist("a[098-101]") == Hosts{"a098", "a099", "a100", "a101"});
   CHECK(expand_hostlist("x,y[3],z") == Hosts{"x", "y3", "z"});
+  CHECK(expand_hostlist("n[1-3]-ib") == Hosts{"n1-ib", "n2-ib", "n3-ib"});
+  CHECK(expand_hostlist("a[1,3-4]b[2]") == Hosts{"a1b2", "a3b2", "a4b2"});
+  CHECK(expand_hostlist("n[9223372036854775807]") == Hosts{"n9223372036854775807"});  // no overflow past the end
 }
 
 TEST_CASE("malformed hostlists are refused with the reason", "[slurm]") {
@@ -41,6 +44,7 @@ TEST_CASE("tasks per node and the per-job port", "[slurm]") {
   }
   CHECK(ddp::slurm::rendezvous_port(77, 0) != ddp::slurm::rendezvous_port(78, 0));
   CHECK(ddp::slurm::rendezvous_port(77, 0) != ddp::slurm::rendezvous_port(77, 1));
+  CHECK(ddp::slurm::rendezvous_port(100, 8) != ddp::slurm::rendezvous_port(101, 0));  // steps do not run into the next job
 }
 
 TEST_CASE("srun with one task per GPU maps SLURM_* to the launch environment", "[slurm][launch_env]") {

@@ -3,6 +3,7 @@
 #include "ddp/slurm.hpp"
 
 #include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string_view>
@@ -60,8 +61,8 @@ LaunchEnv from_slurm() {
     throw LaunchEnvError("SLURM_LOCALID=" + std::to_string(env.local_rank) + " but only " +
                          std::to_string(env.local_world_size) + " tasks on this node");
   }
-  long job = required_int("SLURM_JOB_ID", 0, kMaxInt);
-  long step = optional_int("SLURM_STEP_ID", 0, 0, kMaxInt);
+  long job = required_int("SLURM_JOB_ID", 0, INT32_MAX);
+  long step = optional_int("SLURM_STEP_ID", 0, 0, INT32_MAX);
   env.master_addr = lookup("MASTER_ADDR").value_or("");
   if (env.master_addr.empty()) {
     auto nodes = lookup("SLURM_STEP_NODELIST");

@@ -1,6 +1,7 @@
 #include "ddp/slurm.hpp"
 
 #include <charconv>
+#include <cstdint>
 
 namespace ddp::slurm {
 namespace {
@@ -46,10 +47,11 @@ void expand_item(std::string_view expr, const std::string& head, std::string_vie
     long lo = parse_number(expr, first), hi = parse_number(expr, last);
     if (hi < lo) bad(expr, "range " + std::string(range) + " runs backwards");
     if (static_cast<size_t>(hi - lo) >= max_hosts) bad(expr, "more than " + std::to_string(max_hosts) + " hosts");
-    for (long v = lo; v <= hi; ++v) {
+    for (long v = lo;; ++v) {  // (stops at hi before ++ could overflow)
       std::string number = std::to_string(v);
       if (number.size() < first.size()) number.insert(0, first.size() - number.size(), '0');
       expand_item(expr, prefix + number, tail, out, max_hosts);
+      if (v == hi) break;
     }
     if (comma == std::string_view::npos) break;
     ranges.remove_prefix(comma + 1);
@@ -80,8 +82,10 @@ std::vector<std::string> expand_hostlist(std::string_view expr, size_t max_hosts
 }
 
 int rendezvous_port(long job_id, long step_id) {
-  unsigned long mix = static_cast<unsigned long>(job_id) * 8u + static_cast<unsigned long>(step_id < 0 ? 0 : step_id);
-  return 10000 + static_cast<int>(mix % 20000);
+  // Multiplicative hashing: neighbouring jobs and steps land far apart.
+  uint64_t mix = static_cast<uint64_t>(job_id) * 0x9E3779B97F4A7C15ull ^
+                 static_cast<uint64_t>(step_id < 0 ? 0 : step_id) * 0xC2B2AE3D27D4EB4Full;
+  return 10000 + static_cast<int>((mix >> 17) % 20000);
 }
 
 int tasks_on_node(std::string_view spec, int node) {
