@@ -69,7 +69,7 @@ TEST_CASE("a step with several ddprun per node is refused with the fix", "[e2e][
   CHECK_THAT(r.err, Catch::Contains("srun --ntasks-per-node=1 ddprun"));
 }
 
-TEST_CASE("--standalone in a multi-node Slurm step is refused instead of splitting the job", "[e2e][slurm]") {
+TEST_CASE("standalone mode in a multi-node Slurm step is refused instead of splitting the job", "[e2e][slurm]") {
   for (const char* flag : {"--standalone", "--rdzv_endpoint=localhost:0"}) {
     auto r = run(e2e::ddprun({flag, e2e::kWorker, "env", "RANK"}), {step_env(0, 2, "n[0-1]"), {}});
     INFO(flag << ": " << r.err);
