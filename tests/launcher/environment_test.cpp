@@ -1,6 +1,8 @@
 // Every worker gets torchrun's environment, with ranks that match its place.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "e2e.hpp"
 
 using namespace testing;
@@ -118,4 +120,18 @@ TEST_CASE("the hello_ranks example reports its place in the job", "[e2e][env]") 
     CHECK_THAT(ranks[rank][0], Catch::StartsWith("rank " + std::to_string(rank) + " of 3 (local rank " +
                                                  std::to_string(rank) + " of 3, node 0 of 1)"));
   }
+}
+
+TEST_CASE("workers reach the job's store with the DDPRUN_STORE_* variables and token", "[e2e][env]") {
+  auto r = run(e2e::ddprun({"--nproc_per_node=3", "--standalone", e2e::kWorker, "store"}));
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  std::set<std::string> arrivals;
+  for (int rank = 0; rank < 3; ++rank) {
+    REQUIRE(ranks[rank].size() == 1);
+    CHECK_THAT(ranks[rank][0], Catch::StartsWith("got 'from rank 0', arrival "));
+    arrivals.insert(ranks[rank][0].substr(ranks[rank][0].rfind(' ') + 1));
+  }
+  CHECK(arrivals == std::set<std::string>{"1", "2", "3"});  // one add each, all on the same key
 }

@@ -15,13 +15,19 @@
 //   fail-until-restart N       exit 5 while TORCHELASTIC_RESTART_COUNT < N, then 0
 //   touch FILE                 create FILE (proves a worker started)
 //   now                        print "started <wall-clock seconds>" (launch latency benchmarks)
+//   store                      join the job's store from DDPRUN_STORE_*: rank 0 sets "hello",
+//                              every rank gets it and adds to "count", then waits for all ranks
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+
+#include "rdzv/prefix_store.hpp"
+#include "rdzv/tcp_store.hpp"
 #include <ctime>
 #include <cstdlib>
 #include <cstring>
@@ -170,6 +176,31 @@ int main(int argc, char** argv) {
     int count = env_int("TORCHELASTIC_RESTART_COUNT");
     say("attempt " + std::to_string(count));
     return count < std::atoi(argv[2]) ? 5 : 0;
+  }
+  if (mode == "store") {
+    try {
+      rdzv::TcpStoreOptions o;
+      o.host = std::getenv("DDPRUN_STORE_ADDR");
+      o.port = static_cast<uint16_t>(env_int("DDPRUN_STORE_PORT"));
+      o.token = std::getenv("DDPRUN_STORE_TOKEN");
+      o.ns = std::getenv("DDPRUN_STORE_NAMESPACE");
+      o.connect_timeout = std::chrono::seconds(10);
+      rdzv::TcpStore base(o);
+      rdzv::PrefixStore store(std::getenv("DDPRUN_STORE_PREFIX"), base);
+      if (rank == 0) store.set("hello", "from rank 0");
+      std::string got = store.get("hello", std::chrono::seconds(10));
+      int64_t arrived = store.add("count", 1);
+      std::vector<std::string> all;
+      for (int r = 0; r < env_int("WORLD_SIZE"); ++r) all.push_back("done/" + std::to_string(r));
+      store.set("done/" + std::to_string(rank), "1");
+      store.wait(all, std::chrono::seconds(10));
+      say("got '" + got + "', arrival " + std::to_string(arrived));
+      base.close();
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "store: %s\n", e.what());
+      return 1;
+    }
   }
   if (mode == "now") {
     timespec ts{};

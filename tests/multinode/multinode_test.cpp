@@ -300,3 +300,24 @@ TEST_CASE("with restarts, a lost node ends the job instead of a second rendezvou
   CHECK(*status == 1);
   CHECK(n0.err().find("restarting") == std::string::npos);
 }
+
+TEST_CASE("workers on every node reach node 0's store through DDPRUN_STORE_*", "[multinode]") {
+  NetnsCluster c(2);
+  Process n1(c.on(1, with(node_args(c, 2, 1, 2), {e2e::kWorker, "store"})),
+             {{{"DDPRUN_TOKEN", "shared-secret"}}, {}});
+  Process n0(c.on(0, with(node_args(c, 2, 0, 2), {e2e::kWorker, "store"})),
+             {{{"DDPRUN_TOKEN", "shared-secret"}}, {}});
+  std::set<std::string> arrivals;
+  for (Process* p : {&n0, &n1}) {
+    auto status = p->wait(60s);
+    INFO(p->err());
+    REQUIRE(status.has_value());
+    CHECK(*status == 0);
+    for (auto& [rank, lines] : e2e::by_rank(p->out())) {
+      REQUIRE(lines.size() == 1);
+      CHECK_THAT(lines[0], Catch::StartsWith("got 'from rank 0', arrival "));
+      arrivals.insert(lines[0].substr(lines[0].rfind(' ') + 1));
+    }
+  }
+  CHECK(arrivals == std::set<std::string>{"1", "2", "3", "4"});
+}
