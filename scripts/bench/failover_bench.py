@@ -7,6 +7,9 @@ import signal
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns_hosts  # noqa: E402
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,31 +20,12 @@ PREFIX = f"ddpb{os.getpid() % 100000}"
 SUBNET = f"10.214.{os.getpid() % 250}"
 
 
-def ip(*args):
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 def make_hosts():
-    ip("netns", "add", PREFIX + "-sw")
-    ip("-n", PREFIX + "-sw", "link", "add", "br0", "type", "bridge")
-    ip("-n", PREFIX + "-sw", "link", "set", "br0", "up")
-    for i in range(2):
-        ns, a, b = f"{PREFIX}-n{i}", f"{PREFIX}a{i}", f"{PREFIX}b{i}"
-        ip("netns", "add", ns)
-        ip("link", "add", a, "type", "veth", "peer", "name", b)
-        ip("link", "set", a, "netns", ns)
-        ip("link", "set", b, "netns", PREFIX + "-sw")
-        ip("-n", ns, "link", "set", a, "name", "eth0")
-        ip("-n", ns, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        ip("-n", PREFIX + "-sw", "link", "set", b, "master", "br0")
-        ip("-n", PREFIX + "-sw", "link", "set", b, "up")
+    netns_hosts.make_hosts(PREFIX, SUBNET)
 
 
 def remove_hosts():
-    for ns in (f"{PREFIX}-n0", f"{PREFIX}-n1", PREFIX + "-sw"):
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    netns_hosts.remove_hosts(PREFIX)
 
 
 def node(i, heartbeat, worker_args):
@@ -94,12 +78,12 @@ def lost_node(heartbeat, how):
     if how == "kill":
         n1.send_signal(signal.SIGKILL)
     else:
-        ip("-n", f"{PREFIX}-n1", "link", "set", "eth0", "down")
+        netns_hosts.ip("-n", f"{PREFIX}-n1", "link", "set", "eth0", "down")
     _, err0 = n0.communicate(timeout=120)
     n1.kill()
     n1.communicate(timeout=60)
     if how == "cut":
-        ip("-n", f"{PREFIX}-n1", "link", "set", "eth0", "up")
+        netns_hosts.ip("-n", f"{PREFIX}-n1", "link", "set", "eth0", "up")
     return max(stamps(err0, "This node's workers")) - start
 
 

@@ -2,6 +2,7 @@
 
 #include "ddp/slurm.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
@@ -80,11 +81,47 @@ LaunchEnv from_slurm() {
   return env;
 }
 
+// mpirun (Open MPI) with no launcher variables.
+LaunchEnv from_openmpi() {
+  constexpr int kMaxInt = 1 << 30;
+  LaunchEnv env;
+  env.launcher = "mpirun";
+  env.world_size = required_int("OMPI_COMM_WORLD_SIZE", 1, kMaxInt);
+  env.rank = required_int("OMPI_COMM_WORLD_RANK", 0, env.world_size - 1);
+  env.local_world_size = optional_int("OMPI_COMM_WORLD_LOCAL_SIZE", env.world_size, 1, env.world_size);
+  env.local_rank = optional_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, env.local_world_size - 1);
+  // Open MPI does not number nodes; with its default by-slot mapping every node
+  // holds a consecutive block of local_world_size ranks.
+  env.group_world_size = (env.world_size + env.local_world_size - 1) / env.local_world_size;
+  env.group_rank = std::min(env.rank / env.local_world_size, env.group_world_size - 1);
+  env.master_addr = lookup("MASTER_ADDR").value_or("");
+  if (env.master_addr.empty()) {
+    if (env.local_world_size != env.world_size) {
+      throw LaunchEnvError("MASTER_ADDR is not set: with ranks on several hosts, pass the host of rank 0 "
+                           "(mpirun -x MASTER_ADDR=<host>)");
+    }
+    env.master_addr = "127.0.0.1";
+  }
+  // Every rank derives the same port from the job id unless MASTER_PORT is given.
+  const std::string job = lookup("OMPI_MCA_ess_base_jobid").value_or(lookup("PMIX_NAMESPACE").value_or(""));
+  uint32_t hash = 2166136261u;  // FNV-1a
+  for (char c : job) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
+  const int derived = 20000 + static_cast<int>(hash % 20000);
+  env.master_port = optional_int("MASTER_PORT", derived, 1, 65535);
+  if (!lookup("MASTER_PORT") && job.empty()) {
+    throw LaunchEnvError("MASTER_PORT is not set and no Open MPI job id (OMPI_MCA_ess_base_jobid) to derive it from");
+  }
+  env.run_id = "mpi-" + job;
+  env.role_name = "default";
+  return env;
+}
+
 }  // namespace
 
 LaunchEnv LaunchEnv::from_environment() {
   constexpr int kMaxInt = 1 << 30;
   if (!lookup("RANK") && lookup("SLURM_PROCID")) return from_slurm();
+  if (!lookup("RANK") && lookup("OMPI_COMM_WORLD_RANK")) return from_openmpi();
   LaunchEnv env;
   env.launcher = "torchrun";
   env.world_size = required_int("WORLD_SIZE", 1, kMaxInt);

@@ -31,7 +31,7 @@ struct LaunchEnv {
   int master_port = 0;        // MASTER_PORT: a port rank 0 can bind
   std::string run_id;         // TORCHELASTIC_RUN_ID
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: 0 on the first attempt
-  std::string launcher;       // "torchrun" (ddprun or torchrun set RANK...), or "slurm"
+  std::string launcher;       // "torchrun" (ddprun or torchrun set RANK...), "slurm" or "mpirun"
 
   // Reads the variables above from this process's environment.
   // Under ddprun or torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
@@ -40,6 +40,9 @@ struct LaunchEnv {
   // RANK/WORLD_SIZE/LOCAL_* come from SLURM_PROCID/NTASKS/LOCALID/TASKS_PER_NODE,
   // the node from SLURM_NODEID/NNODES, MASTER_ADDR (unless set) is the step's first
   // host and MASTER_PORT (unless set) is derived from the job id.
+  // Under mpirun (OMPI_COMM_WORLD_RANK set, RANK not): ranks from OMPI_COMM_WORLD_*,
+  // MASTER_ADDR defaults to 127.0.0.1 when all ranks share one host, MASTER_PORT
+  // is derived from the Open MPI job id.
   // Throws LaunchEnvError naming the first variable that is missing or invalid,
   // or when the values contradict each other (e.g. RANK >= WORLD_SIZE).
   static LaunchEnv from_environment();

@@ -1,0 +1,159 @@
+"""The benchmark behind scripts/bench/collectives (see there)."""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns_hosts  # noqa: E402
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
+DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
+BENCH = os.path.join(BUILD, "worker_runtime", "ddp-bench")
+PEERS = os.environ.get("DDPRUN_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
+PY = "/usr/bin/python3"
+PREFIX = f"ddpc{os.getpid() % 100000}"
+SUBNET = f"10.215.{os.getpid() % 250}"
+KiB, MiB = 1024, 1024 * 1024
+SIZES = [4 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def sh(argv, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, env=ENV, check=True, **kw).stdout
+
+
+def mpi_binary(tmp):
+    # The peer as given, with 64 KiB added to its sizes (the issue's range starts there).
+    src = open(os.path.join(PEERS, "mpi_allreduce.c")).read()
+    src = src.replace("long sizes[]={1<<10,1<<16,1<<20,1<<22,1<<24};",
+                      "long sizes[]={1<<10,1<<14,1<<16,1<<18,1<<20,1<<22,1<<24};")
+    src = src.replace("for(int s=0;s<5;s++)", "for(int s=0;s<7;s++)")
+    path = os.path.join(tmp, "mpi_allreduce.c")
+    open(path, "w").write(src)
+    sh(["mpicc", "-O2", path, "-o", os.path.join(tmp, "mpi_allreduce")])
+    return os.path.join(tmp, "mpi_allreduce")
+
+
+def parse_peer(text):
+    out = {}
+    for m in re.finditer(r"bytes=\s*(\d+) time_us=\s*([\d.]+) algbw=\s*([\d.]+)(?: GB/s)? busbw=\s*([\d.]+)", text):
+        out[int(m[1])] = (float(m[2]), float(m[4]))
+    return out
+
+
+def parse_ddp(text):
+    out = {}
+    for m in re.finditer(r"all_reduce\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)", text):
+        if m[5] != "0":
+            sys.exit(f"ddp-bench reported wrong results:\n{text}")
+        out[int(m[1])] = (float(m[2]), float(m[4]))
+    return out
+
+
+def run_ddp(prefix=()):
+    return parse_ddp(sh([*prefix, DDPRUN, "--nproc_per_node=2", BENCH, "-b", "4K", "-e", "64M", "-f", "2"]))
+
+
+def run_mpi(binary):
+    return parse_peer(sh(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", binary]))
+
+
+def run_gloo():
+    return parse_peer(sh([PY, os.path.join(PEERS, "torchrun.py"), "--nproc_per_node=2", "--monitor_interval", "0.1",
+                          os.path.join(PEERS, "gloo_allreduce.py")]))
+
+
+def med(samples, size, col):
+    vals = [s[size][col] for s in samples if size in s]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def one_host(runs):
+    with tempfile.TemporaryDirectory() as tmp:
+        mpi = mpi_binary(tmp)
+        ddp, mpis, gloo = [], [], []
+        for i in range(runs):  # interleaved, so load from outside hits all three alike
+            ddp.append(run_ddp())
+            mpis.append(run_mpi(mpi))
+            gloo.append(run_gloo())
+            print(f"run {i + 1}/{runs} done", file=sys.stderr, flush=True)
+    print(f"2 ranks, one host, f32 sum all-reduce; medians of {runs} interleaved runs; busbw in GB/s")
+    print(f"{'size':>9} {'ddp us':>9} {'ddp busbw':>10} {'mpi busbw':>10} {'gloo busbw':>11} {'ddp/mpi':>8} {'ddp/gloo':>9}")
+    ok = True
+    for s in SIZES:
+        d, m, g = med(ddp, s, 1), med(mpis, s, 1), med(gloo, s, 1)
+        rm, rg = d / m if m == m else float("nan"), d / g if g == g else float("nan")
+        label = f"{s // MiB} MiB" if s >= MiB else f"{s // KiB} KiB"
+        print(f"{label:>9} {med(ddp, s, 0):9.1f} {d:10.3f} {m:10.3f} {g:11.3f} {rm:8.2f} {rg:9.2f}")
+        if 64 * KiB <= s <= 64 * MiB and not rm >= 1.0:
+            ok = False
+        if s >= 256 * KiB and not rg >= 3.0:
+            ok = False
+    lat = med(ddp, 4 * KiB, 0)
+    print(f"4 KiB all-reduce latency: ddp {lat:.1f} us, mpi {med(mpis, 4 * KiB, 0):.1f} us, "
+          f"gloo {med(gloo, 4 * KiB, 0):.1f} us")
+    print(f"targets: busbw >= mpi at 64 KiB..64 MiB and >= 3x gloo at >= 256 KiB: {'met' if ok else 'NOT met'}; "
+          f"4 KiB <= 10 us: {'met' if lat <= 10 else 'NOT met'}")
+
+
+# ---- two hosts ----------------------------------------------------------------
+
+def make_hosts():
+    netns_hosts.make_hosts(PREFIX, SUBNET)
+
+
+def remove_hosts():
+    netns_hosts.remove_hosts(PREFIX)
+
+
+def both_nodes(argv_for):
+    procs = [subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-n{i}", *argv_for(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV) for i in (1, 0)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        if p.returncode != 0:
+            sys.exit(f"a node failed ({p.returncode}):\n{o}\n{e}")
+    return outs[1][0]  # node 0 prints rank 0's lines
+
+
+def two_hosts(runs):
+    make_hosts()
+    try:
+        ddp, gloo = [], []
+        for i in range(runs):
+            ddp.append(parse_ddp(both_nodes(lambda n: [
+                DDPRUN, "--nnodes=2", f"--node_rank={n}", f"--master_addr={SUBNET}.1", "--master_port=29511",
+                "--nproc_per_node=1", BENCH, "-b", "16M", "-e", "64M", "-f", "4"])))
+            gloo.append(parse_peer(both_nodes(lambda n: [
+                PY, os.path.join(PEERS, "torchrun.py"), "--nnodes=2", f"--node_rank={n}",
+                f"--master_addr={SUBNET}.1", "--master_port=29512", "--nproc_per_node=1", "--monitor_interval", "0.1",
+                os.path.join(PEERS, "gloo_allreduce.py")])))
+            print(f"run {i + 1}/{runs} done", file=sys.stderr, flush=True)
+    finally:
+        remove_hosts()
+    print(f"2 hosts (network namespaces over veth), 1 rank each; medians of {runs} interleaved runs; busbw GB/s")
+    for s in (16 * MiB, 64 * MiB):
+        d, g = med(ddp, s, 1), med(gloo, s, 1)
+        print(f"{s // MiB:>4} MiB  ddp {d:7.3f}  gloo {g:7.3f}  ratio {d / g:5.2f}")
+    d, g = med(ddp, 64 * MiB, 1), med(gloo, 64 * MiB, 1)
+    print(f"target: 64 MiB busbw >= gloo's: {'met' if d >= g else 'NOT met'}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--two-hosts", action="store_true")
+    a = ap.parse_args()
+    for path in (DDPRUN, BENCH):
+        if not os.path.exists(path):
+            sys.exit(f"{path} is missing: build first (scripts/setup)")
+    two_hosts(a.runs) if a.two_hosts else one_host(a.runs)
+
+
+if __name__ == "__main__":
+    main()

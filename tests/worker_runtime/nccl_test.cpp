@@ -1,0 +1,319 @@
+// The NCCL backend. The unique-id exchange runs for real on any machine (4 forked
+// processes, a real store server; ncclGetUniqueId needs no GPU). Collectives need a
+// GPU: those tests carry [gpu] and say why they skip when there is none.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend.hpp"
+#include "rdzv/memory_store.hpp"
+#include "server_fixture.hpp"
+
+using namespace std::chrono_literals;
+using ddp::detail::exchange_nccl_unique_id;
+
+namespace {
+
+// ---------------------------------------------------------------------------------
+// Forked ranks: each child reports "<status byte><payload>" through a pipe.
+// ---------------------------------------------------------------------------------
+
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;  // read end of the child's pipe
+};
+
+// Runs `body` in a child process; what it returns (or the error it throws) comes back
+// through the pipe. The child never returns into Catch2: it leaves with _exit().
+Child fork_rank(const std::function<std::string()>& body) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    char status = 0;
+    std::string payload;
+    try {
+      payload = body();
+    } catch (const std::exception& e) {
+      status = 1;
+      payload = e.what();
+    }
+    std::string message = std::string(1, status) + payload;
+    for (size_t done = 0; done < message.size();) {
+      ssize_t n = write(fds[1], message.data() + done, message.size() - done);
+      if (n <= 0) _exit(2);
+      done += static_cast<size_t>(n);
+    }
+    _exit(status);
+  }
+  REQUIRE(pid > 0);  // checked in the parent only
+  close(fds[1]);
+  return Child{pid, fds[0]};
+}
+
+// Everything the child wrote, until it closes the pipe or the deadline passes.
+std::string read_until_eof(int fd, std::chrono::steady_clock::time_point deadline) {
+  std::string out;
+  char chunk[512];
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) throw std::runtime_error("timed out reading from a child rank");
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n < 0) throw std::runtime_error("read from a child rank failed");
+    if (n == 0) return out;
+    out.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+// Bytes as hex, so that a failed comparison prints something readable.
+std::string hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// GPU helpers
+// ---------------------------------------------------------------------------------
+
+// Number of visible CUDA devices, or 0 with the reason in `why`.
+int cuda_devices(std::string& why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    why = cudaGetErrorString(e);
+    return 0;
+  }
+  if (n == 0) why = "cudaGetDeviceCount returned 0";
+  return n;
+}
+
+#define SKIP_WITHOUT_GPU(devices)                      \
+  std::string why_;                                    \
+  const int devices = cuda_devices(why_);              \
+  if (devices == 0) {                                  \
+    WARN("skipped: no CUDA device: " << why_);         \
+    return;                                            \
+  }
+
+// Runs `body(rank)` for `n` ranks on threads (one GPU per rank: NCCL refuses two
+// ranks of one communicator on the same GPU, so threads over distinct devices are
+// how a single machine tests more than one rank). Returns each rank's error text.
+std::vector<std::string> run_ranks(int n, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+ddp::detail::GroupSetup setup_for(std::shared_ptr<rdzv::Store> store, int rank, int size) {
+  ddp::detail::GroupSetup s;
+  s.store = std::move(store);
+  s.rank = rank;
+  s.size = size;
+  s.local_rank = rank;
+  s.timeout = 60s;
+  s.connect_timeout = 60s;
+  return s;
+}
+
+// A device buffer that frees itself.
+template <typename T>
+struct DeviceArray {
+  explicit DeviceArray(size_t n) : count(n) {
+    if (cudaMalloc(&ptr, n * sizeof(T)) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  void upload(const std::vector<T>& v) { cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> v(count);
+    cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  ddp::Buffer buffer() const { return ddp::Buffer{ptr, count, ddp::dtype_of<T>::value, ddp::Device::Cuda}; }
+  T* ptr = nullptr;
+  size_t count;
+};
+
+}  // namespace
+
+// Processes, not threads: each rank is its own process with its own TcpStore
+// connection, as under ddprun. No CUDA is touched before fork().
+TEST_CASE("every rank of 4 processes gets rank 0s real ncclUniqueId through the store", "[nccl]") {
+  constexpr int kRanks = 4;
+  testing::ServerThread server;
+  // Keeps the namespace alive: the server drops a namespace's keys when its last
+  // connection closes, and rank 0 may finish before the others have read the key.
+  auto keeper = server.client();
+  const auto options = server.client_options();
+
+  std::vector<Child> children;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    children.push_back(fork_rank([rank, options] {
+      rdzv::TcpStore store(options);
+      return exchange_nccl_unique_id(store, "job/nccl_unique_id", rank, 30s);
+    }));
+  }
+
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::vector<std::string> ids;
+  for (auto& child : children) {
+    std::string message;
+    try {
+      message = read_until_eof(child.fd, deadline);
+    } catch (...) {
+      for (auto& c : children) kill(c.pid, SIGKILL);
+    }
+    close(child.fd);
+    int status = 0;
+    REQUIRE(waitpid(child.pid, &status, 0) == child.pid);
+    INFO("child output: " << message.substr(std::min<size_t>(1, message.size())));
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    REQUIRE(!message.empty());
+    REQUIRE(message[0] == 0);
+    ids.push_back(message.substr(1));
+  }
+
+  REQUIRE(ids[0].size() == sizeof(ncclUniqueId));
+  REQUIRE(ids[0].size() == 128);
+  for (int r = 1; r < kRanks; ++r) CHECK(hex(ids[r]) == hex(ids[0]));
+  CHECK(std::any_of(ids[0].begin(), ids[0].end(), [](char c) { return c != 0; }));
+  // And it is exactly what rank 0 published.
+  CHECK(hex(keeper->get("job/nccl_unique_id", 1s)) == hex(ids[0]));
+}
+
+TEST_CASE("a rank waiting for a unique id nobody publishes gets Timeout", "[nccl]") {
+  rdzv::MemoryStore store;
+  CHECK_THROWS_AS(exchange_nccl_unique_id(store, "never", 1, 100ms), ddp::Timeout);
+}
+
+TEST_CASE("a unique id of the wrong size is an Error", "[nccl]") {
+  rdzv::MemoryStore store;
+  store.set("short", "abc");
+  CHECK_THROWS_AS(exchange_nccl_unique_id(store, "short", 2, 1s), ddp::Error);
+}
+
+TEST_CASE("nccl_usable() agrees with cudaGetDeviceCount", "[nccl]") {
+  std::string why;
+  CHECK(ddp::detail::nccl_usable() == (cuda_devices(why) > 0));
+}
+
+TEST_CASE("nccl all_reduce sums over every GPU of this machine", "[nccl][gpu]") {
+  SKIP_WITHOUT_GPU(devices);
+  const int n = std::min(devices, 4);
+  auto store = std::make_shared<rdzv::MemoryStore>();
+  std::vector<std::vector<float>> results(n);
+  std::vector<std::vector<int32_t>> gathered(n);
+  auto errors = run_ranks(n, [&](int rank) {
+    auto pg = ddp::detail::make_nccl_group(setup_for(store, rank, n));
+    if (pg->backend() != "nccl" || pg->rank() != rank || pg->size() != n) throw std::runtime_error("bad group");
+
+    DeviceArray<float> buf(1000);
+    buf.upload(std::vector<float>(1000, static_cast<float>(rank + 1)));
+    pg->all_reduce(buf.buffer());
+    results[rank] = buf.download();
+
+    // Asynchronous: the Work completes later; wait() makes the result visible.
+    DeviceArray<int32_t> in(1), out(n);
+    in.upload({rank * 10});
+    auto work = pg->all_gather(in.buffer(), out.buffer(), {.async_op = true});
+    work.wait(30s);
+    if (!work.is_completed()) throw std::runtime_error("work not completed after wait()");
+    gathered[rank] = out.download();
+
+    pg->barrier();
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    const float want = static_cast<float>(n * (n + 1) / 2);
+    CHECK(std::all_of(results[r].begin(), results[r].end(), [&](float v) { return v == want; }));
+    for (int i = 0; i < n; ++i) CHECK(gathered[r][i] == i * 10);
+  }
+}
+
+TEST_CASE("nccl collectives refuse host buffers and bad roots and fail after abort()", "[nccl][gpu]") {
+  SKIP_WITHOUT_GPU(devices);
+  (void)devices;
+  auto store = std::make_shared<rdzv::MemoryStore>();
+  auto pg = ddp::detail::make_nccl_group(setup_for(store, 0, 1));
+
+  std::vector<float> host(4, 1.0f);
+  CHECK_THROWS_AS(pg->all_reduce(ddp::view(host)), ddp::InvalidArgument);
+  DeviceArray<float> buf(4);
+  CHECK_THROWS_AS(pg->broadcast(buf.buffer(), 1), ddp::InvalidArgument);
+  // A group of one: all_reduce leaves the values as they are.
+  buf.upload({1, 2, 3, 4});
+  pg->all_reduce(buf.buffer(), ddp::ReduceOp::Max);
+  CHECK(buf.download() == std::vector<float>{1, 2, 3, 4});
+
+  pg->abort("test");
+  CHECK_THROWS_AS(pg->all_reduce(buf.buffer()), ddp::Error);
+  CHECK_THROWS_WITH(pg->barrier(), Catch::Contains("test"));
+}
+
+TEST_CASE("nccl new_group splits off a subgroup and the other ranks get nullptr", "[nccl][gpu]") {
+  SKIP_WITHOUT_GPU(devices);
+  if (devices < 2) {
+    WARN("skipped: needs 2 CUDA devices, found " << devices);
+    return;
+  }
+  const int n = std::min(devices, 4);
+  auto store = std::make_shared<rdzv::MemoryStore>();
+  std::vector<int> sub_rank(n, -2);
+  std::vector<float> sums(n, 0);
+  auto errors = run_ranks(n, [&](int rank) {
+    auto pg = ddp::detail::make_nccl_group(setup_for(store, rank, n));
+    // Ranks {1, 0}: the subgroup's rank 0 is the parent's rank 1.
+    auto sub = pg->new_group({1, 0});
+    if (!sub) {
+      sub_rank[rank] = -1;
+      return;
+    }
+    sub_rank[rank] = sub->rank();
+    DeviceArray<float> buf(1);
+    buf.upload({static_cast<float>(rank + 1)});
+    sub->all_reduce(buf.buffer());
+    sums[rank] = buf.download()[0];
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+  }
+  CHECK(sub_rank[0] == 1);
+  CHECK(sub_rank[1] == 0);
+  for (int r = 2; r < n; ++r) CHECK(sub_rank[r] == -1);
+  CHECK(sums[0] == 3.0f);
+  CHECK(sums[1] == 3.0f);
+}

@@ -1,0 +1,164 @@
+// Checkpoints: a round trip restores model, optimizer, epoch and step; damaged or
+// mismatched files are refused with a clear error and change nothing.
+#include <catch2/catch.hpp>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ddp/checkpoint.hpp"
+#include "ddp/nn.hpp"
+#include "ddp/optim.hpp"
+#include "ddp/types.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string path;
+};
+
+std::vector<float> values(ddp::Module& m) {
+  std::vector<float> v;
+  for (auto* p : m.parameters()) v.insert(v.end(), p->value.span().begin(), p->value.span().end());
+  return v;
+}
+
+// A few training steps so the optimizer has non-trivial state.
+void train(ddp::Sequential& model, ddp::Optimizer& opt, int steps) {
+  ddp::Tensor x(4, 6);
+  ddp::Rng rng(1);
+  for (float& v : x.span()) v = rng.uniform(-1, 1);
+  std::vector<int32_t> labels = {0, 1, 2, 1};
+  ddp::Tensor d;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    ddp::softmax_cross_entropy(model.forward(x), labels, d);
+    model.backward(d);
+    opt.step();
+  }
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/model.ckpt";
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::AdamW opt(model->parameters(), {.lr = 0.01f});
+  train(*model, opt, 3);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 2, .step = 3});
+  // Only the checkpoint is left: the temporary file was renamed into place.
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator{}) == 1);
+
+  auto restored = ddp::make_mlp({{6, 5, 3}, 99});  // different init
+  ddp::AdamW opt2(restored->parameters(), {.lr = 0.01f});
+  REQUIRE(values(*restored) != values(*model));
+  const ddp::CheckpointInfo info = ddp::load_checkpoint(path, *restored, &opt2);
+  CHECK(info.epoch == 2);
+  CHECK(info.step == 3);
+  CHECK(values(*restored) == values(*model));
+  CHECK(opt2.steps() == 3);
+
+  // Training on from both gives identical parameters.
+  train(*model, opt, 2);
+  train(*restored, opt2, 2);
+  CHECK(values(*restored) == values(*model));
+
+  // Overwriting works, and a model can be loaded without its optimizer.
+  ddp::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*model, sgd, 2);
+  ddp::save_checkpoint(path, *model, &sgd, {.epoch = 5, .step = 7});
+  auto weights_only = ddp::make_mlp({{6, 5, 3}, 3});
+  CHECK(ddp::load_checkpoint(path, *weights_only, nullptr).step == 7);
+  CHECK(values(*weights_only) == values(*model));
+  ddp::SGD sgd2(weights_only->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  ddp::load_checkpoint(path, *weights_only, &sgd2);
+  CHECK(sgd2.momentum_buffer(0).size() == 30);
+  CHECK(sgd2.steps() == 2);
+}
+
+TEST_CASE("damaged checkpoints are refused and change nothing", "[train][checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/model.ckpt";
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*model, opt, 1);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1});
+  const std::string good = read(path);
+
+  auto target = ddp::make_mlp({{6, 5, 3}, 2});
+  ddp::SGD target_opt(target->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  const auto before = values(*target);
+  auto refused = [&](const std::string& bytes, const std::string& why) {
+    write(path, bytes);
+    CHECK_THROWS_WITH(ddp::load_checkpoint(path, *target, &target_opt), Catch::Contains(path) && Catch::Contains(why));
+    CHECK(values(*target) == before);
+    CHECK(target_opt.steps() == 0);
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x10;
+  refused(flipped, "checksum");
+  refused(good.substr(0, good.size() - 9), "truncated");
+  refused(good.substr(0, 10), "truncated header");
+  refused(good + "xx", "trailing");
+  std::string magic = good;
+  magic[0] = 'X';
+  refused(magic, "bad magic");
+  std::string version = good;
+  version[8] = 9;
+  refused(version, "version 9");
+  refused("", "truncated header");
+
+  CHECK_THROWS_WITH(ddp::load_checkpoint(dir.path + "/missing.ckpt", *target, nullptr),
+                    Catch::Contains("missing.ckpt"));
+}
+
+TEST_CASE("a checkpoint of another model or optimizer is refused", "[train][checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.path + "/model.ckpt";
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::AdamW opt(model->parameters(), {});
+  train(*model, opt, 1);
+  ddp::save_checkpoint(path, *model, &opt, {});
+
+  auto wider = ddp::make_mlp({{6, 7, 3}, 1});
+  const auto before = values(*wider);
+  CHECK_THROWS_WITH(ddp::load_checkpoint(path, *wider, nullptr), Catch::Contains("0.weight"));
+  CHECK(values(*wider) == before);
+
+  auto deeper = ddp::make_mlp({{6, 5, 5, 3}, 1});
+  CHECK_THROWS_WITH(ddp::load_checkpoint(path, *deeper, nullptr), Catch::Contains("4 parameters"));
+
+  auto same = ddp::make_mlp({{6, 5, 3}, 4});
+  const auto same_before = values(*same);
+  ddp::SGD sgd(same->parameters(), {});
+  CHECK_THROWS_WITH(ddp::load_checkpoint(path, *same, &sgd), Catch::Contains("adamw"));
+  CHECK(values(*same) == same_before);  // the optimizer mismatch left the model alone too
+
+  ddp::save_checkpoint(path, *model, nullptr, {});
+  ddp::AdamW fresh(same->parameters(), {});
+  CHECK_THROWS_WITH(ddp::load_checkpoint(path, *same, &fresh), Catch::Contains("no optimizer state"));
+
+  CHECK_THROWS_WITH(ddp::save_checkpoint(dir.path + "/no/such/dir/x.ckpt", *model, nullptr, {}),
+                    Catch::Contains("no/such/dir"));
+}

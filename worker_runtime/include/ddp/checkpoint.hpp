@@ -1,0 +1,38 @@
+// Training checkpoints: model parameters, optimizer state, epoch and step in one
+// file, written atomically and verified when read.
+//
+// File layout (little-endian): magic "DDPCKPT\0", u32 version, u64 payload size,
+// u32 CRC-32 of the payload, then the payload: epoch and step (i64), the parameter
+// count and for each parameter its name, shape and float32 values, and the
+// optimizer's kind and state (Optimizer::save_state) if one was saved.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ddp/nn.hpp"
+#include "ddp/optim.hpp"
+
+namespace ddp {
+
+// Where training stands when a checkpoint is taken.
+struct CheckpointInfo {
+  int64_t epoch = 0;  // e.g. the next epoch to run
+  int64_t step = 0;   // optimizer steps taken so far
+};
+
+// Writes model's parameter values, optimizer's state (when optimizer is not null)
+// and info to path atomically: a temporary file in the same directory is written,
+// fsync'ed and renamed over path, so a crash leaves either the old or the new file.
+// Throws ddp::Error naming the file on any I/O failure.
+void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info);
+
+// Reads a checkpoint written by save_checkpoint into model (and optimizer, when not
+// null) and returns its info. Everything is validated before anything is changed:
+// magic, version, size, CRC-32, and that the parameter names and shapes (and the
+// optimizer kind) match. Throws ddp::Error naming the file and the problem on a
+// missing, truncated, corrupted or mismatched checkpoint; model and optimizer are
+// then left as they were.
+CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer);
+
+}  // namespace ddp

@@ -1,0 +1,116 @@
+// DistributedDataParallel: data-parallel training of a Module over a ProcessGroup.
+//
+//   ddp::DistributedDataParallel model(*mlp, pg);    // rank 0's parameters everywhere
+//   const auto& logits = model.forward(x);
+//   float loss = ddp::softmax_cross_entropy(logits, y, dlogits);
+//   model.backward(dlogits);                         // grads averaged over ranks
+//   optimizer.step();
+//
+// Gradients live in flat buckets: parameters are assigned in reverse registration
+// order (backward produces them in that order), the first bucket up to
+// first_bucket_bytes, the rest up to bucket_cap_bytes. Each parameter's grad is a
+// view into its bucket, so backward writes straight into the buffer that is
+// reduced. The moment the last gradient of a bucket is final (the model's
+// grad-ready hook), that bucket's all-reduce (average) starts asynchronously and
+// runs while backward continues with earlier layers. Buckets start in the same
+// order on every rank; backward() returns once all of them are reduced, so every
+// rank then holds bit-identical gradients.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "ddp/nn.hpp"
+#include "ddp/process_group.hpp"
+
+namespace ddp {
+
+class Trace;
+
+struct DdpOptions {
+  size_t first_bucket_bytes = 1u << 20;  // PyTorch's first bucket: 1 MiB
+  size_t bucket_cap_bytes = 25u << 20;   // later buckets: 25 MiB
+  bool broadcast_parameters = true;      // copy rank 0's values to every rank at construction
+  bool all_reduce = true;                // false: skip the reduction (measurement only)
+  Trace* trace = nullptr;                // records each bucket's all-reduce when set
+};
+
+// Where the time of the last backward() went (seconds).
+struct BackwardStats {
+  double backward = 0;   // the model's backward pass (compute)
+  double comm_wait = 0;  // waiting for all-reduces after the backward pass: not hidden
+  int buckets_reduced = 0;
+};
+
+class DistributedDataParallel {
+ public:
+  // Assigns buckets, binds every parameter's grad into them (zeroed) and, unless
+  // disabled, broadcasts rank 0's parameter values. A collective: every rank of pg
+  // constructs it with the same model structure. Throws InvalidArgument when the
+  // model has no parameters.
+  DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  const Tensor& forward(const Tensor& x) { return model_.forward(x); }
+  // The model's backward from dLoss/dOutput, reducing buckets as they fill (unless
+  // inside no_sync()). Returns when every gradient is averaged over all ranks.
+  void backward(const Tensor& dy);
+
+  // While the returned guard lives, backward() only accumulates local gradients;
+  // the first backward() after it reduces everything accumulated (gradient
+  // accumulation, as torch's no_sync()).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& d) : d_(&d) { d.sync_ = false; }
+    NoSync(NoSync&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+    ~NoSync() {
+      if (d_) d_->sync_ = true;
+    }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel* d_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // Scales every gradient so their global L2 norm is at most max_norm; returns the
+  // norm before clipping. Call after backward(): gradients are already identical on
+  // every rank, so no communication is needed and every rank clips alike.
+  float clip_grad_norm(float max_norm);
+
+  void zero_grad();
+  std::vector<Parameter*> parameters() { return model_.parameters(); }
+  Module& module() { return model_; }
+  ProcessGroup& process_group() { return *pg_; }
+  const BackwardStats& last_backward() const { return stats_; }
+  // Bucket layout: the parameter names of each bucket, in bucket order.
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+ private:
+  struct Bucket {
+    std::vector<float> data;            // flat gradients of its parameters
+    std::vector<Parameter*> params;     // in bucket order (reverse registration order)
+    size_t pending = 0;                 // gradients not yet final in this backward
+    Work work;                          // the running all-reduce
+    std::chrono::steady_clock::time_point launched;
+  };
+  void on_grad_ready(Parameter& p);
+  void launch_ready_buckets();
+
+  Module& model_;
+  std::shared_ptr<ProcessGroup> pg_;
+  DdpOptions options_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const Parameter*, size_t> bucket_of_;
+  std::vector<Parameter*> params_;
+  size_t next_to_launch_ = 0;  // buckets start strictly in index order
+  bool sync_ = true;
+  BackwardStats stats_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,47 @@
+// Fashion-MNIST from its IDX files (Debian package dataset-fashion-mnist).
+//
+// The package installs gzip-compressed IDX files in kFashionMnistDir:
+//   train-images-idx3-ubyte.gz (60000 × 28 × 28), train-labels-idx1-ubyte.gz,
+//   t10k-images-idx3-ubyte.gz (10000 × 28 × 28),  t10k-labels-idx1-ubyte.gz.
+// Uncompressed files (the same names without .gz) are read too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddp/tensor.hpp"
+
+namespace ddp {
+
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+inline constexpr size_t kFashionMnistPixels = 28 * 28;
+inline constexpr int kFashionMnistClasses = 10;
+
+// The contents of one IDX file of unsigned bytes (element type 0x08).
+struct IdxArray {
+  std::vector<uint32_t> dims;  // e.g. {60000, 28, 28}
+  std::vector<uint8_t> data;   // product(dims) bytes, row-major
+};
+
+// Reads an IDX file of unsigned bytes, gzip-compressed or not. Throws ddp::Error
+// naming the file when it cannot be opened, is not valid gzip, has a bad magic
+// number or element type, or holds fewer or more bytes than its dims announce.
+IdxArray read_idx(const std::string& path);
+
+// A labelled image set.
+struct ImageDataset {
+  Tensor images;                // N × 784, pixel values scaled to [0, 1]
+  std::vector<int32_t> labels;  // N class indices in [0, 10)
+  size_t size() const { return labels.size(); }
+};
+
+// Loads split "train" (60000 images) or "t10k" (10000) from dir. Throws ddp::Error
+// when dir does not exist (the message says: apt install dataset-fashion-mnist),
+// when a file is missing or malformed (named in the message), when images are not
+// 28 × 28, counts of images and labels differ, or a label is outside 0..9; throws
+// InvalidArgument for another split name.
+ImageDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir, const std::string& split = "train");
+
+}  // namespace ddp

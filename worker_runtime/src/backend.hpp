@@ -1,0 +1,34 @@
+// How init() and new_group() build a backend (internal).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ddp/process_group.hpp"
+#include "rdzv/store.hpp"
+
+namespace ddp::detail {
+
+// Everything a backend needs to form a group.
+struct GroupSetup {
+  std::shared_ptr<rdzv::Store> store;  // private to this group (already under its own key prefix)
+  int rank = 0;                        // rank in the group
+  int size = 1;                        // ranks in the group
+  int local_rank = 0;                  // rank on this node: the GPU a NCCL rank uses
+  std::string advertise_host = "127.0.0.1";  // this host's address as peers on other hosts reach it
+  Millis timeout{600000};              // limit of every collective
+  Millis connect_timeout{300000};      // limit of forming the group
+};
+
+// Shared memory within a host, TCP across hosts.
+std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup);
+
+// NCCL on the GPU numbered local_rank. Throws Error when NCCL was not built in.
+std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup);
+// True when the NCCL backend was built in and a CUDA device is visible.
+bool nccl_usable();
+// Rank 0 creates a ncclUniqueId and publishes it under `key`; every rank returns
+// the same 128 raw bytes. Throws Error when NCCL was not built in.
+std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout);
+
+}  // namespace ddp::detail

@@ -1,0 +1,17 @@
+// The NCCL backend's entry points in a build without CUDA or NCCL: init() then falls
+// back to the CPU backend for "auto" and reports a clear error for "nccl".
+#include "backend.hpp"
+
+namespace ddp::detail {
+
+std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup&) {
+  throw Error("the nccl backend is not available: ddprun was built without NCCL (CUDA Toolkit or NCCL not found)");
+}
+
+bool nccl_usable() { return false; }
+
+std::string exchange_nccl_unique_id(rdzv::Store&, const std::string&, int, Millis) {
+  throw Error("cannot create an NCCL unique id: ddprun was built without NCCL");
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,221 @@
+// save_checkpoint / load_checkpoint: an atomically written, CRC-checked file.
+//
+// Layout (see ddp/checkpoint.hpp): a 24-byte header (magic, version, payload size,
+// CRC-32) and the payload:
+//   i64 epoch, i64 step, u64 parameter count,
+//   per parameter: string name, tensor value (binary_io::put_tensor),
+//   u8 has optimizer, and if set: u64 state size + Optimizer::save_state bytes.
+#include "ddp/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "binary_io.hpp"
+#include "ddp/types.hpp"
+
+namespace ddp {
+namespace {
+
+using binary_io::get;
+using binary_io::put;
+
+constexpr char kMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '\0'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderSize = 8 + 4 + 8 + 4;
+
+uint32_t crc32_of(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* p = reinterpret_cast<const Bytef*>(bytes.data());
+  size_t left = bytes.size();
+  while (left > 0) {  // crc32 takes a uInt length
+    const uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = crc32(crc, p, n);
+    p += n;
+    left -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": write failed: " + errno_text());
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open checkpoint: " + errno_text());
+  std::string bytes;
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = errno_text();
+      ::close(fd);
+      throw Error(path + ": read failed: " + why);
+    }
+    if (n == 0) break;
+    bytes.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info) {
+  // Payload.
+  std::ostringstream payload(std::ios::binary);
+  put<int64_t>(payload, info.epoch);
+  put<int64_t>(payload, info.step);
+  const std::vector<Parameter*> params = model.parameters();
+  put<uint64_t>(payload, params.size());
+  for (const Parameter* p : params) {
+    binary_io::put_string(payload, p->name);
+    binary_io::put_tensor(payload, p->value);
+  }
+  put<uint8_t>(payload, optimizer != nullptr ? 1 : 0);
+  if (optimizer != nullptr) {
+    std::ostringstream state(std::ios::binary);
+    optimizer->save_state(state);
+    const std::string s = state.str();
+    put<uint64_t>(payload, s.size());
+    payload.write(s.data(), static_cast<std::streamsize>(s.size()));
+  }
+  const std::string body = payload.str();
+
+  // Header.
+  std::ostringstream head(std::ios::binary);
+  head.write(kMagic, sizeof kMagic);
+  put<uint32_t>(head, kVersion);
+  put<uint64_t>(head, body.size());
+  put<uint32_t>(head, crc32_of(body));
+  const std::string header = head.str();
+
+  // Temporary file in the same directory, fsync, rename, fsync the directory.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(tmp + ": cannot create checkpoint file: " + errno_text());
+  try {
+    write_all(fd, header.data(), header.size(), tmp);
+    write_all(fd, body.data(), body.size(), tmp);
+    if (::fsync(fd) != 0) throw Error(tmp + ": fsync failed: " + errno_text());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw Error(tmp + ": close failed: " + why);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot rename the checkpoint into place: " + why);
+  }
+  const std::string dir = directory_of(path);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // makes the rename durable; a filesystem refusing it is not fatal
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer) {
+  const std::string bytes = read_file(path);
+  if (bytes.size() < kHeaderSize) {
+    throw Error(path + ": not a checkpoint (truncated header: " + std::to_string(bytes.size()) + " bytes)");
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) throw Error(path + ": not a checkpoint (bad magic)");
+  uint32_t version;
+  uint64_t size;
+  uint32_t crc;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  std::memcpy(&size, bytes.data() + 12, 8);
+  std::memcpy(&crc, bytes.data() + 20, 4);
+  if (version != kVersion) {
+    throw Error(path + ": checkpoint version " + std::to_string(version) + ", this build reads version " +
+                std::to_string(kVersion));
+  }
+  const size_t have = bytes.size() - kHeaderSize;
+  if (size != have) {
+    throw Error(path + ": checkpoint payload is " + std::to_string(have) + " bytes, header says " +
+                std::to_string(size) + (have < size ? " (truncated)" : " (trailing bytes)"));
+  }
+  std::string body = bytes.substr(kHeaderSize);
+  if (crc32_of(body) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
+
+  try {
+    std::istringstream in(std::move(body), std::ios::binary);
+    CheckpointInfo info;
+    info.epoch = get<int64_t>(in, "epoch");
+    info.step = get<int64_t>(in, "step");
+    const std::vector<Parameter*> params = model.parameters();
+    const auto count = get<uint64_t>(in, "parameter count");
+    if (count != params.size()) {
+      throw Error("checkpoint has " + std::to_string(count) + " parameters, the model has " +
+                  std::to_string(params.size()));
+    }
+    // Read everything into temporaries first: the model changes only when all is valid.
+    std::vector<Tensor> values;
+    values.reserve(params.size());
+    for (const Parameter* p : params) {
+      const std::string name = binary_io::get_string(in, "parameter name");
+      if (name != p->name) throw Error("checkpoint parameter '" + name + "' where the model has '" + p->name + "'");
+      values.push_back(binary_io::get_tensor(in, p->value.rows(), p->value.cols(), "parameter " + name));
+    }
+    const auto has_optimizer = get<uint8_t>(in, "optimizer flag");
+    if (has_optimizer > 1) throw Error(std::string("bad optimizer flag"));
+    std::string state;
+    if (has_optimizer == 1) {
+      const auto state_size = get<uint64_t>(in, "optimizer state size");
+      if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
+      state.resize(state_size);
+      if (state_size != 0 && !in.read(state.data(), static_cast<std::streamsize>(state_size))) {
+        throw Error(std::string("truncated data reading optimizer state"));
+      }
+    }
+    if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
+    if (optimizer != nullptr) {
+      if (has_optimizer == 0) throw Error(std::string("checkpoint holds no optimizer state"));
+      std::istringstream state_in(std::move(state), std::ios::binary);
+      optimizer->load_state(state_in);  // validates before changing anything
+      if (state_in.peek() != std::char_traits<char>::eof()) {
+        throw Error(std::string("trailing data after the optimizer state"));
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(values[i]);
+    return info;
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+}  // namespace ddp

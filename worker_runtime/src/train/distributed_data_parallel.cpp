@@ -1,0 +1,156 @@
+#include "ddp/distributed_data_parallel.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "ddp/trace.hpp"
+
+namespace ddp {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg,
+                                                 const DdpOptions& options)
+    : model_(model), pg_(std::move(pg)), options_(options) {
+  params_ = model_.parameters();
+  if (params_.empty()) throw InvalidArgument("DistributedDataParallel: the model has no parameters");
+  if (!pg_) throw InvalidArgument("DistributedDataParallel: no process group");
+
+  // Buckets in reverse registration order: the order backward finishes them.
+  size_t cap = options_.first_bucket_bytes;
+  buckets_.emplace_back();
+  size_t bytes = 0;
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+    const size_t b = (*it)->numel() * sizeof(float);
+    if (!buckets_.back().params.empty() && bytes + b > cap) {
+      buckets_.emplace_back();
+      bytes = 0;
+      cap = options_.bucket_cap_bytes;
+    }
+    buckets_.back().params.push_back(*it);
+    bytes += b;
+  }
+  // Each grad becomes a view into its bucket (keeping what it held).
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    for (Parameter* p : buckets_[i].params) bucket_of_[p] = i;
+  for (auto& bucket : buckets_) {
+    size_t n = 0;
+    for (Parameter* p : bucket.params) n += p->numel();
+    bucket.data.assign(n, 0.0f);
+    size_t offset = 0;
+    for (Parameter* p : bucket.params) {
+      std::memcpy(bucket.data.data() + offset, p->grad.data(), p->numel() * sizeof(float));
+      p->bind_grad(bucket.data.data() + offset);
+      offset += p->numel();
+    }
+  }
+  if (options_.broadcast_parameters && pg_->size() > 1) {
+    // One broadcast of every value, flattened, instead of one per parameter.
+    size_t total = 0;
+    for (Parameter* p : params_) total += p->numel();
+    std::vector<float> flat(total);
+    size_t off = 0;
+    for (Parameter* p : params_) {
+      std::memcpy(flat.data() + off, p->value.data(), p->numel() * sizeof(float));
+      off += p->numel();
+    }
+    pg_->broadcast(view(flat), 0);
+    off = 0;
+    for (Parameter* p : params_) {
+      std::memcpy(p->value.data(), flat.data() + off, p->numel() * sizeof(float));
+      off += p->numel();
+    }
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // Never leave an all-reduce writing into buckets that are about to go away.
+  for (auto& b : buckets_) {
+    try {
+      b.work.wait();
+    } catch (...) {
+    }
+  }
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_layout() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : buckets_) {
+    out.emplace_back();
+    for (const Parameter* p : b.params) out.back().push_back(p->name);
+  }
+  return out;
+}
+
+void DistributedDataParallel::on_grad_ready(Parameter& p) {
+  auto it = bucket_of_.find(&p);
+  if (it == bucket_of_.end()) throw Error("DistributedDataParallel: '" + p.name + "' is not a parameter of the model");
+  Bucket& b = buckets_[it->second];
+  if (b.pending == 0) {
+    throw Error("DistributedDataParallel: gradient of '" + p.name + "' reported ready twice in one backward");
+  }
+  --b.pending;
+  launch_ready_buckets();
+}
+
+// Starts, in bucket order, every bucket whose gradients are all final.
+void DistributedDataParallel::launch_ready_buckets() {
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    Bucket& b = buckets_[next_to_launch_++];
+    b.launched = Clock::now();
+    b.work = pg_->all_reduce(view(b.data), ReduceOp::Avg, {.async_op = true});
+  }
+}
+
+void DistributedDataParallel::backward(const Tensor& dy) {
+  const bool reduce = sync_ && options_.all_reduce && pg_->size() > 1;
+  for (auto& b : buckets_) b.pending = b.params.size();
+  next_to_launch_ = 0;
+  const auto t0 = Clock::now();
+  if (reduce) {
+    model_.backward(dy, [this](Parameter& p) { on_grad_ready(p); }, false);
+  } else {
+    model_.backward(dy, GradReadyHook{}, false);
+  }
+  const auto t1 = Clock::now();
+  stats_ = BackwardStats{};
+  stats_.backward = seconds(t1 - t0);
+  if (!reduce) return;
+  if (next_to_launch_ != buckets_.size()) {
+    throw Error("DistributedDataParallel: backward finished but " + std::to_string(buckets_.size() - next_to_launch_) +
+                " bucket(s) did not receive every gradient (a parameter without a gradient?)");
+  }
+  for (auto& b : buckets_) {
+    b.work.wait();
+    if (options_.trace) {
+      const auto t = b.work.timing();
+      if (t.known) options_.trace->add("all_reduce bucket", t.start, t.end, Trace::kCommunication);
+    }
+  }
+  stats_.comm_wait = seconds(Clock::now() - t1);
+  stats_.buckets_reduced = static_cast<int>(buckets_.size());
+}
+
+float DistributedDataParallel::clip_grad_norm(float max_norm) {
+  double sq = 0;
+  for (const auto& b : buckets_)
+    for (float g : b.data) sq += static_cast<double>(g) * g;
+  const float norm = static_cast<float>(std::sqrt(sq));
+  if (norm > max_norm && norm > 0) {
+    const float scale = max_norm / (norm + 1e-6f);
+    for (auto& b : buckets_)
+      for (float& g : b.data) g *= scale;
+  }
+  return norm;
+}
+
+void DistributedDataParallel::zero_grad() {
+  for (auto& b : buckets_) std::fill(b.data.begin(), b.data.end(), 0.0f);
+}
+
+}  // namespace ddp

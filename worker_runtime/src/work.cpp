@@ -1,0 +1,59 @@
+#include <string>
+
+#include "ddp/types.hpp"
+#include "work_state.hpp"
+
+namespace ddp {
+
+void Work::State::complete(std::exception_ptr e) {
+  {
+    std::lock_guard lock(mu);
+    if (done) return;
+    done = true;
+    error = std::move(e);
+  }
+  cv.notify_all();
+}
+
+bool Work::State::wait_for(Millis timeout) {
+  std::unique_lock lock(mu);
+  if (timeout == Millis::max()) {
+    cv.wait(lock, [&] { return done; });
+    return true;
+  }
+  return cv.wait_for(lock, timeout, [&] { return done; });
+}
+
+bool Work::State::finished() {
+  std::lock_guard lock(mu);
+  return done;
+}
+
+void Work::wait(Millis timeout) const {
+  if (!state_) return;
+  if (!state_->wait_for(timeout)) {
+    throw Timeout("wait(): the operation did not finish within " + std::to_string(timeout.count()) + " ms");
+  }
+  std::exception_ptr e;
+  {
+    std::lock_guard lock(state_->mu);
+    e = state_->error;
+  }
+  if (e) std::rethrow_exception(e);
+}
+
+bool Work::is_completed() const { return !state_ || state_->finished(); }
+
+std::exception_ptr Work::exception() const {
+  if (!state_) return nullptr;
+  std::lock_guard lock(state_->mu);
+  return state_->error;
+}
+
+Work::Timing Work::timing() const {
+  if (!state_) return {};
+  std::lock_guard lock(state_->mu);
+  return state_->timing;
+}
+
+}  // namespace ddp

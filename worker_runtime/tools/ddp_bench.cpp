@@ -1,0 +1,178 @@
+// ddp-bench: collective bandwidth and latency, in the manner of nccl-tests'
+// all_reduce_perf. Launch it with ddprun (or any launcher ddp::init() knows):
+//
+//   ddprun --nproc_per_node=2 ddp-bench -b 8 -e 256M -f 2 -o all_reduce
+//
+// Columns (nccl-tests' definitions): size = bytes of the user buffer (all_gather:
+// the output, reduce_scatter: the input); time = mean microseconds per call, the
+// largest over ranks; algbw = size / time; busbw = algbw times the bytes each
+// rank must move relative to size: all_reduce 2(n-1)/n, all_gather and
+// reduce_scatter (n-1)/n, broadcast 1.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ddp/init.hpp"
+
+namespace {
+
+size_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  const double v = std::stod(s, &pos);
+  const std::string unit = s.substr(pos);
+  double mult = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") mult = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") throw std::invalid_argument("bad size '" + s + "' (use e.g. 8, 64K, 256M)");
+  return static_cast<size_t>(v * mult);
+}
+
+struct Config {
+  size_t min_bytes = 8;
+  size_t max_bytes = 256u << 20;
+  double factor = 2;
+  std::string ops = "all_reduce";
+  int warmup = 3;
+  int max_iters = 1000000;
+  double target_ms = 150;  // time spent per size (decides the iteration count)
+  bool check = true;
+};
+
+double busbw_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
+  return 1.0;  // broadcast
+}
+
+// One call of `op` on buffers sized for `bytes` (f32 elements).
+struct Case {
+  std::string op;
+  ddp::ProcessGroup& pg;
+  std::vector<float> in, out;
+  size_t bytes;
+
+  Case(std::string o, ddp::ProcessGroup& g, size_t b) : op(std::move(o)), pg(g), bytes(b) {
+    const size_t n = static_cast<size_t>(pg.size());
+    const size_t count = b / sizeof(float);
+    if (op == "all_gather") {
+      in.assign(count / n, 1.0f);
+      out.assign(count / n * n, 0.0f);
+    } else if (op == "reduce_scatter") {
+      in.assign(count / n * n, 1.0f);
+      out.assign(count / n, 0.0f);
+    } else {
+      in.assign(count, 1.0f);
+    }
+  }
+  void run() {
+    if (op == "all_reduce") pg.all_reduce(ddp::view(in));
+    else if (op == "broadcast") pg.broadcast(ddp::view(in), 0);
+    else if (op == "all_gather") pg.all_gather(ddp::view(in), ddp::view(out));
+    else pg.reduce_scatter(ddp::view(in), ddp::view(out));
+  }
+  // After one call on fresh inputs of 1.0: the values every rank must see.
+  bool correct() {
+    const float n = static_cast<float>(pg.size());
+    std::fill(in.begin(), in.end(), 1.0f);
+    run();
+    if (op == "all_reduce") return std::all_of(in.begin(), in.end(), [&](float v) { return v == n; });
+    if (op == "reduce_scatter") return std::all_of(out.begin(), out.end(), [&](float v) { return v == n; });
+    if (op == "all_gather") return std::all_of(out.begin(), out.end(), [](float v) { return v == 1.0f; });
+    return std::all_of(in.begin(), in.end(), [](float v) { return v == 1.0f; });
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-bench: collective bandwidth (nccl-tests style); launch with ddprun"};
+  Config c;
+  std::string b = "8", e = "256M";
+  app.add_option("-b,--minbytes", b, "smallest size (8, 64K, 1M...)");
+  app.add_option("-e,--maxbytes", e, "largest size");
+  app.add_option("-f,--stepfactor", c.factor, "size multiplier between rows")->check(CLI::Range(1.01, 1024.0));
+  app.add_option("-o,--op", c.ops, "all_reduce, all_gather, reduce_scatter, broadcast, or a comma list, or all");
+  app.add_option("-w,--warmup_iters", c.warmup, "untimed calls per size")->check(CLI::Range(0, 1000));
+  app.add_option("-n,--iters", c.max_iters, "most timed calls per size")->check(CLI::Range(1, 1000000));
+  app.add_option("--target_ms", c.target_ms, "time to spend per size")->check(CLI::Range(1.0, 60000.0));
+  app.add_option("-c,--check", c.check, "check results (1) or not (0)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    c.min_bytes = std::max<size_t>(4, parse_size(b));
+    c.max_bytes = parse_size(e);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "ddp-bench: %s\n", ex.what());
+    return 2;
+  }
+  if (c.ops == "all") c.ops = "all_reduce,all_gather,reduce_scatter,broadcast";
+  std::vector<std::string> ops;
+  for (size_t p = 0; p <= c.ops.size();) {
+    size_t q = c.ops.find(',', p);
+    if (q == std::string::npos) q = c.ops.size();
+    ops.push_back(c.ops.substr(p, q - p));
+    p = q + 1;
+  }
+  for (auto& op : ops) {
+    if (op != "all_reduce" && op != "all_gather" && op != "reduce_scatter" && op != "broadcast") {
+      std::fprintf(stderr, "ddp-bench: unknown op '%s'\n", op.c_str());
+      return 2;
+    }
+  }
+
+  try {
+    auto pg = ddp::init();
+    const int n = pg->size();
+    const bool root = pg->rank() == 0;
+    if (root) {
+      std::printf("# ddp-bench: %d ranks, backend %s, f32 sum\n", n, pg->backend().c_str());
+      std::printf("# %-14s %12s %12s %10s %10s %7s\n", "op", "size(B)", "time(us)", "algbw", "busbw", "wrong");
+      std::printf("# %-14s %12s %12s %10s %10s %7s\n", "", "", "", "(GB/s)", "(GB/s)", "");
+    }
+    int wrong_total = 0;
+    for (const auto& op : ops) {
+      for (double sz = static_cast<double>(c.min_bytes); sz <= static_cast<double>(c.max_bytes) * 1.0001; sz *= c.factor) {
+        // Round to whole f32 elements, and to a multiple of n for the block ops.
+        const size_t unit = (op == "all_gather" || op == "reduce_scatter") ? sizeof(float) * n : sizeof(float);
+        const size_t bytes = std::max(unit, static_cast<size_t>(sz) / unit * unit);
+        Case k(op, *pg, bytes);
+        int wrong = 0;
+        if (c.check && !k.correct()) wrong = 1;
+        for (int i = 0; i < c.warmup; ++i) k.run();
+        // Every rank must run the same number of calls: rank 0 decides from a probe.
+        pg->barrier();
+        auto t0 = std::chrono::steady_clock::now();
+        k.run();
+        double probe = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        pg->all_reduce(ddp::view(std::span<double>(&probe, 1)), ddp::ReduceOp::Max);
+        int64_t iters = std::clamp<int64_t>(static_cast<int64_t>(c.target_ms / 1e3 / std::max(probe, 1e-7)), 5,
+                                            c.max_iters);
+        pg->broadcast(ddp::view(std::span<int64_t>(&iters, 1)), 0);
+        pg->barrier();
+        t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < iters; ++i) k.run();
+        double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters);
+        pg->all_reduce(ddp::view(std::span<double>(&sec, 1)), ddp::ReduceOp::Max);
+        int32_t w = wrong;
+        pg->all_reduce(ddp::view(std::span<int32_t>(&w, 1)), ddp::ReduceOp::Sum);
+        wrong_total += w;
+        if (root) {
+          const double algbw = static_cast<double>(bytes) / sec / 1e9;
+          std::printf("  %-14s %12zu %12.2f %10.3f %10.3f %7d\n", op.c_str(), bytes, sec * 1e6, algbw,
+                      algbw * busbw_factor(op, n), w);
+          std::fflush(stdout);
+        }
+      }
+    }
+    return wrong_total == 0 ? 0 : 1;
+  } catch (const ddp::LaunchEnvError& ex) {
+    std::fprintf(stderr, "ddp-bench: %s\n", ex.what());
+    return 2;
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "ddp-bench: %s\n", ex.what());
+    return 1;
+  }
+}
