@@ -1,0 +1,353 @@
+// fashion_mnist: data-parallel training of an MLP (784-256-128-10) on Fashion-MNIST,
+// the headline ddprun example.
+//
+//   ddprun --nproc_per_node=2 build/examples/fashion_mnist/fashion_mnist --epochs 10
+//
+// Reads the IDX files of Debian's dataset-fashion-mnist, shards the training set
+// with DistributedSampler, trains with DistributedDataParallel (bucketed gradient
+// all-reduce overlapped with backward) and AdamW (or SGD) under a warmup + cosine
+// schedule, evaluates on the 10,000 test images (accuracy all-reduced) and prints
+// one line per epoch from rank 0.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ddp/checkpoint.hpp"       // save_checkpoint / load_checkpoint
+#include "ddp/distributed_data_parallel.hpp"
+#include "ddp/fashion_mnist.hpp"    // load_fashion_mnist
+#include "ddp/init.hpp"             // ddp::init: the process group from the launcher's environment
+#include "ddp/lr_schedule.hpp"      // WarmupCosine, scaled_lr
+#include "ddp/nn.hpp"               // make_mlp, softmax_cross_entropy
+#include "ddp/optim.hpp"            // AdamW, SGD
+#include "ddp/sampler.hpp"          // DistributedSampler
+#include "ddp/trace.hpp"            // --trace timeline
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Args {
+  int epochs = 10;
+  int stop_after = 0;        // leave after this many epochs, as if interrupted (tests resume)
+  int batch = 64;            // per worker
+  double lr = 1e-3;          // base rate for one worker; scaled by the world size
+  std::string optimizer = "adamw";
+  double momentum = 0.9;     // sgd
+  double weight_decay = 0.01;
+  double warmup_epochs = 0.5;
+  std::string hidden = "256,128";
+  uint64_t seed = 0;
+  std::string data = ddp::kFashionMnistDir;
+  std::string checkpoint;    // written by rank 0 after every epoch
+  bool resume = false;       // continue from --checkpoint when it exists
+  std::string trace;         // Chrome trace-event JSON of the whole run
+  bool no_allreduce = false; // measurement only: skip gradient averaging
+  int accumulate = 1;        // micro-batches per optimizer step (no_sync for all but the last)
+  size_t limit_train = 0;    // use only the first N training images (tests)
+  bool shuffle = true;
+  bool eval = true;
+  std::string save_params;   // rank 0 writes the final parameters (raw f32) here
+  double first_bucket_kib = 1024;
+  double bucket_cap_kib = 25 * 1024;
+  std::string device = "cpu";
+};
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+std::vector<size_t> parse_hidden(const std::string& s) {
+  std::vector<size_t> out{784};
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    const std::string part = s.substr(p, q - p);
+    char* end = nullptr;
+    const long v = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v <= 0) throw ddp::InvalidArgument("--hidden: '" + s + "' is not a list of widths");
+    out.push_back(static_cast<size_t>(v));
+    p = q + 1;
+  }
+  out.push_back(10);
+  return out;
+}
+
+// Fashion-MNIST's pixel mean and standard deviation (over the training set).
+void normalize(ddp::Tensor& images) {
+  for (float& v : images.span()) v = (v - 0.2860f) / 0.3530f;
+}
+
+// FNV-1a hash of every parameter's bytes: equal on every rank when they are identical.
+uint64_t params_hash(ddp::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (auto* p : m.parameters()) {
+    const auto* b = reinterpret_cast<const unsigned char*>(p->value.data());
+    for (size_t i = 0; i < p->numel() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+void write_params(ddp::Module& m, const std::string& path) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  for (auto* p : m.parameters()) {
+    f.write(reinterpret_cast<const char*>(p->value.data()), static_cast<std::streamsize>(p->numel() * sizeof(float)));
+  }
+  if (!f) throw ddp::Error("cannot write " + path);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Test-set accuracy and loss, each rank on its share, summed over ranks.
+std::pair<double, double> evaluate(ddp::Module& model, const ddp::ImageDataset& test, ddp::ProcessGroup& pg) {
+  std::vector<size_t> mine;
+  for (size_t i = static_cast<size_t>(pg.rank()); i < test.size(); i += static_cast<size_t>(pg.size())) mine.push_back(i);
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  double sums[3] = {0, 0, 0};  // correct, loss * n, n
+  constexpr size_t kChunk = 1000;
+  for (size_t off = 0; off < mine.size(); off += kChunk) {
+    const size_t n = std::min(kChunk, mine.size() - off);
+    std::span<const size_t> idx(mine.data() + off, n);
+    ddp::gather_rows(test.images, idx, x);
+    y.resize(n);
+    for (size_t i = 0; i < n; ++i) y[i] = test.labels[idx[i]];
+    const auto& logits = model.forward(x);
+    sums[0] += static_cast<double>(ddp::count_correct(logits, y));
+    sums[1] += static_cast<double>(ddp::softmax_cross_entropy(logits, y, dlogits)) * static_cast<double>(n);
+    sums[2] += static_cast<double>(n);
+  }
+  pg.all_reduce(ddp::view(std::span<double>(sums, 3)), ddp::ReduceOp::Sum);
+  return {sums[0] / sums[2], sums[1] / sums[2]};
+}
+
+// ---------------------------------------------------------------------------
+// Training
+// ---------------------------------------------------------------------------
+
+int train(const Args& a) {
+  if (a.device != "cpu") {
+    throw ddp::InvalidArgument("--device " + a.device +
+                               ": this build trains on the CPU only (the CUDA training path is not built here)");
+  }
+  auto pg = ddp::init();
+  const int rank = pg->rank(), world = pg->size();
+  const bool lead = rank == 0;
+
+  // Data: every rank loads both splits (the sampler picks its share).
+  ddp::ImageDataset train_set = ddp::load_fashion_mnist(a.data, "train");
+  ddp::ImageDataset test_set = ddp::load_fashion_mnist(a.data, "t10k");
+  if (a.limit_train > 0 && a.limit_train < train_set.size()) {
+    std::vector<size_t> first(a.limit_train);
+    std::iota(first.begin(), first.end(), size_t{0});
+    ddp::Tensor head;
+    ddp::gather_rows(train_set.images, first, head);
+    train_set.images = std::move(head);
+    train_set.labels.resize(a.limit_train);
+  }
+  normalize(train_set.images);
+  normalize(test_set.images);
+
+  // Model, replicated from rank 0 by DDP; optimizer; schedule.
+  auto model = ddp::make_mlp({.sizes = parse_hidden(a.hidden), .seed = a.seed});
+  std::unique_ptr<ddp::Trace> trace = a.trace.empty() ? nullptr : std::make_unique<ddp::Trace>(rank);
+  ddp::DdpOptions dopts;
+  dopts.first_bucket_bytes = static_cast<size_t>(a.first_bucket_kib * 1024);
+  dopts.bucket_cap_bytes = static_cast<size_t>(a.bucket_cap_kib * 1024);
+  dopts.all_reduce = !a.no_allreduce;
+  dopts.trace = trace.get();
+  const double peak_lr = ddp::scaled_lr(a.lr, world);  // linear scaling rule
+  std::unique_ptr<ddp::Optimizer> opt;
+  if (a.optimizer == "adamw") {
+    opt = std::make_unique<ddp::AdamW>(model->parameters(),
+                                       ddp::AdamWOptions{.lr = static_cast<float>(peak_lr),
+                                                         .weight_decay = static_cast<float>(a.weight_decay)});
+  } else if (a.optimizer == "sgd") {
+    opt = std::make_unique<ddp::SGD>(model->parameters(),
+                                     ddp::SgdOptions{.lr = static_cast<float>(peak_lr),
+                                                     .momentum = static_cast<float>(a.momentum),
+                                                     .weight_decay = static_cast<float>(a.weight_decay)});
+  } else {
+    throw ddp::InvalidArgument("--optimizer must be adamw or sgd, not '" + a.optimizer + "'");
+  }
+  int first_epoch = 0;
+  int64_t step = 0;
+  if (a.resume && !a.checkpoint.empty() && std::filesystem::exists(a.checkpoint)) {
+    const auto info = ddp::load_checkpoint(a.checkpoint, *model, opt.get());  // every rank reads it
+    first_epoch = static_cast<int>(info.epoch);
+    step = info.step;
+    if (lead) std::printf("resumed from %s: epoch %d, step %lld\n", a.checkpoint.c_str(), first_epoch, static_cast<long long>(step));
+  }
+  ddp::DistributedDataParallel ddp_model(*model, pg, dopts);
+
+  ddp::DistributedSampler sampler(train_set.size(), {.num_replicas = static_cast<size_t>(world),
+                                                     .rank = static_cast<size_t>(rank),
+                                                     .shuffle = a.shuffle,
+                                                     .seed = a.seed});
+  const size_t micro = static_cast<size_t>(a.batch);
+  const size_t per_step = micro * static_cast<size_t>(a.accumulate);
+  const int64_t steps_per_epoch = static_cast<int64_t>((sampler.size() + per_step - 1) / per_step);
+  ddp::WarmupCosine schedule({.base_lr = peak_lr,
+                              .warmup_steps = static_cast<int64_t>(a.warmup_epochs * static_cast<double>(steps_per_epoch)),
+                              .total_steps = std::max<int64_t>(1, steps_per_epoch * a.epochs),
+                              .min_lr = 0.0});
+  if (lead) {
+    std::printf("fashion_mnist: %d worker(s) (%s), %zu train / %zu test images, batch %d per worker, %s, peak lr %.4g\n",
+                world, pg->backend().c_str(), train_set.size(), test_set.size(), a.batch, a.optimizer.c_str(), peak_lr);
+    std::fflush(stdout);
+  }
+
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  std::vector<double> step_times;
+  double total_samples = 0, total_time = 0;
+  double acc = 0;
+  for (int epoch = first_epoch; epoch < a.epochs; ++epoch) {
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    const std::vector<size_t> order = sampler.indices();
+    pg->barrier();
+    const auto t_epoch = Clock::now();
+    double loss_sum = 0, seen = 0, comm = 0, compute = 0;
+    for (size_t begin = 0; begin < order.size(); begin += per_step) {
+      const auto t_step = Clock::now();
+      const size_t end = std::min(order.size(), begin + per_step);
+      const size_t k_micro = (end - begin + micro - 1) / micro;
+      opt->set_lr(static_cast<float>(schedule.lr_at(step)));
+      for (size_t m = 0; m < k_micro; ++m) {
+        const size_t mb = begin + m * micro, me = std::min(end, mb + micro);
+        std::span<const size_t> idx(order.data() + mb, me - mb);
+        ddp::gather_rows(train_set.images, idx, x);
+        y.resize(idx.size());
+        for (size_t i = 0; i < idx.size(); ++i) y[i] = train_set.labels[idx[i]];
+        float loss;
+        {
+          auto s = ddp::Trace::scope(trace.get(), "forward");
+          const auto& logits = ddp_model.forward(x);
+          loss = ddp::softmax_cross_entropy(logits, y, dlogits);
+        }
+        // Accumulated micro-batches: average over the step's micro-batches.
+        if (k_micro > 1) {
+          for (float& g : dlogits.span()) g /= static_cast<float>(k_micro);
+        }
+        {
+          auto s = ddp::Trace::scope(trace.get(), "backward");
+          if (m + 1 < k_micro) {
+            auto guard = ddp_model.no_sync();
+            ddp_model.backward(dlogits);
+          } else {
+            ddp_model.backward(dlogits);
+          }
+        }
+        comm += ddp_model.last_backward().comm_wait;
+        compute += ddp_model.last_backward().backward;
+        loss_sum += static_cast<double>(loss) * static_cast<double>(idx.size());
+        seen += static_cast<double>(idx.size());
+      }
+      {
+        auto s = ddp::Trace::scope(trace.get(), "optimizer step");
+        opt->step();
+        ddp_model.zero_grad();
+      }
+      ++step;
+      step_times.push_back(since(t_step));
+    }
+    pg->barrier();
+    const double dt = since(t_epoch);
+    double sums[2] = {loss_sum, seen};
+    pg->all_reduce(ddp::view(std::span<double>(sums, 2)), ddp::ReduceOp::Sum);
+    total_samples += sums[1];
+    total_time += dt;
+    double test_loss = 0;
+    if (a.eval) std::tie(acc, test_loss) = evaluate(*model, test_set, *pg);
+    if (lead) {
+      std::printf("epoch %d loss %.4f test_acc %.4f samples_per_s %.0f time_s %.2f comm_wait_s %.3f backward_s %.3f step_ms_median %.3f\n",
+                  epoch + 1, sums[0] / sums[1], acc, sums[1] / dt, dt, comm, compute,
+                  median(step_times) * 1e3);
+      std::fflush(stdout);
+    }
+    if (!a.checkpoint.empty() && lead) {
+      ddp::save_checkpoint(a.checkpoint, *model, opt.get(), {.epoch = epoch + 1, .step = step});
+    }
+    if (!a.checkpoint.empty()) pg->barrier();  // nobody reads a half-written file next
+    if (a.stop_after > 0 && epoch + 1 >= a.stop_after && epoch + 1 < a.epochs) {
+      if (lead) std::printf("stopping after epoch %d (--stop-after)\n", epoch + 1);
+      break;
+    }
+  }
+  if (lead) {
+    std::printf("RESULT world %d test_acc %.4f samples_per_s %.0f step_ms_median %.3f\n", world, acc,
+                total_time > 0 ? total_samples / total_time : 0.0, median(step_times) * 1e3);
+  }
+  std::printf("rank %d params_hash %016llx\n", rank, static_cast<unsigned long long>(params_hash(*model)));
+  if (!a.save_params.empty() && lead) write_params(*model, a.save_params);
+  if (trace) {
+    trace->write(*pg, a.trace);
+    if (lead) std::printf("trace written to %s (open it in https://ui.perfetto.dev)\n", a.trace.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  CLI::App app{"Data-parallel MLP training on Fashion-MNIST (launch with ddprun)"};
+  Args a;
+  app.add_option("--epochs", a.epochs)->check(CLI::Range(1, 100000));
+  app.add_option("--stop-after", a.stop_after, "leave after this many epochs (the schedule still spans --epochs)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--batch", a.batch, "batch per worker")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", a.lr, "base learning rate for one worker (scaled by the world size)")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", a.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--momentum", a.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", a.weight_decay)->check(CLI::Range(0.0, 10.0));
+  app.add_option("--warmup-epochs", a.warmup_epochs)->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--hidden", a.hidden, "hidden layer widths");
+  app.add_option("--seed", a.seed);
+  app.add_option("--data", a.data, "directory of the IDX files");
+  app.add_option("--checkpoint", a.checkpoint, "file rank 0 writes after every epoch");
+  app.add_flag("--resume", a.resume, "continue from --checkpoint when it exists");
+  app.add_option("--trace", a.trace, "write a Chrome trace-event JSON timeline here");
+  app.add_flag("--no-allreduce", a.no_allreduce, "skip gradient averaging (for measuring overlap only)");
+  app.add_option("--accumulate", a.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--limit-train", a.limit_train, "use only the first N training images");
+  app.add_flag("!--no-shuffle", a.shuffle, "visit the training set in order");
+  app.add_flag("!--no-eval", a.eval, "skip the test-set evaluation");
+  app.add_option("--save-params", a.save_params, "rank 0 writes the final parameters (raw float32) here");
+  app.add_option("--first-bucket-kib", a.first_bucket_kib)->check(CLI::PositiveNumber);
+  app.add_option("--bucket-cap-kib", a.bucket_cap_kib)->check(CLI::PositiveNumber);
+  app.add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "fashion_mnist: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    return train(a);
+  } catch (const ddp::LaunchEnvError& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
+  } catch (const ddp::InvalidArgument& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}
