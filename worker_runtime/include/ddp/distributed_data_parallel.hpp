@@ -12,7 +12,8 @@
 // view into its bucket, so backward writes straight into the buffer that is
 // reduced. The moment the last gradient of a bucket is final (the model's
 // grad-ready hook), that bucket's all-reduce (average) starts asynchronously and
-// runs while backward continues with earlier layers. Buckets start in the same
+// runs while backward continues with earlier layers (the last bucket, filled when
+// backward has nothing left to do, runs on the calling thread). Buckets start in the same
 // order on every rank; backward() returns once all of them are reduced, so every
 // rank then holds bit-identical gradients.
 #pragma once

@@ -103,7 +103,11 @@ void DistributedDataParallel::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_to_launch_++];
     b.launched = Clock::now();
-    b.work = pg_->all_reduce(view(b.data), ReduceOp::Avg, {.async_op = true});
+    // The last bucket fills when backward has nothing left to compute: there is
+    // nothing to overlap it with, so it runs on this thread (no hand-off to the
+    // progress thread; it still starts after every earlier bucket).
+    const bool last = next_to_launch_ == buckets_.size();
+    b.work = pg_->all_reduce(view(b.data), ReduceOp::Avg, {.async_op = !last});
   }
 }
 
