@@ -9,6 +9,8 @@
 //                                        the error and how long it took to see it.
 //   collective_worker stuck <victim>     <victim> stops calling collectives (alive);
 //                                        the others' all_reduce must time out.
+//   collective_worker misuse             bad arguments: refused up front, or (a recv of
+//                                        the wrong size) the group breaks everywhere.
 // Prints "rank R: ..." lines; exits 0 when every check passed, 1 otherwise.
 #include <signal.h>
 #include <unistd.h>
@@ -305,6 +307,37 @@ int stuck(ddp::ProcessGroup& pg, int victim) {
   return 0;
 }
 
+// Caller mistakes: one found before anything moves keeps the group usable; a
+// recv of the wrong size (bytes already sent) breaks it on both sides, no hang.
+int misuse(ddp::ProcessGroup& pg) {
+  const int r = pg.rank();
+  std::vector<float> in(4, 1.0f), bad_out(3);
+  if (r == 0) {
+    try {
+      pg.all_gather(ddp::view(in), ddp::view(bad_out));
+      std::printf("rank 0: bad all_gather accepted\n");
+      return 1;
+    } catch (const ddp::InvalidArgument& e) {
+      std::printf("rank 0: refused: %s\n", e.what());
+    }
+  }
+  pg.barrier();
+  std::printf("rank %d: still usable\n", r);
+  std::vector<uint8_t> msg(100, 7), small(80);
+  try {
+    if (r == 0) pg.send(ddp::view(msg), 1);
+    if (r == 1) pg.recv(ddp::view(small), 0);
+    pg.barrier();
+    std::printf("rank %d: mismatched recv went unnoticed\n", r);
+    return 1;
+  } catch (const ddp::Error& e) {
+    std::printf("rank %d: broken: %s\n", r, e.what());
+  }
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // keep the store up (see die())
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -320,6 +353,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
     if (mode == "stuck" && argc > 2) return stuck(*pg, std::atoi(argv[2]));
+    if (mode == "misuse") return misuse(*pg);
     std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank>\n");
     return 2;
   } catch (const ddp::LaunchEnvError& e) {

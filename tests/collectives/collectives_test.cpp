@@ -165,3 +165,18 @@ TEST_CASE("a peer that is alive but stuck fails the others at the timeout", "[co
     CHECK(named);
   }
 }
+
+TEST_CASE("caller mistakes: refused up front or the group breaks on every rank", "[collectives][failure]") {
+  auto ps = start_plain(3, {"misuse"});
+  for (int r = 0; r < 3; ++r) {
+    auto status = ps[r]->wait(60s);
+    const std::string out = ps[r]->out();
+    INFO("rank " << r << " stdout: " << out << "\nstderr: " << ps[r]->err());
+    REQUIRE(status.has_value());
+    CHECK(*status == 0);
+    CHECK(out.find("rank " + std::to_string(r) + ": still usable") != std::string::npos);
+    CHECK(out.find("rank " + std::to_string(r) + ": broken: ") != std::string::npos);
+  }
+  CHECK(ps[0]->out().find("refused: all_gather: output holds 3 elements") != std::string::npos);
+  CHECK(ps[1]->out().find("it sent 100 bytes") != std::string::npos);
+}

@@ -69,7 +69,9 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   if (const auto t = env_or("DDP_TIMEOUT_SEC"); !t.empty()) {
     char* end = nullptr;
     const double sec = std::strtod(t.c_str(), &end);
-    if (*end != '\0' || !(sec > 0)) throw LaunchEnvError("DDP_TIMEOUT_SEC='" + t + "' is not a positive number");
+    if (*end != '\0' || !(sec > 0) || sec > 1e9) {
+      throw LaunchEnvError("DDP_TIMEOUT_SEC='" + t + "' is not a number of seconds in (0, 1e9]");
+    }
     setup.timeout = Millis(static_cast<long long>(sec * 1000));
   }
 

@@ -102,6 +102,7 @@ class DistributedDataParallel {
   };
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
+  void settle() noexcept;
 
   Module& model_;
   std::shared_ptr<ProcessGroup> pg_;

@@ -70,8 +70,9 @@ void all_reduce_exchange(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
   const size_t bytes = buf.bytes();
   std::vector<Xfer> xs;
-  if (n == 2) {
-    // Two operands commute exactly: fold the peer's straight out of the channel.
+  if (n == 2 && op != ReduceOp::Min && op != ReduceOp::Max) {
+    // Sum and product of two operands commute exactly: fold the peer's straight out
+    // of the channel. (std::min/max do not with NaN or signed zeros: rank order below.)
     xs = {Xfer::send(t.peer(t.me + 1), buf.data, bytes),
           Xfer::recv_reduce(t.peer(t.me + 1), buf.data, buf.count, buf.dtype, op)};
     // The send must read buf before the fold writes it: the fold can only start

@@ -63,26 +63,39 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   }
   Work all_gather(Buffer in, Buffer out, CollectiveOptions o) override {
     check_pair(in, out, "all_gather");
+    check_blocks(out.count, in.count, "all_gather: output");
     return submit("all_gather", o, [=](cpu::Team& t) { cpu::all_gather(t, in, out); });
   }
   Work gather(Buffer in, Buffer out, int root, CollectiveOptions o) override {
     check_rank(root, "gather root");
-    if (rank() == root) check_pair(in, out, "gather");
+    if (rank() == root) {
+      check_pair(in, out, "gather");
+      check_blocks(out.count, in.count, "gather: the root's output");
+    }
     else check_cpu(in, "gather");
     return submit("gather", o, [=](cpu::Team& t) { cpu::gather(t, in, out, root); });
   }
   Work scatter(Buffer in, Buffer out, int root, CollectiveOptions o) override {
     check_rank(root, "scatter root");
-    if (rank() == root) check_pair(in, out, "scatter");
+    if (rank() == root) {
+      check_pair(in, out, "scatter");
+      check_blocks(in.count, out.count, "scatter: the root's input");
+    }
     else check_cpu(out, "scatter");
     return submit("scatter", o, [=](cpu::Team& t) { cpu::scatter(t, in, out, root); });
   }
   Work reduce_scatter(Buffer in, Buffer out, ReduceOp op, CollectiveOptions o) override {
     check_pair(in, out, "reduce_scatter");
+    check_blocks(in.count, out.count, "reduce_scatter: input");
     return submit("reduce_scatter", o, [=](cpu::Team& t) { cpu::reduce_scatter(t, in, out, op); });
   }
   Work all_to_all(Buffer in, Buffer out, CollectiveOptions o) override {
     check_pair(in, out, "all_to_all");
+    if (in.count != out.count || in.count % static_cast<size_t>(size()) != 0) {
+      throw InvalidArgument("all_to_all: input and output need the same count, a multiple of " +
+                            std::to_string(size()) + " (got " + std::to_string(in.count) + " and " +
+                            std::to_string(out.count) + ")");
+    }
     return submit("all_to_all", o, [=](cpu::Team& t) { cpu::all_to_all(t, in, out); });
   }
   Work barrier(CollectiveOptions o) override {
@@ -159,6 +172,13 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
                             dtype_name(out.dtype));
     }
   }
+  // `whole` must hold size() blocks of `block` elements.
+  void check_blocks(size_t whole, size_t block, const char* what) const {
+    if (whole != block * static_cast<size_t>(size())) {
+      throw InvalidArgument(std::string(what) + " holds " + std::to_string(whole) + " elements, expected " +
+                            std::to_string(size()) + " x " + std::to_string(block));
+    }
+  }
   void check_rank(int r, const char* what) const {
     if (r < 0 || r >= size()) {
       throw InvalidArgument(std::string(what) + " " + std::to_string(r) + " is not a rank of this group of " +
@@ -226,7 +246,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     }
     const auto start = Clock::now();
     if (!error) {
-      cpu::Team team{transport_, all_, rank(), scratch_, start + task.timeout};
+      cpu::Team team{transport_, all_, rank(), scratch_, cpu::deadline_after(task.timeout)};
       try {
         std::lock_guard lock(transport_mu_);
         task.fn(team);
@@ -241,8 +261,12 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
       } catch (const cpu::StuckTimeout& stuck) {
         error = fail(task.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
                      "timed out after " + std::to_string(task.timeout.count()) + " ms", true);
-      } catch (const InvalidArgument&) {
-        error = std::current_exception();  // the group stays usable: nothing was sent
+      } catch (const InvalidArgument& e) {
+        // Found while running (a recv of the wrong size, counts that only one rank
+        // can check): peers may already have sent bytes this rank will not read, so
+        // the streams are out of step. Peers hear about it; this rank gets the error.
+        fail(task.name, rank(), e.what(), false);
+        error = std::current_exception();
       } catch (...) {
         error = std::current_exception();
         std::lock_guard lock(mu_);

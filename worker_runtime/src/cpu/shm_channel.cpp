@@ -51,8 +51,10 @@ size_t ShmChannel::write_some(const void* p, size_t n) {
 }
 
 std::span<const std::byte> ShmChannel::peek(size_t max) {
-  // Our tail may run ahead of a stale head by the padding end_recv() skipped.
-  if (peer_head_ <= tail_) peer_head_ = recv_ring_->head.load(std::memory_order_acquire);
+  // Reload whenever the cached head cannot satisfy the caller: it may sit inside an
+  // element (a reduction then waits for the rest), or behind our tail by the padding
+  // end_recv() skipped.
+  if (peer_head_ < tail_ + max) peer_head_ = recv_ring_->head.load(std::memory_order_acquire);
   const uint64_t avail = peer_head_ > tail_ ? peer_head_ - tail_ : 0;
   const uint64_t pos = tail_ % cap_;
   const size_t n = std::min<uint64_t>({avail, cap_ - pos, max});

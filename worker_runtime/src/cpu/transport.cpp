@@ -115,14 +115,20 @@ uint64_t random_u64() {
 
 }  // namespace
 
+Clock::time_point deadline_after(Millis timeout) {
+  const auto now = Clock::now();
+  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
+  return timeout >= room ? Clock::time_point::max() : now + timeout;
+}
+
 // ---------------------------------------------------------------------------
 // Forming the mesh
 // ---------------------------------------------------------------------------
 
 Transport::Transport(rdzv::Store& store, int rank, int size, const TransportOptions& options)
     : rank_(rank), size_(size), options_(options) {
-  const auto deadline = Clock::now() + options.connect_timeout;
-  const auto store_timeout = std::chrono::duration_cast<rdzv::Millis>(options.connect_timeout);
+  const auto deadline = deadline_after(options.connect_timeout);
+  const auto store_timeout = options.connect_timeout;
   channels_.resize(size);
   pid_fds_.assign(size, -1);
   headers_.assign(size, nullptr);
@@ -264,6 +270,9 @@ void Transport::form_shm(rdzv::Store& store, Clock::time_point deadline) {
     if (r == rank_) continue;
     base[r] = map(shm_names_[r], false);
     headers_[r] = reinterpret_cast<SegmentHeader*>(base[r]);
+    if (headers_[r]->ring_bytes != ring || headers_[r]->rings != n) {
+      fail("shared-memory layout of " + describe(r) + " differs from ours (is DDP_SHM_RING_BYTES the same for every rank?)");
+    }
     pid_fds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, pids_[r], 0));
   }
   store.set(std::string("shm_mapped/") + std::to_string(rank_), "1");
@@ -339,14 +348,17 @@ void Transport::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point dea
   }
   while (expected_accepts > 0) {
     pollfd p{listen_fd, POLLIN, 0};
-    if (::poll(&p, 1, ms_until(deadline)) <= 0) {
+    if (Clock::now() >= deadline || ::poll(&p, 1, ms_until(deadline)) <= 0) {
       std::string missing;
       for (int r = rank_ + 1; r < size_; ++r)
         if (host_of_[r] != host_of_[rank_] && !channels_[r]) missing += std::string(" ") + std::to_string(r);
       fail(std::string("ranks") + missing + " did not connect in time");
     }
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) continue;
+      fail_errno("accept");
+    }
     Hello hello{};
     const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
     if (!io_exact(fd, &hello, sizeof(hello), false, hello_deadline) || hello.magic != kHelloMagic ||
@@ -449,7 +461,11 @@ void Transport::run(std::span<Xfer> xfers, Clock::time_point deadline) {
       spin_until = now + std::chrono::nanoseconds(spin_ns_);
     }
     if (now < spin_until) {
+#if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield");
+#endif
       continue;
     }
     if (now >= next_health_check_) {

@@ -24,11 +24,15 @@
 
 #include "channel.hpp"
 #include "ddp/types.hpp"
+#include "ddp/work.hpp"
 #include "rdzv/store.hpp"
 
 namespace ddp::cpu {
 
 using Clock = std::chrono::steady_clock;
+
+// now + timeout, saturating (a timeout of Millis::max() means no limit).
+Clock::time_point deadline_after(Millis timeout);
 
 struct Xfer {
   enum class Kind : uint8_t { Send, Recv, RecvReduce };
@@ -67,7 +71,7 @@ struct StuckTimeout {
 
 struct TransportOptions {
   std::string advertise_host = "127.0.0.1";  // address peers on other hosts connect to
-  Clock::duration connect_timeout = std::chrono::seconds(300);
+  Millis connect_timeout{300000};
   size_t ring_bytes = 0;    // per shared-memory ring; 0: DDP_SHM_RING_BYTES or 1 MiB
   long spin_us = -1;        // before sleeping; -1: DDP_SPIN_US, or 50 with a core per local rank, else 0
 };

@@ -111,13 +111,30 @@ void DistributedDataParallel::launch_ready_buckets() {
   }
 }
 
+// Waits for every all-reduce started so far (errors are left to the caller's path):
+// no reduction may still write into a bucket when backward() leaves or starts over.
+void DistributedDataParallel::settle() noexcept {
+  for (size_t i = 0; i < next_to_launch_ && i < buckets_.size(); ++i) {
+    try {
+      buckets_[i].work.wait();
+    } catch (...) {
+    }
+  }
+}
+
 void DistributedDataParallel::backward(const Tensor& dy) {
+  settle();  // after an earlier backward that threw
   const bool reduce = sync_ && options_.all_reduce && pg_->size() > 1;
   for (auto& b : buckets_) b.pending = b.params.size();
   next_to_launch_ = 0;
   const auto t0 = Clock::now();
   if (reduce) {
-    model_.backward(dy, [this](Parameter& p) { on_grad_ready(p); }, false);
+    try {
+      model_.backward(dy, [this](Parameter& p) { on_grad_ready(p); }, false);
+    } catch (...) {
+      settle();
+      throw;
+    }
   } else {
     model_.backward(dy, GradReadyHook{}, false);
   }
@@ -126,6 +143,7 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   stats_.backward = seconds(t1 - t0);
   if (!reduce) return;
   if (next_to_launch_ != buckets_.size()) {
+    settle();
     throw Error("DistributedDataParallel: backward finished but " + std::to_string(buckets_.size() - next_to_launch_) +
                 " bucket(s) did not receive every gradient (a parameter without a gradient?)");
   }
