@@ -144,15 +144,50 @@ def two_hosts(runs):
     print(f"target: 64 MiB busbw >= gloo's: {'met' if d >= g else 'NOT met'}")
 
 
+# ---- dead peer ------------------------------------------------------------------
+
+def dead_peer(runs, world=4, victim=2):
+    """Rank `victim` of `world` plain processes SIGKILLs itself while the others wait
+    in an all_reduce; seconds until each survivor's call failed naming it."""
+    worker = os.path.join(BUILD, "tests", "collective_worker")
+    delays = []
+    for i in range(runs):
+        port = 29700 + i
+        procs = []
+        for r in range(world):
+            env = dict(ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world))
+            for k in ("DDPRUN_STORE_ADDR", "TORCHELASTIC_RUN_ID"):
+                env.pop(k, None)
+            procs.append(subprocess.Popen([worker, "die", str(victim)], stdout=subprocess.PIPE, text=True, env=env))
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        died = float(re.search(r"dying at ([\d.]+)", outs[victim])[1])
+        for r, out in enumerate(outs):
+            if r == victim:
+                continue
+            m = re.search(rf"PeerError rank={victim} at ([\d.]+)", out)
+            if not m:
+                sys.exit(f"rank {r} did not name rank {victim}:\n{out}")
+            delays.append(float(m[1]) - died)
+    print(f"dead peer ({world} ranks on one host, {runs} runs, {len(delays)} detections): "
+          f"median {statistics.median(delays) * 1e3:.1f} ms, max {max(delays) * 1e3:.1f} ms; "
+          f"target <= 2 s: {'met' if max(delays) <= 2 else 'NOT met'}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--two-hosts", action="store_true")
+    ap.add_argument("--dead-peer", action="store_true", help="only the dead-peer detection time")
     a = ap.parse_args()
     for path in (DDPRUN, BENCH):
         if not os.path.exists(path):
             sys.exit(f"{path} is missing: build first (scripts/setup)")
-    two_hosts(a.runs) if a.two_hosts else one_host(a.runs)
+    if a.dead_peer:
+        dead_peer(a.runs)
+    elif a.two_hosts:
+        two_hosts(a.runs)
+    else:
+        one_host(a.runs)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ namespace ddp::cpu {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x64647031;  // "ddp1"
-constexpr size_t kDefaultRingBytes = 1 << 20;
+constexpr size_t kRingBudgetBytes = 8 << 20;
+constexpr size_t kMinRingBytes = 256 << 10;
+constexpr size_t kMaxRingBytes = 4 << 20;
 constexpr int kSocketBufferBytes = 4 << 20;
 constexpr auto kHealthEvery = std::chrono::milliseconds(10);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
@@ -223,7 +225,11 @@ void Transport::form_shm(rdzv::Store& store, Clock::time_point deadline) {
   const auto store_timeout = std::chrono::duration_cast<rdzv::Millis>(deadline - Clock::now());
   size_t ring = options_.ring_bytes;
   if (ring == 0) ring = std::strtoull(getenv_or("DDP_SHM_RING_BYTES", "0").c_str(), nullptr, 10);
-  if (ring == 0) ring = kDefaultRingBytes;
+  if (ring == 0) {
+    // A budget per rank, shared by its peers' rings: big rings (fewer waits for
+    // space) with few local peers, bounded /dev/shm use with many.
+    ring = std::clamp<size_t>(kRingBudgetBytes / (local.size() - 1), kMinRingBytes, kMaxRingBytes);
+  }
   ring = std::max<size_t>(4096, (ring + 63) & ~size_t{63});
   const size_t n = local.size();
   const size_t ctl_offset = 4096;

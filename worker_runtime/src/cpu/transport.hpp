@@ -72,7 +72,7 @@ struct StuckTimeout {
 struct TransportOptions {
   std::string advertise_host = "127.0.0.1";  // address peers on other hosts connect to
   Millis connect_timeout{300000};
-  size_t ring_bytes = 0;    // per shared-memory ring; 0: DDP_SHM_RING_BYTES or 1 MiB
+  size_t ring_bytes = 0;    // per shared-memory ring; 0: DDP_SHM_RING_BYTES, or 8 MiB / local peers in [256 KiB, 4 MiB]
   long spin_us = -1;        // before sleeping; -1: DDP_SPIN_US, or 50 with a core per local rank, else 0
 };
 
