@@ -112,9 +112,18 @@ def remove_hosts():
 
 
 def both_nodes(argv_for):
+    # Gloo picks its interface from the hostname, which does not resolve inside a
+    # namespace: point it at the namespace's link.
+    env = dict(ENV, GLOO_SOCKET_IFNAME="eth0")
     procs = [subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-n{i}", *argv_for(i)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=ENV) for i in (1, 0)]
-    outs = [p.communicate(timeout=600) for p in procs]
+                              stderr=subprocess.PIPE, text=True, env=env) for i in (1, 0)]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        outs = [p.communicate() for p in procs]
+        sys.exit("a node did not finish in 300 s:\n" + "\n".join(o + e for o, e in outs))
     for p, (o, e) in zip(procs, outs):
         if p.returncode != 0:
             sys.exit(f"a node failed ({p.returncode}):\n{o}\n{e}")
