@@ -139,6 +139,30 @@ TEST_CASE("the task-per-GPU style runs without ddprun", "[slurm_cluster]") {
   CHECK_THAT(out, Catch::Contains("for run slurm-" + id + ".0"));
 }
 
+// Submits `script` to a 2-node cluster and checks that the job completed and all 4
+// ranks of the collective matrix passed every check.
+static void run_matrix_job(const std::string& name, const std::string& script, const std::string& tasks_per_node) {
+  SlurmCluster c(2);
+  auto id = submit(c, name, script, {"-N2", "--ntasks-per-node=" + tasks_per_node});
+  std::string out = wait_job(c, name, id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  int passed = 0;
+  std::regex done(R"(rank (\d+): (\d+) checks, 0 failed)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), done); it != std::sregex_iterator(); ++it) ++passed;
+  CHECK(passed == 4);
+  CHECK(out.find("FAILED") == std::string::npos);
+}
+
+TEST_CASE("collectives under srun ddprun on 2 nodes pass the check matrix", "[slurm_cluster]") {
+  run_matrix_job("coll", "srun " + e2e::kDdprun + " --nproc_per_node=2 " + COLLECTIVE_WORKER_BIN + " matrix --big 1001\n",
+                 "1");
+}
+
+TEST_CASE("collectives in the task-per-GPU style (srun without ddprun) pass the check matrix", "[slurm_cluster]") {
+  run_matrix_job("colltasks", std::string("srun ") + COLLECTIVE_WORKER_BIN + " matrix --big 1001\n", "2");
+}
+
 TEST_CASE("scancel leaves no worker behind on any node", "[slurm_cluster]") {
   SlurmCluster c(2);
   // Within Slurm's KillWait (5 s here), so nothing is left for its SIGKILL.

@@ -144,7 +144,6 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
       std::lock_guard lock(mu_);
       if (!broken_) broken_ = e;
       dropped.swap(queue_);
-      aborted_ = true;
     }
     for (auto& t : dropped) t.state->complete(e);
     transport_.interrupt();  // a running operation stops at its next wait
@@ -335,7 +334,6 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   std::deque<Task> queue_;
   bool running_ = false;
   bool stopping_ = false;
-  bool aborted_ = false;
   std::exception_ptr broken_;
   std::thread thread_;
 };
