@@ -103,9 +103,59 @@ void all_reduce_ring(Team& t, Buffer buf, ReduceOp op) {
   ring_all_gather(t, buf, off);
 }
 
+void dissemination_barrier(Team& t);
+
+// One host, large buffer, single-copy reads allowed: every rank reads the others'
+// buffers straight out of their memory (process_vm_readv) instead of passing bytes
+// through rings. Three short synchronisations: addresses, "my chunk is reduced",
+// "done reading yours".
+//   1. Each rank sends its buffer's address to every other (it has entered the
+//      call, so its buffer is stable).
+//   2. Each rank folds chunk `me` of every peer's buffer into its own, in pieces
+//      through a small scratch; peers meanwhile read only other chunks of ours.
+//   3. Barrier; each rank copies chunk j from peer j's buffer into its own.
+//   4. Barrier: nobody returns (and reuses its buffer) while others still read it.
+// Each chunk is reduced by one rank only, so every rank ends with the same bits.
+void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
+  const int n = t.size();
+  const auto off = split(buf.count, n);
+  const size_t esz = dtype_size(buf.dtype);
+  const uint64_t mine = reinterpret_cast<uintptr_t>(buf.data);
+  std::vector<uint64_t> addr(static_cast<size_t>(n), 0);
+  std::vector<Xfer> xs;
+  for (int i = 0; i < n; ++i) {
+    if (i == t.me) continue;
+    xs.push_back(Xfer::send(t.members[i], &mine, sizeof(mine)));
+    xs.push_back(Xfer::recv(t.members[i], &addr[static_cast<size_t>(i)], sizeof(uint64_t)));
+  }
+  run(t, xs);
+  constexpr size_t kPiece = 256 * 1024;
+  const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
+  Bytes scratch = t.scratch_bytes(piece_elems * esz);
+  for (size_t from = off[t.me]; from < off[t.me + 1]; from += piece_elems) {
+    const size_t count = std::min(piece_elems, off[t.me + 1] - from);
+    for (int i = 0; i < n; ++i) {
+      if (i == t.me) continue;
+      t.transport.read_peer(t.members[i], addr[static_cast<size_t>(i)] + from * esz, scratch, count * esz);
+      reduce_inplace(buf.dtype, op, at(buf, from), scratch, count);
+    }
+  }
+  if (op == ReduceOp::Avg) divide_chunk(buf, off[t.me], off[t.me + 1], n);
+  dissemination_barrier(t);
+  for (int i = 0; i < n; ++i) {
+    if (i == t.me || off[i + 1] == off[i]) continue;
+    t.transport.read_peer(t.members[i], addr[static_cast<size_t>(i)] + off[i] * esz, at(buf, off[i]),
+                          (off[i + 1] - off[i]) * esz);
+  }
+  dissemination_barrier(t);
+}
+
 void all_reduce_flat(Team& t, Buffer buf, ReduceOp op) {
   if (t.size() == 1 || buf.count == 0) return;
-  if (buf.bytes() <= Tuning::get().small_allreduce_bytes) all_reduce_exchange(t, buf, op);
+  if (buf.bytes() <= Tuning::get().small_allreduce_bytes) return all_reduce_exchange(t, buf, op);
+  bool one_host = t.transport.can_read_peers();
+  for (int r : t.members) one_host &= t.transport.host_of(r) == t.transport.host_of(t.members[0]);
+  if (one_host && buf.bytes() >= Tuning::get().direct_allreduce_bytes) all_reduce_direct(t, buf, op);
   else all_reduce_ring(t, buf, op);
 }
 
@@ -193,7 +243,8 @@ void check_count(const char* what, size_t got, size_t want) {
 }  // namespace
 
 const Tuning& Tuning::get() {
-  static const Tuning t{env_size("DDP_SMALL_ALLREDUCE_BYTES", 32 * 1024), env_size("DDP_SMALL_BROADCAST_BYTES", 64 * 1024)};
+  static const Tuning t{env_size("DDP_SMALL_ALLREDUCE_BYTES", 32 * 1024), env_size("DDP_SMALL_BROADCAST_BYTES", 64 * 1024),
+                        env_size("DDP_DIRECT_ALLREDUCE_BYTES", 32 * 1024)};
   return t;
 }
 
@@ -341,8 +392,11 @@ void all_to_all(Team& t, Buffer input, Buffer output) {
   }
 }
 
-void barrier(Team& t) {
-  // Dissemination: after round k every rank has heard, indirectly, from 2^k others.
+void barrier(Team& t) { dissemination_barrier(t); }
+
+namespace {
+// After round k every rank has heard, indirectly, from 2^k others.
+void dissemination_barrier(Team& t) {
   const int n = t.size();
   for (int k = 1; k < n; k *= 2) {
     std::byte out{1}, in{0};
@@ -350,6 +404,7 @@ void barrier(Team& t) {
     run(t, xs);
   }
 }
+}  // namespace
 
 // Point to point: an 8-byte length first, so a mismatched pair is reported
 // instead of corrupting the stream.

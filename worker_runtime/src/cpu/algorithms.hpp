@@ -42,6 +42,7 @@ struct Team {
 struct Tuning {
   size_t small_allreduce_bytes;  // at most: exchange and reduce in one step
   size_t small_broadcast_bytes;  // at most: the root sends to everyone
+  size_t direct_allreduce_bytes; // at least (one host): read peers' memory directly
   static const Tuning& get();
 };
 

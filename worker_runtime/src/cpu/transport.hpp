@@ -99,6 +99,13 @@ class Transport {
     run(std::span<Xfer>(v), deadline);
   }
 
+  // Single-copy reads from a local peer's memory (process_vm_readv): true when every
+  // rank of this host found it permitted at group formation (the same answer on all).
+  bool can_read_peers() const { return cma_; }
+  // Copies `bytes` from address `remote` in local peer `peer`'s memory to `local`.
+  // Throws PeerLost when the peer is gone.
+  void read_peer(int peer, uint64_t remote, void* local, size_t bytes);
+
   // After a failure: tells local peers (their next wait sees `blamed`) and shuts
   // the sockets so remote peers notice at once. Idempotent.
   void poison(int blamed);
@@ -113,6 +120,7 @@ class Transport {
   void form_shm(rdzv::Store& store, Clock::time_point deadline);
   void form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline);
   void release();
+  void probe_cma(rdzv::Store& store, const std::vector<uint64_t>& probe_addrs, Clock::time_point deadline);
 
   int rank_;
   int size_;
@@ -132,6 +140,7 @@ class Transport {
   long spin_ns_ = 0;
   Clock::time_point next_health_check_{};
   bool poisoned_ = false;
+  bool cma_ = false;
   std::atomic<bool> interrupted_{false};
 };
 
