@@ -84,6 +84,14 @@ RendezvousAgent::~RendezvousAgent() {
   heartbeat_thread_.join();
 }
 
+// The promise to users is end to end: the job has stopped within --heartbeat_timeout of a
+// node going silent. So the store declares a node dead a little sooner, keeping a reserve for
+// the will to reach the other nodes and for them to stop their workers. Pings come every
+// timeout/4, so at least three in a row must be missed before a node counts as dead.
+Millis RendezvousAgent::silence_limit(Millis heartbeat_timeout) {
+  return heartbeat_timeout - std::min(heartbeat_timeout / 10, Millis(500));
+}
+
 void RendezvousAgent::heartbeat_loop() {
   const Millis every = std::max(Millis(250), to_ms(plan_.options.heartbeat_timeout) / 4);
   std::unique_lock lock(heartbeat_mutex_);
@@ -148,7 +156,7 @@ JobLayout RendezvousAgent::join(int attempt) {
     // If this ddprun dies or is cut off from here on, the server publishes that for us.
     FailureNotice will{me, -1, 1, plan_.hostname,
                        "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
-    store_->set_will(key(attempt, "failure"), will.encode(), to_ms(o.heartbeat_timeout));
+    store_->set_will(key(attempt, "failure"), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
 
     std::string address = store_->local_address();
     store_->set(key(attempt, "node/" + std::to_string(me)),

@@ -81,6 +81,7 @@ class RendezvousAgent {
   // get/multi_get in short slices until `timeout`, checking for stop signals between them.
   std::vector<std::string> patient_multi_get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   void heartbeat_loop();
+  static std::chrono::milliseconds silence_limit(std::chrono::milliseconds heartbeat_timeout);
 
   const LaunchPlan& plan_;
   std::string store_host_;

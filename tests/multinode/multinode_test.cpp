@@ -190,6 +190,7 @@ TEST_CASE("a node cut off from the network fails the job on both sides", "[multi
   REQUIRE(s0.has_value());
   REQUIRE(s1.has_value());
   CHECK(stopped_after(n0.err(), cut_at) <= 3.0);  // within the heartbeat timeout
+  CHECK(stopped_after(n0.err(), cut_at) >= 1.9);  // not before three pings were missed
   CHECK(*s0 == 1);
   CHECK(*s1 == 1);
   CHECK_THAT(n0.err(), Catch::Contains("node 1") && Catch::Contains("ddprun was lost"));
@@ -264,7 +265,9 @@ TEST_CASE("a frozen ddprun fails the job within the heartbeat timeout", "[multin
   n1.send_signal(SIGKILL);
   INFO(n0.err());
   REQUIRE(status.has_value());
-  CHECK(stopped_after(n0.err(), frozen_at) <= 3.0);  // within the heartbeat timeout
+  // Within the heartbeat timeout, but not before three pings in a row were missed.
+  CHECK(stopped_after(n0.err(), frozen_at) <= 3.0);
+  CHECK(stopped_after(n0.err(), frozen_at) >= 1.9);
   CHECK(*status == 1);
   CHECK_THAT(n0.err(), Catch::Contains("ddprun was lost"));
 }
