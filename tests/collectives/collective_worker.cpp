@@ -118,7 +118,11 @@ std::string label(const char* coll, DType t, ReduceOp op, size_t count, bool wit
 
 // ---- the matrix ------------------------------------------------------------
 
-void reducing(ddp::ProcessGroup& pg, DType t, ReduceOp op, size_t c) {
+// Where the matrix puts buffers in the group's own memory: not at its start, so
+// peers must translate addresses, not just bases.
+constexpr size_t kMemoryOffset = 192;
+
+void reducing(ddp::ProcessGroup& pg, ddp::GroupMemory& memory, DType t, ReduceOp op, size_t c) {
   const int n = pg.size(), r = pg.rank();
   Vec want(t, c * static_cast<size_t>(n));
   for (size_t i = 0; i < want.count(); ++i) reference(t, op, n, i, want.bytes.data());
@@ -127,6 +131,13 @@ void reducing(ddp::ProcessGroup& pg, DType t, ReduceOp op, size_t c) {
     Vec v = make_input(t, op, r, c);
     pg.all_reduce(v.buf(), op);
     check(std::memcmp(v.bytes.data(), want.bytes.data(), c * esz) == 0, label("all_reduce", t, op, c));
+  }
+  {  // all_reduce on the group's memory (shared by the host's ranks where possible)
+    Vec v = make_input(t, op, r, c);
+    Buffer b{memory.data() + kMemoryOffset, c, t};
+    if (c > 0) std::memcpy(b.data, v.bytes.data(), c * esz);
+    pg.all_reduce(b, op);
+    check(c == 0 || std::memcmp(b.data, want.bytes.data(), c * esz) == 0, label("all_reduce in group memory", t, op, c));
   }
   {  // reduce to the last rank; the others keep their input
     const int root = n - 1;
@@ -237,17 +248,48 @@ void async_and_subgroups(ddp::ProcessGroup& pg) {
   pg.barrier();
 }
 
+// Group memory: zero-filled, freed and allocated again (peers then drop their view
+// of the freed one), and an async all-reduce in it. Returns whether it was shared.
+bool group_memory(ddp::ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  auto first = pg.allocate(4096);
+  auto second = pg.allocate((1 << 20) + 3);
+  bool zero = true;
+  for (size_t i = 0; i < second->bytes(); ++i) zero &= second->data()[i] == std::byte{0};
+  check(zero && second->bytes() == (1 << 20) + 3, "allocate: zero-filled, of the size asked");
+  check(first->shared() == second->shared(), "allocate: the same answer each time");
+  first.reset();
+  auto third = pg.allocate(3 << 20);
+  check(third->shared() == second->shared(), "allocate after a free");
+  for (auto* memory : {second.get(), third.get()}) {
+    const size_t count = memory->bytes() / sizeof(float) - 1;
+    Vec v = make_input(DType::F32, ReduceOp::Sum, r, count);
+    Buffer b{memory->data() + sizeof(float), count, DType::F32};
+    std::memcpy(b.data, v.bytes.data(), v.bytes.size());
+    pg.all_reduce(b, ReduceOp::Sum, {.async_op = true}).wait(std::chrono::seconds(60));
+    Vec want(DType::F32, count);
+    for (size_t i = 0; i < count; ++i) reference(DType::F32, ReduceOp::Sum, n, i, want.bytes.data());
+    check(std::memcmp(b.data, want.bytes.data(), want.bytes.size()) == 0,
+          "async all_reduce in group memory count " + std::to_string(count));
+  }
+  return third->shared();
+}
+
 int matrix(ddp::ProcessGroup& pg, size_t big) {
   const DType types[] = {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8};
   const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod};
   const size_t counts[] = {0, 1, 1001, big};
+  auto memory = pg.allocate(kMemoryOffset + big * sizeof(double));
   for (size_t c : counts) {
     for (DType t : types) {
-      for (ReduceOp op : ops) reducing(pg, t, op, c);
+      for (ReduceOp op : ops) reducing(pg, *memory, t, op, c);
       moving(pg, t, c);
     }
   }
   async_and_subgroups(pg);
+  const bool shared = group_memory(pg);
+  check(shared == memory->shared(), "every allocate gives the same answer");
+  std::printf("rank %d: group memory shared=%d\n", pg.rank(), shared ? 1 : 0);
   std::printf("rank %d: %d checks, %d failed\n", pg.rank(), g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

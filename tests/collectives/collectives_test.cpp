@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <memory>
 #include <regex>
 
@@ -21,9 +22,20 @@ namespace {
 
 const std::string kCollectiveWorker = COLLECTIVE_WORKER_BIN;
 
+// Whether ranks of one job may read each other's memory (process_vm_readv,
+// pidfd_getfd): Yama, where present, must not restrict ptrace to descendants.
+bool ptrace_between_siblings() {
+  std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  return !(f >> scope) || scope == 0;
+}
+
 // Runs the check matrix with `n` ranks under ddprun; every rank must report
-// "0 failed" and the job must exit 0.
+// "0 failed" and the job must exit 0. Group memory must be shared exactly when the
+// ranks share a host and may map each other's memory.
 void run_matrix(int n, const std::string& big, std::map<std::string, std::string> env = {}) {
+  const bool shared = n > 1 && !env.contains("DDP_DISABLE_SHM") && !env.contains("DDP_DISABLE_CMA") &&
+                      ptrace_between_siblings();
   ProcessOptions o;
   o.set_env = std::move(env);
   auto r = run(e2e::ddprun({"--nproc_per_node=" + std::to_string(n), kCollectiveWorker, "matrix", "--big", big}), o,
@@ -33,7 +45,8 @@ void run_matrix(int n, const std::string& big, std::map<std::string, std::string
   auto ranks = e2e::by_rank(r.out);
   REQUIRE(static_cast<int>(ranks.size()) == n);
   for (auto& [rank, lines] : ranks) {
-    REQUIRE(!lines.empty());
+    REQUIRE(lines.size() >= 2);
+    CHECK(lines[lines.size() - 2] == "rank " + std::to_string(rank) + ": group memory shared=" + (shared ? "1" : "0"));
     std::smatch m;
     REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
     CHECK(std::stoi(m[1]) == rank);

@@ -15,11 +15,14 @@
 // runs while backward continues with earlier layers (the last bucket, filled when
 // backward has nothing left to do, runs on the calling thread). Buckets start in the same
 // order on every rank; backward() returns once all of them are reduced, so every
-// rank then holds bit-identical gradients.
+// rank then holds bit-identical gradients. Buckets come from ProcessGroup::allocate:
+// on one host they are shared memory, and each rank reduces its slice of every
+// peer's bucket in place, with no staging copy.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -94,7 +97,8 @@ class DistributedDataParallel {
 
  private:
   struct Bucket {
-    std::vector<float> data;            // flat gradients of its parameters
+    std::unique_ptr<GroupMemory> memory;  // from the group: peers reach it without copies
+    std::span<float> data;              // flat gradients of its parameters, in `memory`
     std::vector<Parameter*> params;     // in bucket order (reverse registration order)
     size_t pending = 0;                 // gradients not yet final in this backward
     Work work;                          // the running all-reduce

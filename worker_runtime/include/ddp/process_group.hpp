@@ -17,6 +17,7 @@
 //  - Counts are elements. Empty buffers (count 0) are allowed (nothing moves).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,27 @@
 #include "ddp/work.hpp"
 
 namespace ddp {
+
+// Memory from ProcessGroup::allocate: page-aligned, zero-filled, freed with this object.
+class GroupMemory {
+ public:
+  virtual ~GroupMemory() = default;
+  GroupMemory(const GroupMemory&) = delete;
+  GroupMemory& operator=(const GroupMemory&) = delete;
+  std::byte* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  // True when the group's collectives reach this memory on every rank of the host
+  // without copying (see ProcessGroup::allocate).
+  bool shared() const { return shared_; }
+
+ protected:
+  GroupMemory(std::byte* data, size_t bytes, bool shared) : data_(data), bytes_(bytes), shared_(shared) {}
+
+ private:
+  std::byte* data_;
+  size_t bytes_;
+  bool shared_;
+};
 
 struct CollectiveOptions {
   bool async_op = false;  // return at once; wait() on the Work
@@ -71,6 +93,18 @@ class ProcessGroup {
   // rank i is ranks[i]). Every rank of this group must call it, in the same order
   // as its other new_group calls; ranks outside `ranks` get nullptr.
   virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
+
+  // Memory this group's collectives reach without copying, in the spirit of NCCL's
+  // ncclMemAlloc + ncclCommRegister or MPI_Win_allocate_shared. On the CPU backend it
+  // is mapped by every rank of this host, so an all-reduce whose buffers lie in such
+  // memory on every rank reads and writes the peers' buffers directly (no system call,
+  // no staging copy): what DDP's gradient buckets use. A collective: every rank calls
+  // it, in order with its other operations (sizes may differ). Where sharing is not
+  // possible (one rank per host, DDP_DISABLE_CMA=1, no ptrace permission between the
+  // ranks) it is plain memory with shared() false; every collective accepts either.
+  // The group must outlive it. Local peers keep their mapping of freed memory until
+  // the next allocate (or the end of the group), so freeing returns the pages then.
+  virtual std::unique_ptr<GroupMemory> allocate(size_t bytes);
 
   // Fails every pending operation with `reason` and breaks the group (idempotent;
   // safe from any thread).

@@ -105,30 +105,51 @@ void all_reduce_ring(Team& t, Buffer buf, ReduceOp op) {
 
 void dissemination_barrier(Team& t);
 
-// One host, large buffer, single-copy reads allowed: every rank reads the others'
-// buffers straight out of their memory (process_vm_readv) instead of passing bytes
-// through rings. Three short synchronisations: addresses, "my chunk is reduced",
-// "done reading yours".
-//   1. Each rank sends its buffer's address to every other (it has entered the
-//      call, so its buffer is stable).
-//   2. Each rank folds chunk `me` of every peer's buffer into its own, in pieces
-//      through a small scratch; peers meanwhile read only other chunks of ours.
-//   3. Barrier; each rank copies chunk j from peer j's buffer into its own.
-//   4. Barrier: nobody returns (and reuses its buffer) while others still read it.
-// Each chunk is reduced by one rank only, so every rank ends with the same bits.
+// One host, large buffer: ranks reach each other's buffers directly instead of
+// passing bytes through rings. Each chunk is reduced by one rank only, so every rank
+// ends with the same bits.
+//   1. Each rank tells every other where its buffer is (it has entered the call, so
+//      the buffer is stable): its address, and the shared region holding it, if any.
+//   2a. Every buffer in shared memory (ProcessGroup::allocate), the usual case for
+//      DDP's buckets: each rank folds chunk `me` of every peer's buffer into its
+//      own, straight from the mapped pages, and writes the result into every
+//      peer's buffer. A barrier, and all are done: two synchronisations, no copy
+//      through a staging buffer, no system call.
+//   2b. Otherwise, single-copy reads (process_vm_readv): each rank folds chunk `me`
+//      of every peer's buffer into its own in pieces through a small scratch
+//      (peers meanwhile read only other chunks of ours); a barrier; each rank copies
+//      chunk j from peer j's buffer; a barrier, so nobody returns (and reuses its
+//      buffer) while others still read it.
+void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views);
+
 void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
   const auto off = split(buf.count, n);
   const size_t esz = dtype_size(buf.dtype);
-  const uint64_t mine = reinterpret_cast<uintptr_t>(buf.data);
-  std::vector<uint64_t> addr(static_cast<size_t>(n), 0);
+  struct Where {
+    uint64_t address;
+    uint64_t region;  // 0: not in shared memory
+  };
+  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.transport.shared_region_of(buf.data, buf.bytes())};
+  std::vector<Where> where(static_cast<size_t>(n), Where{0, 0});
   std::vector<Xfer> xs;
   for (int i = 0; i < n; ++i) {
     if (i == t.me) continue;
     xs.push_back(Xfer::send(t.members[i], &mine, sizeof(mine)));
-    xs.push_back(Xfer::recv(t.members[i], &addr[static_cast<size_t>(i)], sizeof(uint64_t)));
+    xs.push_back(Xfer::recv(t.members[i], &where[static_cast<size_t>(i)], sizeof(Where)));
   }
   run(t, xs);
+  // Every rank sees the same n answers, so all take the same branch.
+  std::vector<std::byte*> views(static_cast<size_t>(n), nullptr);
+  bool mapped = mine.region != 0;
+  for (int i = 0; i < n && mapped; ++i) {
+    const Where& w = where[static_cast<size_t>(i)];
+    views[static_cast<size_t>(i)] =
+        i == t.me ? static_cast<std::byte*>(buf.data) : t.transport.peer_view(t.members[i], w.region, w.address, buf.bytes());
+    mapped = views[static_cast<size_t>(i)] != nullptr;
+  }
+  if (mapped) return all_reduce_mapped(t, buf, op, views);
+
   constexpr size_t kPiece = 256 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
   Bytes scratch = t.scratch_bytes(piece_elems * esz);
@@ -136,7 +157,7 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     const size_t count = std::min(piece_elems, off[t.me + 1] - from);
     for (int i = 0; i < n; ++i) {
       if (i == t.me) continue;
-      t.transport.read_peer(t.members[i], addr[static_cast<size_t>(i)] + from * esz, scratch, count * esz);
+      t.transport.read_peer(t.members[i], where[static_cast<size_t>(i)].address + from * esz, scratch, count * esz);
       reduce_inplace(buf.dtype, op, at(buf, from), scratch, count);
     }
   }
@@ -144,8 +165,28 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   dissemination_barrier(t);
   for (int i = 0; i < n; ++i) {
     if (i == t.me || off[i + 1] == off[i]) continue;
-    t.transport.read_peer(t.members[i], addr[static_cast<size_t>(i)] + off[i] * esz, at(buf, off[i]),
+    t.transport.read_peer(t.members[i], where[static_cast<size_t>(i)].address + off[i] * esz, at(buf, off[i]),
                           (off[i + 1] - off[i]) * esz);
+  }
+  dissemination_barrier(t);
+}
+
+void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views) {
+  const int n = t.size();
+  const auto off = split(buf.count, n);
+  const size_t esz = dtype_size(buf.dtype);
+  // Small pieces: the reduced piece is still in this core's cache when it is
+  // written out to the peers.
+  constexpr size_t kPiece = 32 * 1024;
+  const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
+  for (size_t from = off[t.me]; from < off[t.me + 1]; from += piece_elems) {
+    const size_t count = std::min(piece_elems, off[t.me + 1] - from);
+    std::byte* own = at(buf, from);
+    for (int i = 0; i < n; ++i)
+      if (i != t.me) reduce_inplace(buf.dtype, op, own, views[static_cast<size_t>(i)] + from * esz, count);
+    if (op == ReduceOp::Avg) divide_chunk(buf, from, from + count, n);
+    for (int i = 0; i < n; ++i)
+      if (i != t.me) std::memcpy(views[static_cast<size_t>(i)] + from * esz, own, count * esz);
   }
   dissemination_barrier(t);
 }

@@ -112,6 +112,12 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     return submit("recv", o, [=](cpu::Team& t) { cpu::recv(t, buf, src); });
   }
 
+  std::unique_ptr<GroupMemory> allocate(size_t bytes) override {
+    std::unique_ptr<GroupMemory> memory;
+    submit("allocate", {}, [&](cpu::Team& t) { memory = t.transport.share_memory(bytes, t.deadline); });
+    return memory;
+  }
+
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
     const int id = next_subgroup_++;
     std::vector<bool> seen(static_cast<size_t>(size()), false);

@@ -22,7 +22,9 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <utility>
 
+#include "../group_memory.hpp"
 #include "reduce.hpp"
 
 namespace ddp::cpu {
@@ -348,6 +350,144 @@ void Transport::read_peer(int peer, uint64_t remote, void* local, size_t bytes) 
   }
 }
 
+// ---------------------------------------------------------------------------
+// Shared regions
+// ---------------------------------------------------------------------------
+
+std::unique_ptr<GroupMemory> Transport::share_memory(size_t bytes, Clock::time_point deadline) {
+  const size_t mapped = detail::page_rounded(bytes);
+  const uint64_t id = ++regions_made_;  // the same sequence on every rank
+  const auto& local = hosts_[host_of_[rank_]];
+  if (!cma_ || local.size() < 2) {  // nobody to share with, or no permission to
+    return std::make_unique<detail::MappedMemory>(detail::map_private(mapped), mapped, bytes, false);
+  }
+  if (peer_regions_.empty()) peer_regions_.resize(static_cast<size_t>(size_));
+
+  // Undone on every way out but success (a peer may die in the exchanges below).
+  struct Pending {
+    int fd = -1;
+    std::byte* data = nullptr;
+    size_t mapped = 0;
+    std::map<int, PeerRegion> views;
+    ~Pending() {
+      if (fd >= 0) ::close(fd);
+      if (data) ::munmap(data, mapped);
+      for (auto& [r, v] : views) ::munmap(v.here, v.bytes);
+    }
+  } pending;
+  pending.mapped = mapped;
+
+  // This rank's pages: a memfd, so peers can map the very same pages.
+  struct Offer {
+    int64_t fd = -1;
+    uint64_t id = 0;
+    uint64_t base = 0;
+    uint64_t bytes = 0;
+    uint64_t freed = 0;  // ids this rank freed since its last offer follow in the second round
+  };
+  Offer mine;
+  std::vector<uint64_t> freed;
+  {
+    std::lock_guard lock(own_regions_->mu);
+    freed.swap(own_regions_->freed);
+  }
+  mine.freed = freed.size();
+  pending.fd = ::memfd_create("ddp-shared", MFD_CLOEXEC);
+  if (pending.fd >= 0 && ::ftruncate(pending.fd, static_cast<off_t>(mapped)) == 0) {
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, pending.fd, 0);
+    if (p != MAP_FAILED) pending.data = static_cast<std::byte*>(p);
+  }
+  if (pending.data) mine = Offer{pending.fd, id, reinterpret_cast<uintptr_t>(pending.data), mapped, mine.freed};
+  else pending.data = detail::map_private(mapped);
+
+  // Offers out; map what peers offer; then agree, so every rank of the host makes
+  // the same choice (all shared or none).
+  std::vector<Offer> offers(static_cast<size_t>(size_));
+  std::vector<Xfer> xs;
+  for (int r : local) {
+    if (r == rank_) continue;
+    xs.push_back(Xfer::send(r, &mine, sizeof(mine)));
+    xs.push_back(Xfer::recv(r, &offers[static_cast<size_t>(r)], sizeof(Offer)));
+  }
+  run(std::span<Xfer>(xs), deadline);
+  uint8_t ok = mine.fd >= 0;
+  for (int r : local) {
+    const Offer& o = offers[static_cast<size_t>(r)];
+    if (r == rank_ || !ok) continue;
+    if (o.fd < 0 || o.id != id || o.bytes == 0) {
+      ok = 0;
+      continue;
+    }
+    const int dup = static_cast<int>(::syscall(SYS_pidfd_getfd, pid_fds_[r], static_cast<int>(o.fd), 0));
+    void* p = dup < 0 ? MAP_FAILED : ::mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, dup, 0);
+    if (dup >= 0) ::close(dup);
+    if (p == MAP_FAILED) ok = 0;
+    else pending.views[r] = PeerRegion{o.base, o.bytes, static_cast<std::byte*>(p)};
+  }
+  // Second round: the verdicts, and the regions peers have freed (their pages go
+  // once our mappings of them go: this bounds what a freed region costs the host
+  // to the time until the next allocate).
+  std::vector<uint8_t> verdicts(static_cast<size_t>(size_), 0);
+  std::vector<std::vector<uint64_t>> their_freed(static_cast<size_t>(size_));
+  xs.clear();
+  for (int r : local) {
+    if (r == rank_) continue;
+    auto& theirs = their_freed[static_cast<size_t>(r)];
+    theirs.resize(std::min<uint64_t>(offers[static_cast<size_t>(r)].freed, regions_made_));
+    xs.push_back(Xfer::send(r, &ok, 1));
+    xs.push_back(Xfer::recv(r, &verdicts[static_cast<size_t>(r)], 1));
+    if (!freed.empty()) xs.push_back(Xfer::send(r, freed.data(), freed.size() * sizeof(uint64_t)));
+    if (!theirs.empty()) xs.push_back(Xfer::recv(r, theirs.data(), theirs.size() * sizeof(uint64_t)));
+  }
+  run(std::span<Xfer>(xs), deadline);
+  for (int r : local) {
+    if (r == rank_) continue;
+    auto& regions = peer_regions_[static_cast<size_t>(r)];
+    for (uint64_t gone : their_freed[static_cast<size_t>(r)]) {
+      if (auto it = regions.find(gone); it != regions.end()) {
+        ::munmap(it->second.here, it->second.bytes);
+        regions.erase(it);
+      }
+    }
+  }
+  // Every peer has mapped our pages or given up: they live on in the mappings.
+  if (pending.fd >= 0) ::close(std::exchange(pending.fd, -1));
+  bool all = ok;
+  for (int r : local) all &= r == rank_ || verdicts[static_cast<size_t>(r)] != 0;
+  std::byte* data = std::exchange(pending.data, nullptr);
+  if (!all) return std::make_unique<detail::MappedMemory>(data, mapped, bytes, false);
+  for (auto& [r, v] : pending.views) peer_regions_[static_cast<size_t>(r)][id] = v;
+  pending.views.clear();
+  {
+    std::lock_guard lock(own_regions_->mu);
+    own_regions_->live[id] = {reinterpret_cast<uintptr_t>(data), mapped};
+  }
+  return std::make_unique<detail::MappedMemory>(data, mapped, bytes, true, [regions = own_regions_, id] {
+    std::lock_guard lock(regions->mu);
+    regions->live.erase(id);
+    regions->freed.push_back(id);
+  });
+}
+
+uint64_t Transport::shared_region_of(const void* p, size_t bytes) const {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(own_regions_->mu);
+  for (const auto& [id, region] : own_regions_->live) {
+    if (at >= region.first && bytes <= region.second && at - region.first <= region.second - bytes) return id;
+  }
+  return 0;
+}
+
+std::byte* Transport::peer_view(int peer, uint64_t id, uint64_t remote, size_t bytes) const {
+  if (id == 0 || static_cast<size_t>(peer) >= peer_regions_.size()) return nullptr;
+  const auto& regions = peer_regions_[static_cast<size_t>(peer)];
+  auto it = regions.find(id);
+  if (it == regions.end()) return nullptr;
+  const PeerRegion& v = it->second;
+  if (remote < v.base || bytes > v.bytes || remote - v.base > v.bytes - bytes) return nullptr;
+  return v.here + (remote - v.base);
+}
+
 void Transport::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline) {
   int expected_accepts = 0;
   for (int r = 0; r < size_; ++r) {
@@ -438,6 +578,9 @@ void Transport::release() {
   my_segment_linked_ = false;
   for (auto& [p, n] : mappings_) ::munmap(p, n);
   mappings_.clear();
+  for (auto& regions : peer_regions_)
+    for (auto& [id, v] : regions) ::munmap(v.here, v.bytes);
+  peer_regions_.clear();
   my_header_ = nullptr;
 }
 

@@ -16,13 +16,17 @@
 // wakes every few milliseconds to look for dead peers and the deadline.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "channel.hpp"
+#include "ddp/process_group.hpp"
 #include "ddp/types.hpp"
 #include "ddp/work.hpp"
 #include "rdzv/store.hpp"
@@ -106,6 +110,18 @@ class Transport {
   // Throws PeerLost when the peer is gone.
   void read_peer(int peer, uint64_t remote, void* local, size_t bytes);
 
+  // Memory every rank of this host maps (ProcessGroup::allocate): a memfd per rank,
+  // which local peers duplicate with pidfd_getfd and map. Every rank of the group
+  // calls it in the same order (ranks on other hosts only count the call). Shared
+  // only when every local rank mapped every other's; plain memory otherwise. Peers
+  // drop their mappings of a freed region at the next share_memory (or the end).
+  std::unique_ptr<GroupMemory> share_memory(size_t bytes, Clock::time_point deadline);
+  // The id of this rank's live shared region holding [p, p + bytes), or 0.
+  uint64_t shared_region_of(const void* p, size_t bytes) const;
+  // Where [remote, remote + bytes) of local peer `peer`'s shared region `id` is
+  // mapped in this process, or null when it is not.
+  std::byte* peer_view(int peer, uint64_t id, uint64_t remote, size_t bytes) const;
+
   // After a failure: tells local peers (their next wait sees `blamed`) and shuts
   // the sockets so remote peers notice at once. Idempotent.
   void poison(int blamed);
@@ -142,6 +158,23 @@ class Transport {
   bool poisoned_ = false;
   bool cma_ = false;
   std::atomic<bool> interrupted_{false};
+
+  // Shared regions (share_memory). Peers' are used under the group's one-operation-
+  // at-a-time lock; this rank's own are also dropped by GroupMemory's destructor on
+  // any thread, hence the mutex (shared so a region may outlive the transport).
+  struct PeerRegion {
+    uint64_t base = 0;  // address in the peer
+    size_t bytes = 0;
+    std::byte* here = nullptr;
+  };
+  struct OwnRegions {
+    std::mutex mu;
+    std::map<uint64_t, std::pair<uintptr_t, size_t>> live;  // id -> (address, bytes)
+    std::vector<uint64_t> freed;  // since the last share_memory: peers unmap them then
+  };
+  uint64_t regions_made_ = 0;
+  std::vector<std::map<uint64_t, PeerRegion>> peer_regions_;  // by group rank
+  std::shared_ptr<OwnRegions> own_regions_ = std::make_shared<OwnRegions>();
 };
 
 }  // namespace ddp::cpu

@@ -41,7 +41,10 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   for (auto& bucket : buckets_) {
     size_t n = 0;
     for (Parameter* p : bucket.params) n += p->numel();
-    bucket.data.assign(n, 0.0f);
+    // Shared with the local peers where possible, so the all-reduce reads and writes
+    // their buckets directly (zero-filled, like the vector it replaces).
+    bucket.memory = pg_->allocate(n * sizeof(float));
+    bucket.data = std::span<float>(reinterpret_cast<float*>(bucket.memory->data()), n);
     size_t offset = 0;
     for (Parameter* p : bucket.params) {
       std::memcpy(bucket.data.data() + offset, p->grad.data(), p->numel() * sizeof(float));

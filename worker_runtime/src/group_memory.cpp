@@ -1,0 +1,39 @@
+#include "group_memory.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ddp {
+namespace detail {
+
+size_t page_rounded(size_t bytes) {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes > SIZE_MAX - page) throw InvalidArgument("allocate: " + std::to_string(bytes) + " bytes is too large");
+  return std::max<size_t>(1, (bytes + page - 1) / page) * page;
+}
+
+std::byte* map_private(size_t mapped_bytes) {
+  void* p = ::mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    throw Error("allocate: cannot map " + std::to_string(mapped_bytes) + " bytes: " + std::strerror(errno));
+  }
+  return static_cast<std::byte*>(p);
+}
+
+MappedMemory::~MappedMemory() {
+  if (on_free_) on_free_();
+  ::munmap(data(), mapped_bytes_);
+}
+
+}  // namespace detail
+
+// Backends without memory of their own to offer hand out plain pages.
+std::unique_ptr<GroupMemory> ProcessGroup::allocate(size_t bytes) {
+  const size_t mapped = detail::page_rounded(bytes);
+  return std::make_unique<detail::MappedMemory>(detail::map_private(mapped), mapped, bytes, false);
+}
+
+}  // namespace ddp
