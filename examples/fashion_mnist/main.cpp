@@ -287,9 +287,14 @@ int train(const Args& a) {
       break;
     }
   }
+  // The job's pace is its slowest rank's: with the all-reduce every rank waits for
+  // it each step, without it the others only run ahead. So the step time reported
+  // is the largest of the ranks' median step times.
+  double step_median = median(step_times);
+  pg->all_reduce(ddp::view(std::span<double>(&step_median, 1)), ddp::ReduceOp::Max);
   if (lead) {
     std::printf("RESULT world %d test_acc %.4f samples_per_s %.0f step_ms_median %.3f\n", world, acc,
-                total_time > 0 ? total_samples / total_time : 0.0, median(step_times) * 1e3);
+                total_time > 0 ? total_samples / total_time : 0.0, step_median * 1e3);
   }
   std::printf("rank %d params_hash %016llx\n", rank, static_cast<unsigned long long>(params_hash(*model)));
   if (!a.save_params.empty() && lead) write_params(*model, a.save_params);

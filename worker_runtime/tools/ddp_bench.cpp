@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ struct Config {
   int max_iters = 1000000;
   double target_ms = 150;  // time spent per size (decides the iteration count)
   bool check = true;
+  bool group_memory = false;
 };
 
 double busbw_factor(const std::string& op, int n) {
@@ -48,25 +51,30 @@ double busbw_factor(const std::string& op, int n) {
   return 1.0;  // broadcast
 }
 
-// One call of `op` on buffers sized for `bytes` (f32 elements).
+// One call of `op` on buffers sized for `bytes` (f32 elements): plain heap memory,
+// or the group's own (ProcessGroup::allocate, like nccl-tests' -R).
 struct Case {
   std::string op;
   ddp::ProcessGroup& pg;
-  std::vector<float> in, out;
+  std::vector<std::unique_ptr<ddp::GroupMemory>> memory;
+  std::vector<std::vector<float>> heap;
+  std::span<float> in, out;
   size_t bytes;
 
-  Case(std::string o, ddp::ProcessGroup& g, size_t b) : op(std::move(o)), pg(g), bytes(b) {
+  Case(std::string o, ddp::ProcessGroup& g, size_t b, bool group_memory) : op(std::move(o)), pg(g), bytes(b) {
     const size_t n = static_cast<size_t>(pg.size());
     const size_t count = b / sizeof(float);
-    if (op == "all_gather") {
-      in.assign(count / n, 1.0f);
-      out.assign(count / n * n, 0.0f);
-    } else if (op == "reduce_scatter") {
-      in.assign(count / n * n, 1.0f);
-      out.assign(count / n, 0.0f);
-    } else {
-      in.assign(count, 1.0f);
-    }
+    size_t in_count = count, out_count = 0;
+    if (op == "all_gather") in_count = count / n, out_count = count / n * n;
+    else if (op == "reduce_scatter") in_count = count / n * n, out_count = count / n;
+    in = make(in_count, group_memory);
+    out = make(out_count, group_memory);
+    std::fill(in.begin(), in.end(), 1.0f);
+  }
+  std::span<float> make(size_t count, bool group_memory) {
+    if (!group_memory) return heap.emplace_back(count, 0.0f);
+    memory.push_back(pg.allocate(count * sizeof(float)));
+    return {reinterpret_cast<float*>(memory.back()->data()), count};
   }
   void run() {
     if (op == "all_reduce") pg.all_reduce(ddp::view(in));
@@ -100,6 +108,8 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", c.max_iters, "most timed calls per size")->check(CLI::Range(1, 1000000));
   app.add_option("--target_ms", c.target_ms, "time to spend per size")->check(CLI::Range(1.0, 60000.0));
   app.add_option("-c,--check", c.check, "check results (1) or not (0)");
+  app.add_option("-R,--group_memory", c.group_memory,
+                 "buffers from the group's own memory, ProcessGroup::allocate (1) or the heap (0)");
   CLI11_PARSE(app, argc, argv);
   try {
     c.min_bytes = std::max<size_t>(4, parse_size(b));
@@ -128,7 +138,8 @@ int main(int argc, char** argv) {
     const int n = pg->size();
     const bool root = pg->rank() == 0;
     if (root) {
-      std::printf("# ddp-bench: %d ranks, backend %s, f32 sum\n", n, pg->backend().c_str());
+      std::printf("# ddp-bench: %d ranks, backend %s, f32 sum%s\n", n, pg->backend().c_str(),
+                  c.group_memory ? ", buffers in group memory" : "");
       std::printf("# %-14s %12s %12s %10s %10s %7s\n", "op", "size(B)", "time(us)", "algbw", "busbw", "wrong");
       std::printf("# %-14s %12s %12s %10s %10s %7s\n", "", "", "", "(GB/s)", "(GB/s)", "");
     }
@@ -138,7 +149,7 @@ int main(int argc, char** argv) {
         // Round to whole f32 elements, and to a multiple of n for the block ops.
         const size_t unit = (op == "all_gather" || op == "reduce_scatter") ? sizeof(float) * n : sizeof(float);
         const size_t bytes = std::max(unit, static_cast<size_t>(sz) / unit * unit);
-        Case k(op, *pg, bytes);
+        Case k(op, *pg, bytes, c.group_memory);
         int wrong = 0;
         if (c.check && !k.correct()) wrong = 1;
         for (int i = 0; i < c.warmup; ++i) k.run();
