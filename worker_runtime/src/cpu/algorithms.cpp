@@ -115,12 +115,15 @@ void dissemination_barrier(Team& t);
 //      own, straight from the mapped pages, and writes the result into every
 //      peer's buffer. A barrier, and all are done: two synchronisations, no copy
 //      through a staging buffer, no system call.
-//   2b. Otherwise, single-copy reads (process_vm_readv): each rank folds chunk `me`
+//   2b. Otherwise, below DDP_STAGED_ALLREDUCE_BYTES (1 MiB), the staged path (see
+//      all_reduce_staged): two copies, but no system call.
+//   2c. Otherwise, single-copy reads (process_vm_readv): each rank folds chunk `me`
 //      of every peer's buffer into its own in pieces through a small scratch
 //      (peers meanwhile read only other chunks of ours); a barrier; each rank copies
 //      chunk j from peer j's buffer; a barrier, so nobody returns (and reuses its
 //      buffer) while others still read it.
 void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views);
+void all_reduce_staged(Team& t, Buffer buf, ReduceOp op);
 
 void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
@@ -149,6 +152,7 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     mapped = views[static_cast<size_t>(i)] != nullptr;
   }
   if (mapped) return all_reduce_mapped(t, buf, op, views);
+  if (buf.bytes() < Tuning::get().staged_allreduce_bytes) return all_reduce_staged(t, buf, op);
 
   constexpr size_t kPiece = 256 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
@@ -171,33 +175,69 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   dissemination_barrier(t);
 }
 
+void reduce_share(const std::vector<std::byte*>& views, int me, DType dtype, ReduceOp op, size_t from, size_t count);
+
 void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views) {
-  const int n = t.size();
-  const auto off = split(buf.count, n);
-  const size_t esz = dtype_size(buf.dtype);
+  const auto off = split(buf.count, t.size());
+  reduce_share(views, t.me, buf.dtype, op, off[t.me], off[t.me + 1] - off[t.me]);
+  dissemination_barrier(t);
+}
+
+// Reduces `count` elements in place at views[me] (from element `from` of the
+// views) with the same span of every other view, and writes the result into all
+// of them: this rank's share of a mapped or staged all-reduce.
+void reduce_share(const std::vector<std::byte*>& views, int me, DType dtype, ReduceOp op, size_t from, size_t count) {
+  const int n = static_cast<int>(views.size());
+  const size_t esz = dtype_size(dtype);
   // Small pieces: the reduced piece is still in this core's cache when it is
   // written out to the peers.
   constexpr size_t kPiece = 32 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
-  for (size_t from = off[t.me]; from < off[t.me + 1]; from += piece_elems) {
-    const size_t count = std::min(piece_elems, off[t.me + 1] - from);
-    std::byte* own = at(buf, from);
+  for (size_t at_elem = from; at_elem < from + count; at_elem += piece_elems) {
+    const size_t k = std::min(piece_elems, from + count - at_elem);
+    std::byte* own = views[static_cast<size_t>(me)] + at_elem * esz;
     for (int i = 0; i < n; ++i)
-      if (i != t.me) reduce_inplace(buf.dtype, op, own, views[static_cast<size_t>(i)] + from * esz, count);
-    if (op == ReduceOp::Avg) divide_chunk(buf, from, from + count, n);
+      if (i != me) reduce_inplace(dtype, op, own, views[static_cast<size_t>(i)] + at_elem * esz, k);
+    if (op == ReduceOp::Avg) divide_chunk(Buffer{own, k, dtype}, 0, k, n);
     for (int i = 0; i < n; ++i)
-      if (i != t.me) std::memcpy(views[static_cast<size_t>(i)] + from * esz, own, count * esz);
+      if (i != me) std::memcpy(views[static_cast<size_t>(i)] + at_elem * esz, own, k * esz);
   }
-  dissemination_barrier(t);
+}
+
+// One host, ordinary buffers: the ranks meet in their staging areas (shared memory
+// every local rank maps), a piece at a time. Per piece: each rank copies its piece
+// in; a barrier; each reduces its share across every staging area and writes the
+// result into all of them; a barrier; each copies the whole reduced piece out.
+// The next piece's copy-in cannot overtake a peer still writing this one: it
+// comes after the second barrier.
+void all_reduce_staged(Team& t, Buffer buf, ReduceOp op) {
+  const int n = t.size();
+  const size_t esz = dtype_size(buf.dtype);
+  const size_t piece = std::max<size_t>(1, Transport::staging_bytes() / esz);
+  std::vector<std::byte*> views(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) views[static_cast<size_t>(i)] = t.transport.staging(t.members[i]);
+  for (size_t from = 0; from < buf.count; from += piece) {
+    const size_t count = std::min(piece, buf.count - from);
+    std::memcpy(views[static_cast<size_t>(t.me)], at(buf, from), count * esz);
+    dissemination_barrier(t);
+    const auto share = split(count, n);
+    reduce_share(views, t.me, buf.dtype, op, share[t.me], share[t.me + 1] - share[t.me]);
+    dissemination_barrier(t);
+    std::memcpy(at(buf, from), views[static_cast<size_t>(t.me)], count * esz);
+  }
 }
 
 void all_reduce_flat(Team& t, Buffer buf, ReduceOp op) {
   if (t.size() == 1 || buf.count == 0) return;
   if (buf.bytes() <= Tuning::get().small_allreduce_bytes) return all_reduce_exchange(t, buf, op);
-  bool one_host = t.transport.can_read_peers();
+  bool one_host = true;
   for (int r : t.members) one_host &= t.transport.host_of(r) == t.transport.host_of(t.members[0]);
-  if (one_host && buf.bytes() >= Tuning::get().direct_allreduce_bytes) all_reduce_direct(t, buf, op);
-  else all_reduce_ring(t, buf, op);
+  const Tuning& tune = Tuning::get();
+  if (one_host && buf.bytes() >= tune.direct_allreduce_bytes) {
+    if (t.transport.can_read_peers()) return all_reduce_direct(t, buf, op);
+    if (buf.bytes() < tune.staged_allreduce_bytes) return all_reduce_staged(t, buf, op);
+  }
+  all_reduce_ring(t, buf, op);
 }
 
 // Large broadcast: the root scatters chunk i to member i, then a ring all-gather.
@@ -285,7 +325,8 @@ void check_count(const char* what, size_t got, size_t want) {
 
 const Tuning& Tuning::get() {
   static const Tuning t{env_size("DDP_SMALL_ALLREDUCE_BYTES", 32 * 1024), env_size("DDP_SMALL_BROADCAST_BYTES", 64 * 1024),
-                        env_size("DDP_DIRECT_ALLREDUCE_BYTES", 32 * 1024)};
+                        env_size("DDP_DIRECT_ALLREDUCE_BYTES", 32 * 1024),
+                        env_size("DDP_STAGED_ALLREDUCE_BYTES", 1024 * 1024)};
   return t;
 }
 

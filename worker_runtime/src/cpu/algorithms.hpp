@@ -43,6 +43,7 @@ struct Tuning {
   size_t small_allreduce_bytes;  // at most: exchange and reduce in one step
   size_t small_broadcast_bytes;  // at most: the root sends to everyone
   size_t direct_allreduce_bytes; // at least (one host): read peers' memory directly
+  size_t staged_allreduce_bytes; // below (one host, ordinary buffers): meet in the staging areas
   static const Tuning& get();
 };
 

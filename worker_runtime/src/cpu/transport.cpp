@@ -35,6 +35,7 @@ constexpr size_t kRingBudgetBytes = 8 << 20;
 constexpr size_t kMinRingBytes = 256 << 10;
 constexpr size_t kMaxRingBytes = 4 << 20;
 constexpr int kSocketBufferBytes = 4 << 20;
+constexpr size_t kStagingBytes = Transport::staging_bytes();
 constexpr auto kHealthEvery = std::chrono::milliseconds(10);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 
@@ -246,7 +247,8 @@ void Transport::form_shm(rdzv::Store& store, Clock::time_point deadline) {
   const size_t n = local.size();
   const size_t ctl_offset = 4096;
   const size_t data_offset = ctl_offset + ((n * sizeof(RingControl) + 4095) & ~size_t{4095});
-  const size_t bytes = data_offset + n * ring;
+  const size_t staging_offset = data_offset + ((n * ring + 4095) & ~size_t{4095});
+  const size_t bytes = staging_offset + kStagingBytes;
   auto local_index = [&](int r) { return static_cast<size_t>(std::find(local.begin(), local.end(), r) - local.begin()); };
 
   auto map = [&](const std::string& name, bool create) -> std::byte* {
@@ -300,6 +302,8 @@ void Transport::form_shm(rdzv::Store& store, Clock::time_point deadline) {
   ::shm_unlink(shm_names_[rank_].c_str());
   my_segment_linked_ = false;
 
+  staging_.assign(static_cast<size_t>(size_), nullptr);
+  for (int r : local) staging_[static_cast<size_t>(r)] = base[r] + staging_offset;
   const size_t me = local_index(rank_);
   for (int r : local) {
     if (r == rank_) continue;
@@ -578,6 +582,7 @@ void Transport::release() {
   my_segment_linked_ = false;
   for (auto& [p, n] : mappings_) ::munmap(p, n);
   mappings_.clear();
+  staging_.clear();
   for (auto& regions : peer_regions_)
     for (auto& [id, v] : regions) ::munmap(v.here, v.bytes);
   peer_regions_.clear();

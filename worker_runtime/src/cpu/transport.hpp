@@ -110,6 +110,14 @@ class Transport {
   // Throws PeerLost when the peer is gone.
   void read_peer(int peer, uint64_t remote, void* local, size_t bytes);
 
+  // Local rank r's staging area in its shared-memory segment (staging_bytes() long,
+  // mapped by every rank of the host; null for ranks elsewhere or a host of one):
+  // where large all-reduces of ordinary buffers meet, piece by piece.
+  std::byte* staging(int r) const {
+    return static_cast<size_t>(r) < staging_.size() ? staging_[static_cast<size_t>(r)] : nullptr;
+  }
+  static constexpr size_t staging_bytes() { return size_t{1} << 20; }
+
   // Memory every rank of this host maps (ProcessGroup::allocate): a memfd per rank,
   // which local peers duplicate with pidfd_getfd and map. Every rank of the group
   // calls it in the same order (ranks on other hosts only count the call). Shared
@@ -151,6 +159,7 @@ class Transport {
   std::vector<int> pid_fds_;             // local peers (-1 elsewhere)
   std::vector<std::pair<void*, size_t>> mappings_;
   std::vector<SegmentHeader*> headers_;  // local ranks' segment headers (null elsewhere)
+  std::vector<std::byte*> staging_;      // by group rank (null elsewhere)
   SegmentHeader* my_header_ = nullptr;
   bool my_segment_linked_ = false;
   long spin_ns_ = 0;
