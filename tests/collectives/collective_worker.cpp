@@ -351,6 +351,24 @@ int stuck(ddp::ProcessGroup& pg, int victim) {
 
 // Caller mistakes: one found before anything moves keeps the group usable; a
 // recv of the wrong size (bytes already sent) breaks it on both sides, no hang.
+// Ranks disagree on a large all-reduce's count: every rank must be refused (none
+// may write into a peer's buffer of another size), at once rather than at the timeout.
+int disagree(ddp::ProcessGroup& pg) {
+  const int r = pg.rank();
+  pg.barrier();
+  std::vector<float> v(r == 0 ? 100000 : 100001, 1.0f);
+  try {
+    pg.all_reduce(ddp::view(v));
+    std::printf("rank %d: mismatched all_reduce accepted\n", r);
+    return 1;
+  } catch (const ddp::InvalidArgument& e) {
+    std::printf("rank %d: refused: %s\n", r, e.what());
+  }
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // keep the store up (see die())
+  return 0;
+}
+
 int misuse(ddp::ProcessGroup& pg) {
   const int r = pg.rank();
   std::vector<float> in(4, 1.0f), bad_out(3);
@@ -396,7 +414,8 @@ int main(int argc, char** argv) {
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
     if (mode == "stuck" && argc > 2) return stuck(*pg, std::atoi(argv[2]));
     if (mode == "misuse") return misuse(*pg);
-    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank>\n");
+    if (mode == "disagree") return disagree(*pg);
+    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank> | misuse | disagree\n");
     return 2;
   } catch (const ddp::LaunchEnvError& e) {
     std::fprintf(stderr, "collective_worker: %s\n", e.what());

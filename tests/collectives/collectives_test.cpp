@@ -4,7 +4,9 @@
 // dies or hangs.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -22,12 +24,19 @@ namespace {
 
 const std::string kCollectiveWorker = COLLECTIVE_WORKER_BIN;
 
-// Whether ranks of one job may read each other's memory (process_vm_readv,
-// pidfd_getfd): Yama, where present, must not restrict ptrace to descendants.
-bool ptrace_between_siblings() {
+// Whether ranks of one job can map each other's memory: Yama, where present, must
+// not restrict ptrace to descendants, and memfd_create and pidfd_getfd must exist
+// (kernel 5.6; not blocked by seccomp). Tried on this process itself.
+bool can_share_memory() {
   std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
-  return !(f >> scope) || scope == 0;
+  if ((f >> scope) && scope != 0) return false;
+  const int mem = ::memfd_create("probe", MFD_CLOEXEC);
+  const int self = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  const int dup = mem >= 0 && self >= 0 ? static_cast<int>(::syscall(SYS_pidfd_getfd, self, mem, 0)) : -1;
+  for (int fd : {mem, self, dup})
+    if (fd >= 0) ::close(fd);
+  return dup >= 0;
 }
 
 // Runs the check matrix with `n` ranks under ddprun; every rank must report
@@ -35,7 +44,7 @@ bool ptrace_between_siblings() {
 // ranks share a host and may map each other's memory.
 void run_matrix(int n, const std::string& big, std::map<std::string, std::string> env = {}) {
   const bool shared = n > 1 && !env.contains("DDP_DISABLE_SHM") && !env.contains("DDP_DISABLE_CMA") &&
-                      ptrace_between_siblings();
+                      can_share_memory();
   ProcessOptions o;
   o.set_env = std::move(env);
   auto r = run(e2e::ddprun({"--nproc_per_node=" + std::to_string(n), kCollectiveWorker, "matrix", "--big", big}), o,
@@ -183,6 +192,22 @@ TEST_CASE("a peer that is alive but stuck fails the others at the timeout", "[co
     const bool named = out.find("no progress from rank 2 (pid") != std::string::npos ||
                        out.find("rank 2 (pid") != std::string::npos && out.find("reported by rank") != std::string::npos;
     CHECK(named);
+  }
+}
+
+TEST_CASE("ranks that disagree on a large all-reduce's count are all refused, with or without single-copy reads",
+          "[collectives][failure]") {
+  for (const std::string cma_off : {"0", "1"}) {
+    auto ps = start_plain(3, {"disagree"}, {{"DDP_DISABLE_CMA", cma_off}});
+    for (int r = 0; r < 3; ++r) {
+      auto status = ps[r]->wait(60s);
+      const std::string out = ps[r]->out();
+      INFO("DDP_DISABLE_CMA=" << cma_off << " rank " << r << " stdout: " << out << "\nstderr: " << ps[r]->err());
+      REQUIRE(status.has_value());
+      CHECK(*status == 0);
+      CHECK(out.find("rank " + std::to_string(r) + ": refused: all_reduce: ranks disagree on the buffer") !=
+            std::string::npos);
+    }
   }
 }
 

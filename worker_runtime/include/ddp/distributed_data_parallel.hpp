@@ -51,9 +51,13 @@ struct BackwardStats {
 class DistributedDataParallel {
  public:
   // Assigns buckets, binds every parameter's grad into them (zeroed) and, unless
-  // disabled, broadcasts rank 0's parameter values. A collective: every rank of pg
-  // constructs it with the same model structure. Throws InvalidArgument when the
-  // model has no parameters.
+  // disabled, broadcasts rank 0's parameter values. A collective even with the
+  // broadcast and the all-reduce switched off (the buckets come from
+  // pg->allocate): every rank of pg constructs it, in the same order as its other
+  // collectives, with the same model structure and options. Throws
+  // InvalidArgument when the model has no parameters. After a backward() that
+  // threw (a dead peer, a timeout), the gradients are undefined: with shared
+  // buckets, live peers may still be writing their share into this rank's.
   DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;

@@ -101,7 +101,10 @@ class ProcessGroup {
   // no staging copy): what DDP's gradient buckets use. A collective: every rank calls
   // it, in order with its other operations (sizes may differ). Where sharing is not
   // possible (one rank per host, DDP_DISABLE_CMA=1, no ptrace permission between the
-  // ranks) it is plain memory with shared() false; every collective accepts either.
+  // ranks, a kernel before 5.6 or a seccomp policy without memfd_create or
+  // pidfd_getfd) it is plain memory with shared() false; every collective accepts
+  // either. Throws Error when this rank cannot get the memory at all (the group
+  // stays usable).
   // The group must outlive it. Local peers keep their mapping of freed memory until
   // the next allocate (or the end of the group), so freeing returns the pages then.
   virtual std::unique_ptr<GroupMemory> allocate(size_t bytes);

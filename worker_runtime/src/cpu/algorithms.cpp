@@ -117,7 +117,8 @@ void dissemination_barrier(Team& t);
 //      through a staging buffer, no system call.
 //   2b. Otherwise, below DDP_STAGED_ALLREDUCE_BYTES (1 MiB), the staged path (see
 //      all_reduce_staged): two copies, but no system call.
-//   2c. Otherwise, single-copy reads (process_vm_readv): each rank folds chunk `me`
+//   2c. Otherwise, where the ranks may not read each other's memory, the ring.
+//   2d. Otherwise, single-copy reads (process_vm_readv): each rank folds chunk `me`
 //      of every peer's buffer into its own in pieces through a small scratch
 //      (peers meanwhile read only other chunks of ours); a barrier; each rank copies
 //      chunk j from peer j's buffer; a barrier, so nobody returns (and reuses its
@@ -132,9 +133,12 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   struct Where {
     uint64_t address;
     uint64_t region;  // 0: not in shared memory
+    uint64_t count;   // checked: ranks that disagree must not write into each other
+    uint64_t dtype;
   };
-  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.transport.shared_region_of(buf.data, buf.bytes())};
-  std::vector<Where> where(static_cast<size_t>(n), Where{0, 0});
+  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.transport.shared_region_of(buf.data, buf.bytes()),
+                   buf.count, static_cast<uint64_t>(buf.dtype)};
+  std::vector<Where> where(static_cast<size_t>(n), Where{0, 0, 0, 0});
   std::vector<Xfer> xs;
   for (int i = 0; i < n; ++i) {
     if (i == t.me) continue;
@@ -142,7 +146,18 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     xs.push_back(Xfer::recv(t.members[i], &where[static_cast<size_t>(i)], sizeof(Where)));
   }
   run(t, xs);
-  // Every rank sees the same n answers, so all take the same branch.
+  // Every rank sees the same n answers, so all take the same branch (or all throw).
+  where[static_cast<size_t>(t.me)] = mine;
+  for (int i = 0; i < n; ++i) {
+    const Where& w = where[static_cast<size_t>(i)];
+    if (w.count != buf.count || w.dtype != static_cast<uint64_t>(buf.dtype)) {
+      throw InvalidArgument("all_reduce: ranks disagree on the buffer: rank " + std::to_string(t.members[i]) +
+                            " has " + std::to_string(w.count) + " elements of " +
+                            (w.dtype <= static_cast<uint64_t>(DType::U8) ? dtype_name(static_cast<DType>(w.dtype))
+                                                                          : "an unknown dtype") +
+                            ", this rank " + std::to_string(buf.count) + " of " + dtype_name(buf.dtype));
+    }
+  }
   std::vector<std::byte*> views(static_cast<size_t>(n), nullptr);
   bool mapped = mine.region != 0;
   for (int i = 0; i < n && mapped; ++i) {
@@ -153,6 +168,7 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   }
   if (mapped) return all_reduce_mapped(t, buf, op, views);
   if (buf.bytes() < Tuning::get().staged_allreduce_bytes) return all_reduce_staged(t, buf, op);
+  if (!t.transport.can_read_peers()) return all_reduce_ring(t, buf, op);
 
   constexpr size_t kPiece = 256 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
@@ -233,10 +249,7 @@ void all_reduce_flat(Team& t, Buffer buf, ReduceOp op) {
   bool one_host = true;
   for (int r : t.members) one_host &= t.transport.host_of(r) == t.transport.host_of(t.members[0]);
   const Tuning& tune = Tuning::get();
-  if (one_host && buf.bytes() >= tune.direct_allreduce_bytes) {
-    if (t.transport.can_read_peers()) return all_reduce_direct(t, buf, op);
-    if (buf.bytes() < tune.staged_allreduce_bytes) return all_reduce_staged(t, buf, op);
-  }
+  if (one_host && buf.bytes() >= tune.direct_allreduce_bytes) return all_reduce_direct(t, buf, op);
   all_reduce_ring(t, buf, op);
 }
 

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../group_memory.hpp"
 #include "algorithms.hpp"
 #include "backend.hpp"
 #include "rdzv/prefix_store.hpp"
@@ -113,8 +114,17 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   }
 
   std::unique_ptr<GroupMemory> allocate(size_t bytes) override {
+    detail::page_rounded(bytes);  // a size no system could map is refused here, not in the group
     std::unique_ptr<GroupMemory> memory;
-    submit("allocate", {}, [&](cpu::Team& t) { memory = t.transport.share_memory(bytes, t.deadline); });
+    std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
+    submit("allocate", {}, [&](cpu::Team& t) {
+      try {
+        memory = t.transport.share_memory(bytes, t.deadline);
+      } catch (const Error&) {
+        out_of_memory = std::current_exception();
+      }
+    });
+    if (out_of_memory) std::rethrow_exception(out_of_memory);
     return memory;
   }
 

@@ -367,19 +367,27 @@ std::unique_ptr<GroupMemory> Transport::share_memory(size_t bytes, Clock::time_p
   }
   if (peer_regions_.empty()) peer_regions_.resize(static_cast<size_t>(size_));
 
-  // Undone on every way out but success (a peer may die in the exchanges below).
+  // Undone on every way out but success (a peer may die in the exchanges below):
+  // our mappings go, and the freed ids we meant to report wait for the next time.
   struct Pending {
     int fd = -1;
     std::byte* data = nullptr;
     size_t mapped = 0;
     std::map<int, PeerRegion> views;
+    std::vector<uint64_t> freed;
+    std::shared_ptr<OwnRegions> regions;
     ~Pending() {
       if (fd >= 0) ::close(fd);
       if (data) ::munmap(data, mapped);
       for (auto& [r, v] : views) ::munmap(v.here, v.bytes);
+      if (!freed.empty()) {
+        std::lock_guard lock(regions->mu);
+        regions->freed.insert(regions->freed.end(), freed.begin(), freed.end());
+      }
     }
   } pending;
   pending.mapped = mapped;
+  pending.regions = own_regions_;
 
   // This rank's pages: a memfd, so peers can map the very same pages.
   struct Offer {
@@ -390,7 +398,7 @@ std::unique_ptr<GroupMemory> Transport::share_memory(size_t bytes, Clock::time_p
     uint64_t freed = 0;  // ids this rank freed since its last offer follow in the second round
   };
   Offer mine;
-  std::vector<uint64_t> freed;
+  std::vector<uint64_t>& freed = pending.freed;
   {
     std::lock_guard lock(own_regions_->mu);
     freed.swap(own_regions_->freed);
@@ -401,8 +409,17 @@ std::unique_ptr<GroupMemory> Transport::share_memory(size_t bytes, Clock::time_p
     void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, pending.fd, 0);
     if (p != MAP_FAILED) pending.data = static_cast<std::byte*>(p);
   }
-  if (pending.data) mine = Offer{pending.fd, id, reinterpret_cast<uintptr_t>(pending.data), mapped, mine.freed};
-  else pending.data = detail::map_private(mapped);
+  // Out of memory is only reported after both rounds, so peers are not left waiting.
+  std::exception_ptr no_memory;
+  if (pending.data) {
+    mine = Offer{pending.fd, id, reinterpret_cast<uintptr_t>(pending.data), mapped, mine.freed};
+  } else {
+    try {
+      pending.data = detail::map_private(mapped);
+    } catch (const Error&) {
+      no_memory = std::current_exception();
+    }
+  }
 
   // Offers out; map what peers offer; then agree, so every rank of the host makes
   // the same choice (all shared or none).
@@ -444,6 +461,7 @@ std::unique_ptr<GroupMemory> Transport::share_memory(size_t bytes, Clock::time_p
     if (!theirs.empty()) xs.push_back(Xfer::recv(r, theirs.data(), theirs.size() * sizeof(uint64_t)));
   }
   run(std::span<Xfer>(xs), deadline);
+  freed.clear();  // reported
   for (int r : local) {
     if (r == rank_) continue;
     auto& regions = peer_regions_[static_cast<size_t>(r)];
@@ -456,6 +474,7 @@ std::unique_ptr<GroupMemory> Transport::share_memory(size_t bytes, Clock::time_p
   }
   // Every peer has mapped our pages or given up: they live on in the mappings.
   if (pending.fd >= 0) ::close(std::exchange(pending.fd, -1));
+  if (no_memory) std::rethrow_exception(no_memory);
   bool all = ok;
   for (int r : local) all &= r == rank_ || verdicts[static_cast<size_t>(r)] != 0;
   std::byte* data = std::exchange(pending.data, nullptr);

@@ -115,7 +115,9 @@ void DistributedDataParallel::launch_ready_buckets() {
 }
 
 // Waits for every all-reduce started so far (errors are left to the caller's path):
-// no reduction may still write into a bucket when backward() leaves or starts over.
+// no reduction of this rank may still write into a bucket when backward() leaves or
+// starts over. (After a failure, a live peer's share may still land in a shared
+// bucket: memory-safe, and the gradients of a failed step are undefined anyway.)
 void DistributedDataParallel::settle() noexcept {
   for (size_t i = 0; i < next_to_launch_ && i < buckets_.size(); ++i) {
     try {
