@@ -115,21 +115,22 @@ void dissemination_barrier(Team& t);
 //      own, straight from the mapped pages, and writes the result into every
 //      peer's buffer. A barrier, and all are done: two synchronisations, no copy
 //      through a staging buffer, no system call.
-//   2b. Otherwise, below DDP_STAGED_ALLREDUCE_BYTES (1 MiB), the staged path (see
-//      all_reduce_staged): two copies, but no system call.
-//   2c. Otherwise, where the ranks may not read each other's memory, the ring.
-//   2d. Otherwise, single-copy reads (process_vm_readv): each rank folds chunk `me`
-//      of every peer's buffer into its own in pieces through a small scratch
-//      (peers meanwhile read only other chunks of ours); a barrier; each rank copies
-//      chunk j from peer j's buffer; a barrier, so nobody returns (and reuses its
-//      buffer) while others still read it.
+//   2b. Otherwise, where the ranks may read and write each other's memory
+//      (process_vm_readv/writev, probed at formation): each rank, piece by piece,
+//      reads chunk `me` of every peer's buffer into a small scratch, folds it into
+//      its own, and writes the result into every peer's chunk `me`. Nobody else
+//      touches chunk `me` of anyone's buffer meanwhile. A barrier, and all are done:
+//      two synchronisations, the least memory traffic of the paths that work on
+//      ordinary buffers.
+//   2c. Otherwise, below DDP_STAGED_ALLREDUCE_BYTES (1 MiB), the staged path (see
+//      all_reduce_staged): two copies, but no system call and no permission needed.
+//   2d. Otherwise, the ring through the shared-memory rings.
 void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views);
 void all_reduce_staged(Team& t, Buffer buf, ReduceOp op);
+void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_t>& address);
 
 void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
-  const auto off = split(buf.count, n);
-  const size_t esz = dtype_size(buf.dtype);
   struct Where {
     uint64_t address;
     uint64_t region;  // 0: not in shared memory
@@ -167,9 +168,19 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     mapped = views[static_cast<size_t>(i)] != nullptr;
   }
   if (mapped) return all_reduce_mapped(t, buf, op, views);
+  if (t.transport.can_read_peers()) {
+    std::vector<uint64_t> address(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) address[static_cast<size_t>(i)] = where[static_cast<size_t>(i)].address;
+    return all_reduce_push(t, buf, op, address);
+  }
   if (buf.bytes() < Tuning::get().staged_allreduce_bytes) return all_reduce_staged(t, buf, op);
-  if (!t.transport.can_read_peers()) return all_reduce_ring(t, buf, op);
+  all_reduce_ring(t, buf, op);
+}
 
+void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_t>& address) {
+  const int n = t.size();
+  const auto off = split(buf.count, n);
+  const size_t esz = dtype_size(buf.dtype);
   constexpr size_t kPiece = 256 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
   Bytes scratch = t.scratch_bytes(piece_elems * esz);
@@ -177,16 +188,12 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     const size_t count = std::min(piece_elems, off[t.me + 1] - from);
     for (int i = 0; i < n; ++i) {
       if (i == t.me) continue;
-      t.transport.read_peer(t.members[i], where[static_cast<size_t>(i)].address + from * esz, scratch, count * esz);
+      t.transport.read_peer(t.members[i], address[static_cast<size_t>(i)] + from * esz, scratch, count * esz);
       reduce_inplace(buf.dtype, op, at(buf, from), scratch, count);
     }
-  }
-  if (op == ReduceOp::Avg) divide_chunk(buf, off[t.me], off[t.me + 1], n);
-  dissemination_barrier(t);
-  for (int i = 0; i < n; ++i) {
-    if (i == t.me || off[i + 1] == off[i]) continue;
-    t.transport.read_peer(t.members[i], where[static_cast<size_t>(i)].address + off[i] * esz, at(buf, off[i]),
-                          (off[i + 1] - off[i]) * esz);
+    if (op == ReduceOp::Avg) divide_chunk(buf, from, from + count, n);
+    for (int i = 0; i < n; ++i)
+      if (i != t.me) t.transport.write_peer(t.members[i], address[static_cast<size_t>(i)] + from * esz, at(buf, from), count * esz);
   }
   dissemination_barrier(t);
 }

@@ -339,16 +339,25 @@ void Transport::probe_cma(rdzv::Store& store, const std::vector<uint64_t>& probe
 }
 
 void Transport::read_peer(int peer, uint64_t remote, void* local, size_t bytes) {
-  auto* dst = static_cast<std::byte*>(local);
+  copy_peer(peer, remote, static_cast<std::byte*>(local), bytes, false);
+}
+
+void Transport::write_peer(int peer, uint64_t remote, const void* local, size_t bytes) {
+  copy_peer(peer, remote, static_cast<std::byte*>(const_cast<void*>(local)), bytes, true);
+}
+
+void Transport::copy_peer(int peer, uint64_t remote, std::byte* local, size_t bytes, bool write) {
   while (bytes > 0) {
-    iovec l{dst, bytes}, rem{reinterpret_cast<void*>(remote), bytes};
-    const ssize_t n = ::process_vm_readv(pids_[peer], &l, 1, &rem, 1, 0);
+    iovec l{local, bytes}, rem{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t n = write ? ::process_vm_writev(pids_[peer], &l, 1, &rem, 1, 0)
+                            : ::process_vm_readv(pids_[peer], &l, 1, &rem, 1, 0);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
-      throw PeerLost{peer, n < 0 ? std::string("reading its memory failed: ") + std::strerror(errno)
-                                 : std::string("reading its memory returned nothing")};
+      const char* what = write ? "writing" : "reading";
+      throw PeerLost{peer, n < 0 ? std::string(what) + " its memory failed: " + std::strerror(errno)
+                                 : std::string(what) + " its memory moved nothing"};
     }
-    dst += n;
+    local += n;
     remote += static_cast<uint64_t>(n);
     bytes -= static_cast<size_t>(n);
   }

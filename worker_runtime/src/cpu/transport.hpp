@@ -109,6 +109,8 @@ class Transport {
   // Copies `bytes` from address `remote` in local peer `peer`'s memory to `local`.
   // Throws PeerLost when the peer is gone.
   void read_peer(int peer, uint64_t remote, void* local, size_t bytes);
+  // The other way (process_vm_writev): `bytes` from `local` to `remote` in `peer`.
+  void write_peer(int peer, uint64_t remote, const void* local, size_t bytes);
 
   // Local rank r's staging area in its shared-memory segment (staging_bytes() long,
   // mapped by every rank of the host; null for ranks elsewhere or a host of one):
@@ -139,6 +141,7 @@ class Transport {
  private:
   struct Peer;
   bool step(Xfer& x);
+  void copy_peer(int peer, uint64_t remote, std::byte* local, size_t bytes, bool write);
   void check_health(std::span<Xfer> xfers, Clock::time_point deadline);
   void sleep(std::span<Xfer> xfers, uint32_t doorbell_seen);
   void form_shm(rdzv::Store& store, Clock::time_point deadline);
