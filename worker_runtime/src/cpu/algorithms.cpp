@@ -198,14 +198,6 @@ void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_
   dissemination_barrier(t);
 }
 
-void reduce_share(const std::vector<std::byte*>& views, int me, DType dtype, ReduceOp op, size_t from, size_t count);
-
-void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views) {
-  const auto off = split(buf.count, t.size());
-  reduce_share(views, t.me, buf.dtype, op, off[t.me], off[t.me + 1] - off[t.me]);
-  dissemination_barrier(t);
-}
-
 // Reduces `count` elements in place at views[me] (from element `from` of the
 // views) with the same span of every other view, and writes the result into all
 // of them: this rank's share of a mapped or staged all-reduce.
@@ -225,6 +217,12 @@ void reduce_share(const std::vector<std::byte*>& views, int me, DType dtype, Red
     for (int i = 0; i < n; ++i)
       if (i != me) std::memcpy(views[static_cast<size_t>(i)] + at_elem * esz, own, k * esz);
   }
+}
+
+void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views) {
+  const auto off = split(buf.count, t.size());
+  reduce_share(views, t.me, buf.dtype, op, off[t.me], off[t.me + 1] - off[t.me]);
+  dissemination_barrier(t);
 }
 
 // One host, ordinary buffers: the ranks meet in their staging areas (shared memory
