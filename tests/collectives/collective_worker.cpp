@@ -42,11 +42,24 @@ double now_s() {
 // ---- values ------------------------------------------------------------------
 // Inputs are small integers, so every sum, product, min and max is exact in every
 // dtype (f16/bf16 included) whatever the order of operations, and the result can
-// be compared bit for bit with a serial reference.
+// be compared bit for bit with a serial reference. They come from a hash of
+// (rank, index), not a short cycle: a chunk delivered to the wrong place, or one
+// rank's data taken for another's, differs from the reference (a pattern with a
+// period of 4 would repeat across chunk boundaries and ranks and hide it).
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
 
 int64_t input_value(int rank, size_t i, ReduceOp op) {
-  if (op == ReduceOp::Prod) return 1 + static_cast<int64_t>((static_cast<size_t>(rank) + i) % 2);
-  return 1 + static_cast<int64_t>((static_cast<size_t>(rank) * 3 + i * 7) % 4);
+  const uint64_t h = mix((static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(i));
+  // Prod: 1 or 2, so a product over 8 ranks (<= 256) stays exact in bf16.
+  if (op == ReduceOp::Prod) return 1 + static_cast<int64_t>(h % 2);
+  return 1 + static_cast<int64_t>(h % 4);
 }
 
 void store(DType t, void* base, size_t i, double v) {
