@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace ddp::cpu {
 namespace {
@@ -59,9 +60,12 @@ void dispatch_type(DType t, void* dst, const void* a, const void* b, size_t n) {
   }
 }
 
+// The divisor stays in a wide type: cast to the element type, a world of 256 would
+// divide a u8 by zero (and 257 by one).
 template <typename T>
 void divide_typed(T* p, size_t n, int d) {
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(d));
+  using Wide = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<Wide>(p[i]) / static_cast<Wide>(d));
 }
 
 }  // namespace
