@@ -35,4 +35,12 @@ void save_checkpoint(const std::string& path, Module& model, const Optimizer* op
 // then left as they were.
 CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer);
 
+// The two halves of load_checkpoint, for a job whose checkpoint only one rank can
+// read (a node-local path): that rank reads the file's bytes (throws ddp::Error
+// naming it when it cannot), broadcasts them, and every rank loads them. `path`
+// only names the checkpoint in error messages.
+std::string read_checkpoint_file(const std::string& path);
+CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
+                                     Optimizer* optimizer);
+
 }  // namespace ddp

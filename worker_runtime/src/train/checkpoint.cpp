@@ -149,7 +149,13 @@ void save_checkpoint(const std::string& path, Module& model, const Optimizer* op
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer) {
-  const std::string bytes = read_file(path);
+  return load_checkpoint_bytes(read_file(path), path, model, optimizer);
+}
+
+std::string read_checkpoint_file(const std::string& path) { return read_file(path); }
+
+CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
+                                     Optimizer* optimizer) {
   if (bytes.size() < kHeaderSize) {
     throw Error(path + ": not a checkpoint (truncated header: " + std::to_string(bytes.size()) + " bytes)");
   }
@@ -205,9 +211,15 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer
     if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
     if (optimizer != nullptr) {
       if (has_optimizer == 0) throw Error(std::string("checkpoint holds no optimizer state"));
+      // load_state validates what it reads before changing anything, but only the
+      // end of the stream shows trailing bytes: keep the current state to put back.
+      std::ostringstream before(std::ios::binary);
+      optimizer->save_state(before);
       std::istringstream state_in(std::move(state), std::ios::binary);
-      optimizer->load_state(state_in);  // validates before changing anything
+      optimizer->load_state(state_in);
       if (state_in.peek() != std::char_traits<char>::eof()) {
+        std::istringstream restore(before.str(), std::ios::binary);
+        optimizer->load_state(restore);
         throw Error(std::string("trailing data after the optimizer state"));
       }
     }
