@@ -43,9 +43,12 @@ struct DdpOptions {
 
 // Where the time of the last backward() went (seconds).
 struct BackwardStats {
-  double backward = 0;   // the model's backward pass (compute)
-  double comm_wait = 0;  // waiting for all-reduces after the backward pass: not hidden
+  double backward = 0;   // the model's backward pass (compute only)
+  double comm_wait = 0;  // communication not hidden behind compute: the last bucket's
+                         // all-reduce and the wait for the earlier ones
   int buckets_reduced = 0;
+  int buckets_overlapped = 0;  // buckets whose all-reduce started while backward still computed
+  double first_launch = -1;    // from the start of backward to the first bucket's launch (-1: none)
 };
 
 class DistributedDataParallel {
@@ -119,6 +122,8 @@ class DistributedDataParallel {
   std::unordered_map<const Parameter*, size_t> bucket_of_;
   std::vector<Parameter*> params_;
   size_t next_to_launch_ = 0;  // buckets start strictly in index order
+  std::chrono::steady_clock::time_point backward_start_;
+  std::chrono::steady_clock::duration inline_comm_{};  // the last bucket's all-reduce, run inside backward
   bool sync_ = true;
   BackwardStats stats_;
 };

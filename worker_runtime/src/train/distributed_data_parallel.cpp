@@ -110,7 +110,13 @@ void DistributedDataParallel::launch_ready_buckets() {
     // nothing to overlap it with, so it runs on this thread (no hand-off to the
     // progress thread; it still starts after every earlier bucket).
     const bool last = next_to_launch_ == buckets_.size();
+    if (stats_.first_launch < 0) stats_.first_launch = seconds(b.launched - backward_start_);
     b.work = pg_->all_reduce(view(b.data), ReduceOp::Avg, {.async_op = !last});
+    if (last) {
+      inline_comm_ = Clock::now() - b.launched;  // communication, though on backward's clock
+    } else {
+      ++stats_.buckets_overlapped;
+    }
   }
 }
 
@@ -132,7 +138,9 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   const bool reduce = sync_ && options_.all_reduce && pg_->size() > 1;
   for (auto& b : buckets_) b.pending = b.params.size();
   next_to_launch_ = 0;
-  const auto t0 = Clock::now();
+  stats_ = BackwardStats{};
+  inline_comm_ = {};
+  const auto t0 = backward_start_ = Clock::now();
   if (reduce) {
     try {
       model_.backward(dy, [this](Parameter& p) { on_grad_ready(p); }, false);
@@ -144,8 +152,7 @@ void DistributedDataParallel::backward(const Tensor& dy) {
     model_.backward(dy, GradReadyHook{}, false);
   }
   const auto t1 = Clock::now();
-  stats_ = BackwardStats{};
-  stats_.backward = seconds(t1 - t0);
+  stats_.backward = seconds(t1 - t0 - inline_comm_);
   if (!reduce) return;
   if (next_to_launch_ != buckets_.size()) {
     settle();
@@ -159,7 +166,7 @@ void DistributedDataParallel::backward(const Tensor& dy) {
       if (t.known) options_.trace->add("all_reduce bucket", t.start, t.end, Trace::kCommunication);
     }
   }
-  stats_.comm_wait = seconds(Clock::now() - t1);
+  stats_.comm_wait = seconds(Clock::now() - t1 + inline_comm_);
   stats_.buckets_reduced = static_cast<int>(buckets_.size());
 }
 
