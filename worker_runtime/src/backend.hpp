@@ -27,6 +27,11 @@ std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup);
 std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup);
 // True when the NCCL backend was built in and a CUDA device is visible.
 bool nccl_usable();
+// One group over two of the same ranks: collectives on GPU buffers (Device::Cuda) go
+// to `gpu`, all others, barrier and allocate to `host` (backend "auto" on a GPU host).
+std::shared_ptr<ProcessGroup> make_routed_group(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu);
+// `setup` with its store narrowed to the keys under `prefix` (kept alive by the view).
+GroupSetup with_store_prefix(const GroupSetup& setup, const std::string& prefix);
 // Rank 0 creates a ncclUniqueId and publishes it under `key`; every rank returns
 // the same 128 raw bytes. Throws Error when NCCL was not built in.
 std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout);

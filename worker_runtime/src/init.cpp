@@ -110,8 +110,13 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
 
   std::string backend = options.backend;
   if (const auto b = env_or("DDP_BACKEND"); !b.empty()) backend = b;
-  if (backend == "auto") backend = detail::nccl_usable() ? "nccl" : "cpu";
   try {
+    if (backend == "auto") {
+      // On a GPU host: host buffers on the cpu backend, GPU buffers on nccl.
+      if (!detail::nccl_usable()) return detail::make_cpu_group(setup);
+      auto host = detail::make_cpu_group(detail::with_store_prefix(setup, "cpu/"));
+      return detail::make_routed_group(std::move(host), detail::make_nccl_group(detail::with_store_prefix(setup, "nccl/")));
+    }
     if (backend == "cpu") return detail::make_cpu_group(setup);
     if (backend == "nccl") return detail::make_nccl_group(setup);
   } catch (const rdzv::StoreError& e) {

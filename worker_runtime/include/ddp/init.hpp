@@ -23,8 +23,10 @@
 namespace ddp {
 
 struct InitOptions {
-  // "cpu" (shared memory within a host, TCP across hosts), "nccl" (GPU), or "auto":
-  // nccl when it was built and a GPU is visible, else cpu.
+  // "cpu" (shared memory within a host, TCP across hosts), "nccl" (GPU buffers only),
+  // or "auto": cpu, and when NCCL was built and a GPU is visible also nccl, each
+  // collective going to the one that reaches its buffers (host or Device::Cuda), as
+  // PyTorch's default "cpu:gloo,cuda:nccl"; backend() then says "cpu+nccl".
   std::string backend = "auto";
   // Limit of every collective (a live but stuck peer); DDP_TIMEOUT_SEC overrides.
   Millis timeout{600000};

@@ -59,7 +59,7 @@ class ProcessGroup {
 
   int rank() const { return rank_; }        // this process's rank in the group
   int size() const { return size_; }        // number of ranks in the group
-  virtual std::string backend() const = 0;  // "cpu" or "nccl"
+  virtual std::string backend() const = 0;  // "cpu", "nccl" or "cpu+nccl" (see InitOptions)
 
   // buf = op over every rank's buf (in place).
   virtual Work all_reduce(Buffer buf, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {}) = 0;

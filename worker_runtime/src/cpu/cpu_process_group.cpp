@@ -19,7 +19,6 @@
 #include "../group_memory.hpp"
 #include "algorithms.hpp"
 #include "backend.hpp"
-#include "rdzv/prefix_store.hpp"
 #include "work_state.hpp"
 
 namespace ddp::detail {
@@ -141,13 +140,8 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
       if (r == rank()) my_index = static_cast<int>(i);
     }
     if (my_index < 0) return nullptr;
-    GroupSetup sub = setup_;
-    // The subgroup's keys live under its own prefix; the prefix store keeps the
-    // parent's store alive through the shared_ptr it captures.
-    auto parent = setup_.store;
-    sub.store = std::shared_ptr<rdzv::Store>(
-        new rdzv::PrefixStore("sub" + std::to_string(id) + "/", *parent),
-        [parent](rdzv::Store* s) { delete s; });
+    // The subgroup's keys live under its own prefix.
+    GroupSetup sub = with_store_prefix(setup_, "sub" + std::to_string(id) + "/");
     sub.rank = my_index;
     sub.size = static_cast<int>(ranks.size());
     return std::make_shared<CpuProcessGroup>(sub, transport_options_);

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "../group_memory.hpp"
+#include "../peer_watch.hpp"
 #include "reduce.hpp"
 
 namespace ddp::cpu {
@@ -51,14 +52,7 @@ std::string getenv_or(const char* name, const std::string& fallback) {
 // count as one host.
 std::string host_key(int rank) {
   if (getenv_or("DDP_DISABLE_SHM", "0") == "1") return std::string("rank-") + std::to_string(rank);
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  std::string key = boot_id;
-  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/ipc"}) {
-    struct stat st {};
-    if (::stat(ns, &st) == 0) key += std::string("/") + std::to_string(st.st_ino);
-  }
-  return key;
+  return detail::host_identity();
 }
 
 std::string hostname() {

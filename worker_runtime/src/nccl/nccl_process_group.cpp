@@ -9,9 +9,12 @@
 //    completion event.
 //  - completion event: a CUDA event recorded after the operation; the Work polls it.
 //    Events are pooled per communicator, so the hot path creates none.
-//  - broken: after a timeout, an asynchronous NCCL error or abort() the communicator is
-//    aborted (ncclCommAbort) and every pending and later operation fails with the
-//    first error, as the ProcessGroup contract asks.
+//  - broken: after a timeout, an asynchronous NCCL error, the death of a peer process
+//    on this host (PeerWatch: its pidfd fires; the error names it) or abort() the
+//    communicator is aborted (ncclCommAbort) and every pending and later operation
+//    fails with the first error, as the ProcessGroup contract asks. A peer on another
+//    host that dies is seen by NCCL's own transport (an asynchronous error) or, at
+//    worst, by the operation's timeout.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "peer_watch.hpp"
 #include "work_state.hpp"
 
 namespace ddp::detail {
@@ -150,8 +154,10 @@ bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == nc
 // ---------------------------------------------------------------------------------
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
-  // Takes ownership of `comm` (formed on `device`); `timeout` bounds the drain at destruction.
-  Communicator(ncclComm_t comm, int device, Millis timeout) : comm_(comm), device_(device), timeout_(timeout) {
+  // Takes ownership of `comm` (formed on `device`); `timeout` bounds the drain at
+  // destruction; `watch` tells when a peer on this host died.
+  Communicator(ncclComm_t comm, int device, Millis timeout, std::shared_ptr<const PeerWatch> watch)
+      : comm_(comm), device_(device), timeout_(timeout), watch_(std::move(watch)) {
     try {
       DeviceGuard guard(device_);
       // Non-blocking stream: later work on the default stream must not wait for our
@@ -182,6 +188,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator& operator=(const Communicator&) = delete;
 
   int device() const { return device_; }
+  const std::shared_ptr<const PeerWatch>& watch() const { return watch_; }
   int32_t* scratch() const { return scratch_; }
 
   // Enqueues one operation: `enqueue(comm, stream)` issues its NCCL calls. Returns the
@@ -193,10 +200,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // communicator, or nullptr for color NCCL_SPLIT_NOCOLOR.
   ncclComm_t split(int color, int key, Millis timeout);
 
-  // The error this communicator broke with, after checking NCCL's asynchronous error
-  // state (which breaks it). nullptr while healthy.
+  // The error this communicator broke with, after checking the local peers and NCCL's
+  // asynchronous error state (either breaks it). nullptr while healthy.
   std::exception_ptr check() {
     if (auto e = broken()) return e;
+    if (const int dead = watch_->dead_peer(); dead >= 0) {
+      fail(std::make_exception_ptr(PeerError(dead, "NCCL: peer " + watch_->describe(dead) +
+                                                       " exited; the communicator was aborted")));
+      return broken();
+    }
     ncclResult_t state = ncclSuccess;
     std::string text;
     {
@@ -267,6 +279,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   ncclComm_t comm_ = nullptr;       // nullptr once aborted
   const int device_;                // the GPU the communicator was formed on
   const Millis timeout_;            // bounds the drain in the destructor
+  const std::shared_ptr<const PeerWatch> watch_;  // this host's peers, by pidfd
   cudaStream_t stream_ = nullptr;   // every operation runs here, in issue order
   cudaEvent_t ready_ = nullptr;     // orders each operation after the default stream's work
   int32_t* scratch_ = nullptr;      // one device int for barrier()
@@ -648,7 +661,7 @@ class NcclProcessGroup final : public ProcessGroup {
     // Every rank takes part in the split; the key orders members as `ranks` lists them.
     ncclComm_t child = comm_->split(member ? 0 : NCCL_SPLIT_NOCOLOR, member ? position : rank(), connect_timeout_);
     if (!member) return nullptr;
-    auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_);
+    auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_, comm_->watch()->narrow(ranks));
     return std::make_shared<NcclProcessGroup>(position, static_cast<int>(ranks.size()), std::move(comm), timeout_,
                                               connect_timeout_);
   }
@@ -734,16 +747,21 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup) {
     cudaGetLastError();
     throw Error(std::string("the nccl backend needs a GPU, but CUDA reports: ") + cudaGetErrorString(e));
   }
-  if (setup.local_rank < 0 || setup.local_rank >= devices) {
+  // GPU local_rank, as torchrun programs do; but when a launcher gave each process one
+  // GPU of its own (srun --gpus-per-task, CUDA_VISIBLE_DEVICES per task) the only
+  // visible device is this rank's, whatever its local rank.
+  const int device = devices == 1 ? 0 : setup.local_rank;
+  if (device < 0 || device >= devices) {
     throw Error("the nccl backend puts local rank " + std::to_string(setup.local_rank) + " on GPU " +
-                std::to_string(setup.local_rank) + ", but " + std::to_string(devices) + " GPU(s) are visible");
+                std::to_string(device) + ", but " + std::to_string(devices) + " GPU(s) are visible");
   }
   // NCCL takes the current device as the communicator's; it stays current for the
   // caller too, which is what a one-GPU-per-process program expects.
-  check_cuda(cudaSetDevice(setup.local_rank), "cudaSetDevice(" + std::to_string(setup.local_rank) + ")");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
   std::string id = exchange_nccl_unique_id(*setup.store, kUniqueIdKey, setup.rank, setup.connect_timeout);
+  auto watch = std::make_shared<const PeerWatch>(*setup.store, setup.rank, setup.size, setup.connect_timeout);
   ncclComm_t comm = init_communicator(id, setup.size, setup.rank, setup.connect_timeout);
-  auto communicator = std::make_shared<Communicator>(comm, setup.local_rank, setup.timeout);
+  auto communicator = std::make_shared<Communicator>(comm, device, setup.timeout, std::move(watch));
   return std::make_shared<NcclProcessGroup>(setup.rank, setup.size, std::move(communicator), setup.timeout,
                                             setup.connect_timeout);
 }

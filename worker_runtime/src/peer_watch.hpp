@@ -1,0 +1,59 @@
+// Knowing at once when a peer process on this host has died, for backends whose
+// transport does not tell (NCCL kernels simply wait for a peer that is gone).
+//
+// Ranks publish who they are through the group's store; each rank opens a pidfd for
+// every peer that shares its host (same boot id and mount, pid and ipc namespaces:
+// the peers whose pids mean something here). A pidfd becomes readable when its
+// process exits, so one poll() with no wait says whether any of them died.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/work.hpp"
+#include "rdzv/store.hpp"
+
+namespace ddp::detail {
+
+// What makes processes one host here: the boot id and the mount, pid and ipc
+// namespaces. Equal strings mean shared /dev/shm and pids that name the same process.
+std::string host_identity();
+
+class PeerWatch {
+ public:
+  // Every rank of the group calls it: publishes this rank under "watch/<rank>" and
+  // reads every other rank's record within `timeout` (Timeout names the ranks that
+  // never published). Throws Error on a malformed record.
+  PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout);
+  ~PeerWatch();
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+
+  // The record a rank publishes: "<host identity>\n<pid>\n<hostname>".
+  static std::string record_of(int pid);
+
+  // The group rank of a watched peer that has exited, or -1. Never blocks.
+  int dead_peer() const;
+  // "rank 3 (pid 4711 on node-b)".
+  std::string describe(int rank) const;
+  // How many peers are watched (those on this host).
+  size_t watched() const { return peers_.size(); }
+
+  // The same watch for a subgroup: `ranks` are this group's ranks, the subgroup's
+  // rank i being ranks[i] (as new_group takes them).
+  std::shared_ptr<PeerWatch> narrow(const std::vector<int>& ranks) const;
+
+ private:
+  PeerWatch() = default;
+  struct Peer {
+    int rank;  // in the group
+    int pid;
+    int fd;    // pidfd; -1 when none could be opened
+    bool gone; // the peer had exited before we could open one
+    std::string hostname;
+  };
+  std::vector<Peer> peers_;
+};
+
+}  // namespace ddp::detail
