@@ -122,6 +122,29 @@ TEST_CASE("6 ranks: every collective x dtype x op x count matches the serial ref
 TEST_CASE("7 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(7, "1048576"); }
 TEST_CASE("8 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(8, "1048576"); }
 
+TEST_CASE("ddp-bench under ddprun: every op it measures gives every rank the right result", "[collectives][bench]") {
+  // 3 ranks: block sizes that do not divide evenly; -c checks each size on every rank
+  // with rank- and position-dependent inputs.
+  auto r = run(e2e::ddprun({"--nproc_per_node=3", DDP_BENCH_BIN, "-b", "8", "-e", "1M", "-f", "16", "-o", "all",
+                            "-c", "1", "--target_ms", "5"}),
+               {}, 120s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  REQUIRE(ranks.contains(0));
+  std::map<std::string, int> rows;
+  const std::regex row(R"(\s*(\w+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+))");
+  for (const auto& line : ranks[0]) {
+    std::smatch m;
+    if (!std::regex_match(line, m, row)) continue;
+    ++rows[m[1]];
+    CHECK(m[3] == "0");  // ranks that saw a wrong value, summed over the group
+  }
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}) {
+    CHECK(rows[op] == 5);  // 8 B to 1 MiB by 16x: 8, 128, 2048, 32768, 524288 (block ops: multiples of 12)
+  }
+}
+
 TEST_CASE("TCP only (DDP_DISABLE_SHM=1): the 4-rank matrix passes over sockets", "[collectives]") {
   run_matrix(4, "1048576", {{"DDP_DISABLE_SHM", "1"}});
 }

@@ -65,6 +65,29 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 }  // namespace
 
+// ddp_checks prints "rank R: N checks, 0 failed" last on every rank when all held.
+void run_checks(int nproc) {
+  auto r = run({e2e::kDdprun, "--nproc_per_node=" + std::to_string(nproc), DDP_CHECKS_BIN}, {}, 300s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  REQUIRE(static_cast<int>(ranks.size()) == nproc);
+  for (auto& [rank, lines] : ranks) {
+    REQUIRE(!lines.empty());
+    std::smatch m;
+    REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
+    CHECK(std::stoi(m[1]) == rank);
+    CHECK(std::stoi(m[2]) == (nproc > 1 ? 15 : 13));  // two need peers to differ from
+  }
+}
+
+TEST_CASE("DDP mechanism, 3 ranks: broadcast at construction, bucket layout, overlap, identical steps, no_sync, clipping",
+          "[ddp]") {
+  run_checks(3);
+}
+
+TEST_CASE("DDP mechanism, 1 rank: the same promises hold alone", "[ddp]") { run_checks(1); }
+
 TEST_CASE("parameters are bit-identical on every rank after training", "[ddp]") {
   auto r = train(3, with(kQuick, {"--first-bucket-kib", "64", "--bucket-cap-kib", "256"}));
   auto h = hashes(r);

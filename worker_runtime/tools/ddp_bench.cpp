@@ -82,15 +82,26 @@ struct Case {
     else if (op == "all_gather") pg.all_gather(ddp::view(in), ddp::view(out));
     else pg.reduce_scatter(ddp::view(in), ddp::view(out));
   }
-  // After one call on fresh inputs of 1.0: the values every rank must see.
+  // One call on inputs that depend on the rank and the position (small integers,
+  // exact in f32): whether every rank got what the collective promises. A uniform
+  // input would let a broadcast or all_gather that moved nothing look right.
+  static float value(int rank, size_t i) { return static_cast<float>(rank + 1 + static_cast<int>(i % 7)); }
   bool correct() {
-    const float n = static_cast<float>(pg.size());
-    std::fill(in.begin(), in.end(), 1.0f);
+    const int n = pg.size(), r = pg.rank();
+    const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
     run();
-    if (op == "all_reduce") return std::all_of(in.begin(), in.end(), [&](float v) { return v == n; });
-    if (op == "reduce_scatter") return std::all_of(out.begin(), out.end(), [&](float v) { return v == n; });
-    if (op == "all_gather") return std::all_of(out.begin(), out.end(), [](float v) { return v == 1.0f; });
-    return std::all_of(in.begin(), in.end(), [](float v) { return v == 1.0f; });
+    auto all = [](std::span<float> s, auto want) {
+      for (size_t i = 0; i < s.size(); ++i)
+        if (s[i] != want(i)) return false;
+      return true;
+    };
+    // Sum over ranks q of value(q, i) = n(n+1)/2 + n * (i % 7).
+    auto summed = [&](size_t i) { return ranks_sum + static_cast<float>(n * static_cast<int>(i % 7)); };
+    if (op == "all_reduce") return all(in, summed);
+    if (op == "reduce_scatter") return all(out, [&](size_t i) { return summed(static_cast<size_t>(r) * out.size() + i); });
+    if (op == "all_gather") return all(out, [&](size_t i) { return value(static_cast<int>(i / in.size()), i % in.size()); });
+    return all(in, [](size_t i) { return value(0, i); });  // broadcast from rank 0
   }
 };
 

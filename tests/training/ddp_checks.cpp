@@ -1,0 +1,236 @@
+// ddp_checks: a program the DDP tests launch under the real ddprun; it checks
+// DistributedDataParallel's promises against a real process group, on synthetic
+// inputs (these are properties of the mechanism, not of a dataset):
+//
+//   - construction copies rank 0's parameters to every rank (each rank built its
+//     model from its own seed);
+//   - buckets hold the parameters in reverse registration order, the first up to
+//     first_bucket_bytes and the rest up to bucket_cap_bytes, each as full as the cap
+//     allows;
+//   - every bucket but the last starts its all-reduce during backward (before the
+//     compute is over), and the first one starts before backward ends;
+//   - after every step of training on different data, every rank's parameters are
+//     bit-identical;
+//   - inside no_sync() nothing is reduced (each rank keeps its own gradients); the
+//     next backward reduces the accumulated sum: the average over ranks of each
+//     rank's accumulated gradients;
+//   - clip_grad_norm scales to the requested global norm and returns the old one.
+//
+// Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddp/distributed_data_parallel.hpp"
+#include "ddp/init.hpp"
+#include "ddp/nn.hpp"
+#include "ddp/optim.hpp"
+
+namespace {
+
+int g_checks = 0, g_failures = 0, g_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    std::printf("rank %d: FAILED %s\n", g_rank, what.c_str());
+  }
+}
+
+uint64_t hash_params(ddp::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (auto* p : m.parameters()) {
+    const auto* b = reinterpret_cast<const unsigned char*>(p->value.data());
+    for (size_t i = 0; i < p->numel() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Whether every rank holds the same 64-bit value.
+bool same_everywhere(ddp::ProcessGroup& pg, uint64_t v) {
+  std::vector<int64_t> all(static_cast<size_t>(pg.size()));
+  int64_t mine = static_cast<int64_t>(v);
+  pg.all_gather(ddp::view(std::span<int64_t>(&mine, 1)), ddp::view(all));
+  for (int64_t x : all)
+    if (x != mine) return false;
+  return true;
+}
+
+// A batch that differs per rank and per step: rows of small pseudo-random values.
+void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, size_t features, int rank, int step) {
+  x.resize(batch, features);
+  y.resize(batch);
+  ddp::Rng rng(static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(step));
+  for (float& v : x.span()) v = rng.uniform(-1.0f, 1.0f);
+  for (auto& label : y) label = static_cast<int32_t>(rng.below(10));
+}
+
+std::vector<float> grads_of(ddp::Module& m) {
+  std::vector<float> g;
+  for (auto* p : m.parameters()) g.insert(g.end(), p->grad.data(), p->grad.data() + p->numel());
+  return g;
+}
+
+// Small buckets, so the MLP spreads over five: 16 KiB, then 32 KiB (one parameter,
+// 96 x 128 floats, is larger than the cap and gets a bucket of its own).
+constexpr size_t kFirstBucket = 16 << 10, kBucketCap = 32 << 10;
+const std::vector<size_t> kSizes = {64, 128, 96, 64, 10};
+
+void construction_and_layout(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  // Each rank starts from its own seed; rank 0's values must win.
+  auto model = ddp::make_mlp({.sizes = kSizes, .seed = 100 + static_cast<uint64_t>(pg->rank())});
+  auto reference = ddp::make_mlp({.sizes = kSizes, .seed = 100});
+  if (pg->size() > 1) check(hash_params(*model) != hash_params(*reference) || pg->rank() == 0, "seeds differ");
+  ddp::DistributedDataParallel ddp(*model, pg, {.first_bucket_bytes = kFirstBucket, .bucket_cap_bytes = kBucketCap});
+  check(hash_params(*model) == hash_params(*reference), "construction broadcasts rank 0's parameters");
+
+  // Layout: reverse registration order, caps respected, each bucket as full as allowed.
+  const auto params = model->parameters();
+  std::vector<std::string> reversed;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) reversed.push_back((*it)->name);
+  std::vector<std::string> flat;
+  const auto layout = ddp.bucket_layout();
+  size_t next = 0;  // index into the reversed parameters
+  bool caps_ok = true;
+  for (size_t b = 0; b < layout.size(); ++b) {
+    const size_t cap = b == 0 ? kFirstBucket : kBucketCap;
+    size_t bytes = 0;
+    for (const auto& name : layout[b]) {
+      flat.push_back(name);
+      bytes += params[params.size() - 1 - next++]->numel() * sizeof(float);
+    }
+    // Over the cap only as a single parameter too large for any bucket.
+    if (bytes > cap && layout[b].size() > 1) caps_ok = false;
+    // Full: the next parameter would not have fitted.
+    if (next < params.size() && bytes + params[params.size() - 1 - next]->numel() * sizeof(float) <= cap) caps_ok = false;
+  }
+  check(flat == reversed, "buckets hold the parameters in reverse registration order");
+  check(caps_ok, "first bucket up to first_bucket_bytes, then up to bucket_cap_bytes, each filled");
+  check(layout.size() == 5, "the test model spans five buckets (" + std::to_string(layout.size()) + ")");
+}
+
+void training_steps(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  auto model = ddp::make_mlp({.sizes = kSizes, .seed = 7});
+  ddp::DistributedDataParallel ddp(*model, pg, {.first_bucket_bytes = kFirstBucket, .bucket_cap_bytes = kBucketCap});
+  ddp::SGD opt(model->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+  const int buckets = static_cast<int>(ddp.bucket_layout().size());
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  bool identical = true, overlapped = true, early = true;
+  for (int step = 0; step < 20; ++step) {
+    fill_batch(x, y, 32, kSizes.front(), pg->rank(), step);
+    ddp::softmax_cross_entropy(ddp.forward(x), y, dlogits);
+    ddp.backward(dlogits);
+    const auto& s = ddp.last_backward();
+    if (pg->size() > 1) {
+      overlapped &= s.buckets_reduced == buckets && s.buckets_overlapped == buckets - 1;
+      early &= s.first_launch >= 0 && s.first_launch < s.backward;
+    }
+    opt.step();
+    ddp.zero_grad();
+    identical &= same_everywhere(*pg, hash_params(*model));
+  }
+  check(identical, "parameters are bit-identical on every rank after every step");
+  check(overlapped, "every bucket but the last starts its all-reduce during backward");
+  check(early, "the first bucket's all-reduce starts before backward's compute ends");
+}
+
+void accumulation(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  const int n = pg->size();
+  auto model = ddp::make_mlp({.sizes = kSizes, .seed = 11});
+  ddp::DistributedDataParallel ddp(*model, pg, {.first_bucket_bytes = kFirstBucket, .bucket_cap_bytes = kBucketCap});
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  // Micro-batch 1 inside no_sync: each rank keeps its own gradient.
+  fill_batch(x, y, 16, kSizes.front(), pg->rank(), 1000);
+  ddp::softmax_cross_entropy(ddp.forward(x), y, dlogits);
+  {
+    auto guard = ddp.no_sync();
+    ddp.backward(dlogits);
+  }
+  check(ddp.last_backward().buckets_reduced == 0, "no_sync: no bucket is reduced");
+  const std::vector<float> local_first = grads_of(*model);
+  uint64_t h = 1469598103934665603ull;
+  for (float g : local_first) {
+    uint32_t bits;
+    std::memcpy(&bits, &g, 4);
+    h = (h ^ bits) * 1099511628211ull;
+  }
+  if (n > 1) check(!same_everywhere(*pg, h), "no_sync: gradients stay local (ranks differ)");
+
+  // What the reduced result must be: the rank average of (micro 1 + micro 2) of each
+  // rank, computed here from every rank's local sums with a plain all-reduce.
+  auto twin = ddp::make_mlp({.sizes = kSizes, .seed = 11});
+  for (size_t i = 0; i < twin->parameters().size(); ++i) {
+    twin->parameters()[i]->value.copy_from(model->parameters()[i]->value);
+  }
+  ddp::Tensor tx, tdl;
+  std::vector<int32_t> ty;
+  for (int m : {1000, 1001}) {
+    fill_batch(tx, ty, 16, kSizes.front(), pg->rank(), m);
+    ddp::softmax_cross_entropy(twin->forward(tx), ty, tdl);
+    twin->backward(tdl, {}, false);
+  }
+  std::vector<float> want = grads_of(*twin);
+  pg->all_reduce(ddp::view(want), ddp::ReduceOp::Avg);
+
+  // Micro-batch 2 synchronises everything accumulated.
+  fill_batch(x, y, 16, kSizes.front(), pg->rank(), 1001);
+  ddp::softmax_cross_entropy(ddp.forward(x), y, dlogits);
+  ddp.backward(dlogits);
+  // (One rank alone has nothing to reduce.)
+  check(ddp.last_backward().buckets_reduced == (n > 1 ? static_cast<int>(ddp.bucket_layout().size()) : 0),
+        "the backward after no_sync reduces every bucket");
+  const std::vector<float> got = grads_of(*model);
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+  // Same sums in a different order of float additions: a few ulps of values ~1e-2.
+  check(got.size() == want.size() && worst < 1e-6,
+        "accumulated gradients are averaged over ranks (max diff " + std::to_string(worst) + ")");
+}
+
+void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  auto model = ddp::make_mlp({.sizes = {4, 3, 2}, .seed = 3});
+  ddp::DistributedDataParallel ddp(*model, pg);
+  // Gradients 1, 2, 3... in parameter order (identical on every rank, as after backward).
+  double sq = 0;
+  float v = 1;
+  for (auto* p : model->parameters())
+    for (float& g : p->grad.span()) {
+      g = v;
+      sq += static_cast<double>(v) * v;
+      v += 1;
+    }
+  const double norm = std::sqrt(sq);
+  const float returned = ddp.clip_grad_norm(5.0f);
+  check(std::fabs(returned - norm) < 1e-4 * norm, "clip_grad_norm returns the norm before clipping");
+  double after = 0;
+  for (auto* p : model->parameters())
+    for (float g : p->grad.span()) after += static_cast<double>(g) * g;
+  check(std::fabs(std::sqrt(after) - 5.0) < 1e-4, "clip_grad_norm scales to the requested norm");
+  const std::vector<float> kept = grads_of(*model);
+  ddp.clip_grad_norm(100.0f);  // already below: unchanged
+  check(grads_of(*model) == kept, "clip_grad_norm leaves gradients below the bound alone");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    auto pg = ddp::init({.backend = "cpu"});
+    g_rank = pg->rank();
+    construction_and_layout(pg);
+    training_steps(pg);
+    accumulation(pg);
+    clipping(pg);
+    pg->barrier();
+  } catch (const std::exception& e) {
+    std::printf("rank %d: error: %s\n", g_rank, e.what());
+    return 1;
+  }
+  std::printf("rank %d: %d checks, %d failed\n", g_rank, g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
