@@ -113,7 +113,7 @@ int cuda_devices(std::string& why) {
   std::string why_;                                    \
   const int devices = cuda_devices(why_);              \
   if (devices == 0) {                                  \
-    WARN("skipped: no CUDA device: " << why_);         \
+    WARN("SKIPPED: no CUDA device: " << why_);         \
     return;                                            \
   }
 
@@ -286,7 +286,7 @@ TEST_CASE("nccl collectives refuse host buffers and bad roots and fail after abo
 TEST_CASE("nccl new_group splits off a subgroup and the other ranks get nullptr", "[nccl][gpu]") {
   SKIP_WITHOUT_GPU(devices);
   if (devices < 2) {
-    WARN("skipped: needs 2 CUDA devices, found " << devices);
+    WARN("SKIPPED: needs 2 CUDA devices, found " << devices);
     return;
   }
   const int n = std::min(devices, 4);
