@@ -32,7 +32,10 @@ int parse_int(const char* name, const std::string& text, int lo, int hi) {
 
 int required_int(const char* name, int lo, int hi) {
   auto text = lookup(name);
-  if (!text) throw LaunchEnvError(std::string(name) + " is not set (is this process started by ddprun or torchrun?)");
+  if (!text) {
+    throw LaunchEnvError(std::string(name) +
+                         " is not set: start this program with ddprun or torchrun, as a task of srun, or under mpirun");
+  }
   return parse_int(name, *text, lo, hi);
 }
 
