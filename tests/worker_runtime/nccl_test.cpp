@@ -224,9 +224,12 @@ TEST_CASE("a unique id of the wrong size is an Error", "[nccl]") {
   CHECK_THROWS_AS(exchange_nccl_unique_id(store, "short", 2, 1s), ddp::Error);
 }
 
-TEST_CASE("nccl_usable() agrees with cudaGetDeviceCount", "[nccl]") {
+TEST_CASE("nccl_usable(): only when every local rank can have a GPU of its own", "[nccl]") {
   std::string why;
-  CHECK(ddp::detail::nccl_usable() == (cuda_devices(why) > 0));
+  const int devices = cuda_devices(why);
+  CHECK(ddp::detail::nccl_usable(1) == (devices > 0));
+  CHECK(ddp::detail::nccl_usable(devices) == (devices > 0));
+  CHECK_FALSE(ddp::detail::nccl_usable(devices + 1));  // more ranks than GPUs: cpu only
 }
 
 TEST_CASE("nccl all_reduce sums over every GPU of this machine", "[nccl][gpu]") {

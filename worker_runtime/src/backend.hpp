@@ -15,6 +15,7 @@ struct GroupSetup {
   int rank = 0;                        // rank in the group
   int size = 1;                        // ranks in the group
   int local_rank = 0;                  // rank on this node: the GPU a NCCL rank uses
+  int local_size = 1;                  // ranks on this node
   std::string advertise_host = "127.0.0.1";  // this host's address as peers on other hosts reach it
   Millis timeout{600000};              // limit of every collective
   Millis connect_timeout{300000};      // limit of forming the group
@@ -23,10 +24,12 @@ struct GroupSetup {
 // Shared memory within a host, TCP across hosts.
 std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup);
 
-// NCCL on the GPU numbered local_rank. Throws Error when NCCL was not built in.
+// NCCL on GPU local_rank, or on the only visible GPU when this node runs one rank.
+// Throws Error when NCCL was not built in.
 std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup);
-// True when the NCCL backend was built in and a CUDA device is visible.
-bool nccl_usable();
+// True when the NCCL backend was built in and every one of `local_size` ranks on
+// this node can have a visible CUDA device of its own.
+bool nccl_usable(int local_size);
 // One group over two of the same ranks: collectives on GPU buffers (Device::Cuda) go
 // to `gpu`, all others, barrier and allocate to `host` (backend "auto" on a GPU host).
 std::shared_ptr<ProcessGroup> make_routed_group(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu);

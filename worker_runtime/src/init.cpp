@@ -56,6 +56,20 @@ int parse_port(const std::string& text, const char* name) {
   return static_cast<int>(v);
 }
 
+// True when every rank of the group says `mine` (each publishes under `prefix`).
+bool agree_all(rdzv::Store& store, const std::string& prefix, int rank, int size, bool mine, Millis timeout) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+  store.set(keys[static_cast<size_t>(rank)], mine ? "1" : "0");
+  try {
+    for (const auto& v : store.multi_get(keys, std::chrono::duration_cast<rdzv::Millis>(timeout)))
+      if (v != "1") return false;
+  } catch (const rdzv::StoreTimeout&) {
+    throw Timeout("process group: not every rank joined within " + std::to_string(timeout.count()) + " ms");
+  }
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
@@ -64,6 +78,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   setup.rank = env.rank;
   setup.size = env.world_size;
   setup.local_rank = env.local_rank;
+  setup.local_size = env.local_world_size;
   setup.timeout = options.timeout;
   setup.connect_timeout = options.connect_timeout;
   if (const auto t = env_or("DDP_TIMEOUT_SEC"); !t.empty()) {
@@ -112,9 +127,13 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   if (const auto b = env_or("DDP_BACKEND"); !b.empty()) backend = b;
   try {
     if (backend == "auto") {
-      // On a GPU host: host buffers on the cpu backend, GPU buffers on nccl.
-      if (!detail::nccl_usable()) return detail::make_cpu_group(setup);
+      // Host buffers on the cpu backend; where every rank has a GPU of its own, GPU
+      // buffers on nccl too. Every rank must choose alike (a node without GPUs, or
+      // with fewer than its ranks, makes the whole job cpu only).
+      const bool nccl = agree_all(*setup.store, "auto/nccl/", setup.rank, setup.size,
+                                  detail::nccl_usable(setup.local_size), setup.connect_timeout);
       auto host = detail::make_cpu_group(detail::with_store_prefix(setup, "cpu/"));
+      if (!nccl) return host;
       return detail::make_routed_group(std::move(host), detail::make_nccl_group(detail::with_store_prefix(setup, "nccl/")));
     }
     if (backend == "cpu") return detail::make_cpu_group(setup);

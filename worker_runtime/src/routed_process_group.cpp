@@ -60,7 +60,8 @@ class RoutedProcessGroup final : public ProcessGroup {
     // Both members take part, in the same order on every rank.
     auto host = host_->new_group(ranks);
     auto gpu = gpu_->new_group(ranks);
-    if (!host || !gpu) return nullptr;
+    if (!host != !gpu) throw Error("routed group: new_group: the host and GPU groups disagree on membership");
+    if (!host) return nullptr;
     return std::make_shared<RoutedProcessGroup>(std::move(host), std::move(gpu));
   }
 

@@ -728,13 +728,13 @@ std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, 
   return bytes;
 }
 
-bool nccl_usable() {
+bool nccl_usable(int local_size) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();  // no driver or no device: clear the error for later CUDA calls
     return false;
   }
-  return count > 0;
+  return count > 0 && local_size <= count;
 }
 
 std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup) {
@@ -748,9 +748,9 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup) {
     throw Error(std::string("the nccl backend needs a GPU, but CUDA reports: ") + cudaGetErrorString(e));
   }
   // GPU local_rank, as torchrun programs do; but when a launcher gave each process one
-  // GPU of its own (srun --gpus-per-task, CUDA_VISIBLE_DEVICES per task) the only
-  // visible device is this rank's, whatever its local rank.
-  const int device = devices == 1 ? 0 : setup.local_rank;
+  // GPU of its own (srun --gpus-per-task: one task per node in the group's view, or
+  // CUDA_VISIBLE_DEVICES per task) the only visible device is this rank's.
+  const int device = devices == 1 && setup.local_size == 1 ? 0 : setup.local_rank;
   if (device < 0 || device >= devices) {
     throw Error("the nccl backend puts local rank " + std::to_string(setup.local_rank) + " on GPU " +
                 std::to_string(device) + ", but " + std::to_string(devices) + " GPU(s) are visible");

@@ -8,7 +8,7 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup&) {
   throw Error("the nccl backend is not available: ddprun was built without NCCL (CUDA Toolkit or NCCL not found)");
 }
 
-bool nccl_usable() { return false; }
+bool nccl_usable(int) { return false; }
 
 std::string exchange_nccl_unique_id(rdzv::Store&, const std::string&, int, Millis) {
   throw Error("cannot create an NCCL unique id: ddprun was built without NCCL");
