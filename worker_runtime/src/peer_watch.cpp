@@ -1,5 +1,6 @@
 #include "peer_watch.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -42,10 +43,20 @@ PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout) {
     std::string missing;
     for (int r = 0; r < size; ++r)
       if (!store.check({keys[static_cast<size_t>(r)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    throw Timeout("ranks " + missing + " did not join within " + std::to_string(timeout.count()) + " ms");
+    throw Timeout("process group: ranks " + missing + " did not join within " + std::to_string(timeout.count()) + " ms");
   }
   const std::string here = host_identity();
-  for (int r = 0; r < size; ++r) {
+  try {
+    watch_local_peers(records, rank, here);
+  } catch (...) {
+    close_all();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void PeerWatch::watch_local_peers(const std::vector<std::string>& records, int rank, const std::string& here) {
+  peers_.reserve(records.size());  // push_back cannot throw once a pidfd is open
+  for (int r = 0; r < static_cast<int>(records.size()); ++r) {
     if (r == rank) continue;
     std::istringstream in(records[static_cast<size_t>(r)]);
     std::string host, pid_text, hostname;
@@ -65,9 +76,12 @@ PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout) {
   }
 }
 
-PeerWatch::~PeerWatch() {
+PeerWatch::~PeerWatch() { close_all(); }
+
+void PeerWatch::close_all() {
   for (const Peer& p : peers_)
     if (p.fd >= 0) ::close(p.fd);
+  peers_.clear();
 }
 
 int PeerWatch::dead_peer() const {
@@ -96,7 +110,7 @@ std::shared_ptr<PeerWatch> PeerWatch::narrow(const std::vector<int>& ranks) cons
   for (size_t i = 0; i < ranks.size(); ++i) {
     for (const Peer& p : peers_) {
       if (p.rank != ranks[i]) continue;
-      const int fd = p.fd >= 0 ? ::dup(p.fd) : -1;
+      const int fd = p.fd >= 0 ? ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0) : -1;  // not inherited by exec
       if (p.fd >= 0 && fd < 0) continue;  // out of descriptors: that peer goes unwatched
       sub->peers_.push_back(Peer{static_cast<int>(i), p.pid, fd, p.gone, p.hostname});
     }

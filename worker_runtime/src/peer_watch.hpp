@@ -46,6 +46,8 @@ class PeerWatch {
 
  private:
   PeerWatch() = default;
+  void watch_local_peers(const std::vector<std::string>& records, int rank, const std::string& here);
+  void close_all();
   struct Peer {
     int rank;  // in the group
     int pid;
