@@ -7,8 +7,9 @@
 //   - buckets hold the parameters in reverse registration order, the first up to
 //     first_bucket_bytes and the rest up to bucket_cap_bytes, each as full as the cap
 //     allows;
-//   - every bucket but the last starts its all-reduce during backward (before the
-//     compute is over), and the first one starts before backward ends;
+//   - every bucket but the last starts its all-reduce before the last gradient of
+//     backward is ready (measured on the clock: a DDP that launched everything at
+//     the end of backward would fail);
 //   - after every step of training on different data, every rank's parameters are
 //     bit-identical;
 //   - inside no_sync() nothing is reduced (each rank keeps its own gradients); the
@@ -127,7 +128,7 @@ void training_steps(const std::shared_ptr<ddp::ProcessGroup>& pg) {
     const auto& s = ddp.last_backward();
     if (pg->size() > 1) {
       overlapped &= s.buckets_reduced == buckets && s.buckets_overlapped == buckets - 1;
-      early &= s.first_launch >= 0 && s.first_launch < s.backward;
+      early &= s.first_launch >= 0 && s.first_launch < s.last_grad_ready;
     }
     opt.step();
     ddp.zero_grad();
@@ -135,7 +136,7 @@ void training_steps(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   }
   check(identical, "parameters are bit-identical on every rank after every step");
   check(overlapped, "every bucket but the last starts its all-reduce during backward");
-  check(early, "the first bucket's all-reduce starts before backward's compute ends");
+  check(early, "the first bucket's all-reduce starts before the last gradient is ready");
 }
 
 void accumulation(const std::shared_ptr<ddp::ProcessGroup>& pg) {

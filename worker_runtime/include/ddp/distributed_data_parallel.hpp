@@ -47,8 +47,9 @@ struct BackwardStats {
   double comm_wait = 0;  // communication not hidden behind compute: the last bucket's
                          // all-reduce and the wait for the earlier ones
   int buckets_reduced = 0;
-  int buckets_overlapped = 0;  // buckets whose all-reduce started while backward still computed
+  int buckets_overlapped = 0;  // buckets whose all-reduce started before the last gradient was ready
   double first_launch = -1;    // from the start of backward to the first bucket's launch (-1: none)
+  double last_grad_ready = -1; // from the start of backward to the last gradient being ready
 };
 
 class DistributedDataParallel {
@@ -123,6 +124,7 @@ class DistributedDataParallel {
   std::vector<Parameter*> params_;
   size_t next_to_launch_ = 0;  // buckets start strictly in index order
   std::chrono::steady_clock::time_point backward_start_;
+  std::chrono::steady_clock::time_point last_ready_;  // the latest grad-ready hook of this backward
   std::chrono::steady_clock::duration inline_comm_{};  // the last bucket's all-reduce, run inside backward
   bool sync_ = true;
   BackwardStats stats_;

@@ -98,6 +98,7 @@ void DistributedDataParallel::on_grad_ready(Parameter& p) {
     throw Error("DistributedDataParallel: gradient of '" + p.name + "' reported ready twice in one backward");
   }
   --b.pending;
+  last_ready_ = Clock::now();
   launch_ready_buckets();
 }
 
@@ -112,11 +113,7 @@ void DistributedDataParallel::launch_ready_buckets() {
     const bool last = next_to_launch_ == buckets_.size();
     if (stats_.first_launch < 0) stats_.first_launch = seconds(b.launched - backward_start_);
     b.work = pg_->all_reduce(view(b.data), ReduceOp::Avg, {.async_op = !last});
-    if (last) {
-      inline_comm_ = Clock::now() - b.launched;  // communication, though on backward's clock
-    } else {
-      ++stats_.buckets_overlapped;
-    }
+    if (last) inline_comm_ = Clock::now() - b.launched;  // communication, though on backward's clock
   }
 }
 
@@ -167,6 +164,10 @@ void DistributedDataParallel::backward(const Tensor& dy) {
     }
   }
   stats_.comm_wait = seconds(Clock::now() - t1 + inline_comm_);
+  // Overlap, from the clock: buckets launched before the last gradient was ready
+  // had compute left to hide behind.
+  stats_.last_grad_ready = seconds(last_ready_ - t0);
+  for (const auto& b : buckets_) stats_.buckets_overlapped += b.launched < last_ready_ ? 1 : 0;
   stats_.buckets_reduced = static_cast<int>(buckets_.size());
 }
 
