@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddp/process_group.hpp"
 #include "rdzv/store.hpp"
@@ -33,6 +34,11 @@ bool nccl_usable(int local_size);
 // One group over two of the same ranks: collectives on GPU buffers (Device::Cuda) go
 // to `gpu`, all others, barrier and allocate to `host` (backend "auto" on a GPU host).
 std::shared_ptr<ProcessGroup> make_routed_group(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu);
+// Every rank of a group sets `<prefix><rank>` to `mine` and returns all ranks'
+// values, in rank order. Throws Timeout naming the ranks that did not publish
+// within `timeout`.
+std::vector<std::string> exchange_all(rdzv::Store& store, const std::string& prefix, int rank, int size,
+                                      const std::string& mine, Millis timeout);
 // `setup` with its store narrowed to the keys under `prefix` (kept alive by the view).
 GroupSetup with_store_prefix(const GroupSetup& setup, const std::string& prefix);
 // Rank 0 creates a ncclUniqueId and publishes it under `key`; every rank returns

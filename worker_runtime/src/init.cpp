@@ -1,6 +1,7 @@
 // ddp::init(): from the launch environment to a process group.
 #include "ddp/init.hpp"
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <cstdlib>
 #include <thread>
@@ -58,16 +59,8 @@ int parse_port(const std::string& text, const char* name) {
 
 // True when every rank of the group says `mine` (each publishes under `prefix`).
 bool agree_all(rdzv::Store& store, const std::string& prefix, int rank, int size, bool mine, Millis timeout) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-  store.set(keys[static_cast<size_t>(rank)], mine ? "1" : "0");
-  try {
-    for (const auto& v : store.multi_get(keys, std::chrono::duration_cast<rdzv::Millis>(timeout)))
-      if (v != "1") return false;
-  } catch (const rdzv::StoreTimeout&) {
-    throw Timeout("process group: not every rank joined within " + std::to_string(timeout.count()) + " ms");
-  }
-  return true;
+  const auto all = detail::exchange_all(store, prefix, rank, size, mine ? "1" : "0", timeout);
+  return std::all_of(all.begin(), all.end(), [](const std::string& v) { return v == "1"; });
 }
 
 }  // namespace

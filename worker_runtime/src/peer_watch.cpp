@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "backend.hpp"
 #include "ddp/types.hpp"
 
 namespace ddp::detail {
@@ -33,18 +34,7 @@ std::string PeerWatch::record_of(int pid) {
 }
 
 PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back("watch/" + std::to_string(r));
-  store.set(keys[static_cast<size_t>(rank)], record_of(static_cast<int>(::getpid())));
-  std::vector<std::string> records;
-  try {
-    records = store.multi_get(keys, timeout);
-  } catch (const rdzv::StoreTimeout&) {
-    std::string missing;
-    for (int r = 0; r < size; ++r)
-      if (!store.check({keys[static_cast<size_t>(r)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    throw Timeout("process group: ranks " + missing + " did not join within " + std::to_string(timeout.count()) + " ms");
-  }
+  const auto records = exchange_all(store, "watch/", rank, size, record_of(static_cast<int>(::getpid())), timeout);
   const std::string here = host_identity();
   try {
     watch_local_peers(records, rank, here);

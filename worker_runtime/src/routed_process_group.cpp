@@ -9,7 +9,6 @@
 // with each other, and so are operations on GPU buffers, but not one kind with the
 // other (as with two torch.distributed backends).
 #include "backend.hpp"
-#include "rdzv/prefix_store.hpp"
 
 namespace ddp::detail {
 namespace {
@@ -94,15 +93,6 @@ class RoutedProcessGroup final : public ProcessGroup {
 
 std::shared_ptr<ProcessGroup> make_routed_group(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu) {
   return std::make_shared<RoutedProcessGroup>(std::move(host), std::move(gpu));
-}
-
-GroupSetup with_store_prefix(const GroupSetup& setup, const std::string& prefix) {
-  GroupSetup narrowed = setup;
-  // The view captures the parent store's shared_ptr, so the parent lives as long as it.
-  auto parent = setup.store;
-  narrowed.store = std::shared_ptr<rdzv::Store>(new rdzv::PrefixStore(prefix, *parent),
-                                                [parent](rdzv::Store* s) { delete s; });
-  return narrowed;
 }
 
 }  // namespace ddp::detail

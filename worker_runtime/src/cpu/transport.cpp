@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "../group_memory.hpp"
+#include "../backend.hpp"
 #include "../peer_watch.hpp"
 #include "reduce.hpp"
 
@@ -164,18 +165,7 @@ Transport::Transport(rdzv::Store& store, int rank, int size, const TransportOpti
        << hostname() << '\n'
        << my_group_id << '\n'
        << reinterpret_cast<uintptr_t>(&kCmaProbe) << '\n';
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(std::string("info/") + std::to_string(r));
-  store.set(keys[rank], info.str());
-  std::vector<std::string> infos;
-  try {
-    infos = store.multi_get(keys, store_timeout);
-  } catch (const rdzv::StoreTimeout&) {
-    std::string missing;
-    for (int r = 0; r < size; ++r)
-      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    fail("ranks " + missing + std::string(" did not join within ") + std::to_string(store_timeout.count()) + " ms");
-  }
+  const std::vector<std::string> infos = detail::exchange_all(store, "info/", rank, size, info.str(), store_timeout);
   std::vector<std::string> host_keys(size);
   std::vector<uint64_t> probe_addrs(size);
   pids_.resize(size);
