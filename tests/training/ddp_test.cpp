@@ -88,6 +88,19 @@ TEST_CASE("DDP mechanism, 3 ranks: broadcast at construction, bucket layout, ove
 
 TEST_CASE("DDP mechanism, 1 rank: the same promises hold alone", "[ddp]") { run_checks(1); }
 
+TEST_CASE("a C++ program using ddp::init() runs under real torchrun too", "[ddp][torchrun]") {
+  // torchrun's agent holds its own store on MASTER_PORT; the runtime's rank 0 hosts
+  // ours on a port every rank derives from it. Debian's torchrun (python3-torch).
+  const int port = e2e::free_port();
+  auto r = run({"/usr/bin/python3", TORCHRUN_PY, "--nproc_per_node=2", "--monitor_interval", "0.1",
+                "--master_port", std::to_string(port), "--no_python", DDP_CHECKS_BIN},
+               {}, 300s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("rank 0: 15 checks, 0 failed") != std::string::npos);
+  CHECK(r.out.find("rank 1: 15 checks, 0 failed") != std::string::npos);
+}
+
 TEST_CASE("parameters are bit-identical on every rank after training", "[ddp]") {
   auto r = train(3, with(kQuick, {"--first-bucket-kib", "64", "--bucket-cap-kib", "256"}));
   auto h = hashes(r);

@@ -12,7 +12,7 @@ struct ScopedEnv {
   explicit ScopedEnv(std::map<std::string, std::string> vars) : vars_(std::move(vars)) {
     for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                           "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                          "TORCHELASTIC_RESTART_COUNT"}) {
+                          "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"}) {
       unsetenv(k);
     }
     for (const auto& [k, v] : vars_) setenv(k.c_str(), v.c_str(), 1);
@@ -41,6 +41,27 @@ TEST_CASE("a full torchrun environment is read", "[launch_env]") {
   CHECK(e.master_port == 29500);
   CHECK(e.run_id == "abc");
   CHECK(e.restart_count == 2);
+  CHECK(e.store_port == 29500);  // no agent store: rank 0 hosts on MASTER_PORT
+}
+
+TEST_CASE("under torchrun's agent store the runtime's store goes on a port derived alike by every rank",
+          "[launch_env]") {
+  // The store port seen by a process with torchrun's variables plus `extra`.
+  auto port_with = [](std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> vars = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                               {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "job7"},
+                                               {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+    for (auto& [k, v] : extra) vars.insert_or_assign(k, v);
+    ScopedEnv env(vars);
+    return ddp::LaunchEnv::from_environment().store_port;
+  };
+  const int first = port_with({});
+  CHECK(first != 29500);
+  CHECK(first >= 20000);
+  CHECK(first < 40001);
+  CHECK(port_with({{"RANK", "1"}}) == first);                          // another rank: the same port
+  CHECK(port_with({{"TORCHELASTIC_RESTART_COUNT", "1"}}) != first);    // a restarted attempt: its own
+  CHECK(port_with({{"TORCHELASTIC_USE_AGENT_STORE", "False"}}) == 29500);
 }
 
 TEST_CASE("missing or contradictory variables are named in the error", "[launch_env]") {

@@ -95,14 +95,19 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
     so.ns = env_or("DDPRUN_STORE_NAMESPACE");
     prefix = env_or("DDPRUN_STORE_PREFIX") + "pg/";
   } else {
-    // Elsewhere rank 0 hosts the store on MASTER_PORT, as under torchrun.
+    // Elsewhere rank 0 hosts the store at MASTER_ADDR, on MASTER_PORT or (under
+    // torchrun's agent, which holds MASTER_PORT) on the port every rank derives.
     so.host = env.master_addr;
-    so.port = static_cast<uint16_t>(env.master_port);
+    so.port = static_cast<uint16_t>(env.store_port);
     if (env.rank == 0) {
       try {
         bundle->server = std::make_unique<HostedServer>(so.port);
       } catch (const rdzv::StoreError& e) {
-        throw Error("rank 0 cannot host the store on port " + std::to_string(so.port) + " (MASTER_PORT): " + e.what());
+        const std::string which = env.store_port == env.master_port
+                                      ? "(MASTER_PORT)"
+                                      : "(derived from MASTER_PORT and the run id: torchrun's own store is on " +
+                                            std::to_string(env.master_port) + ")";
+        throw Error("rank 0 cannot host the store on port " + std::to_string(so.port) + " " + which + ": " + e.what());
       }
     }
     prefix = "ddp/" + env.run_id + "/" + std::to_string(env.restart_count) + "/pg/";

@@ -79,9 +79,18 @@ LaunchEnv from_slurm() {
     }
   }
   env.master_port = optional_int("MASTER_PORT", slurm::rendezvous_port(job, step), 1, 65535);
+  env.store_port = env.master_port;
   env.run_id = "slurm-" + std::to_string(job) + "." + std::to_string(step);
   env.role_name = "default";
   return env;
+}
+
+// A port in [20000, 40000) every process of a job derives alike from `key`, below
+// Linux's ephemeral range.
+int derived_port(const std::string& key) {
+  uint32_t hash = 2166136261u;  // FNV-1a
+  for (char c : key) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
+  return 20000 + static_cast<int>(hash % 20000);
 }
 
 // mpirun (Open MPI) with no launcher variables.
@@ -107,10 +116,8 @@ LaunchEnv from_openmpi() {
   }
   // Every rank derives the same port from the job id unless MASTER_PORT is given.
   const std::string job = lookup("OMPI_MCA_ess_base_jobid").value_or(lookup("PMIX_NAMESPACE").value_or(""));
-  uint32_t hash = 2166136261u;  // FNV-1a
-  for (char c : job) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
-  const int derived = 20000 + static_cast<int>(hash % 20000);
-  env.master_port = optional_int("MASTER_PORT", derived, 1, 65535);
+  env.master_port = optional_int("MASTER_PORT", derived_port(job), 1, 65535);
+  env.store_port = env.master_port;
   if (!lookup("MASTER_PORT") && job.empty()) {
     throw LaunchEnvError("MASTER_PORT is not set and no Open MPI job id (OMPI_MCA_ess_base_jobid) to derive it from");
   }
@@ -139,6 +146,13 @@ LaunchEnv LaunchEnv::from_environment() {
   env.master_port = required_int("MASTER_PORT", 1, 65535);
   env.run_id = lookup("TORCHELASTIC_RUN_ID").value_or("");
   env.restart_count = optional_int("TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt);
+  env.store_port = env.master_port;
+  if (lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    // torchrun's agent holds its own store (PyTorch's protocol) on MASTER_PORT.
+    const int port = derived_port(env.run_id + "/" + std::to_string(env.master_port) + "/" +
+                                  std::to_string(env.restart_count));
+    env.store_port = port == env.master_port ? port + 1 : port;
+  }
   return env;
 }
 

@@ -7,7 +7,9 @@
 //  1. ddprun: DDPRUN_STORE_ADDR/PORT/TOKEN/NAMESPACE/PREFIX point at the launcher's
 //     store (the key prefix is per run and attempt, so a restarted attempt starts clean).
 //  2. torchrun-style: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; rank 0 hosts a store
-//     on MASTER_PORT.
+//     on MASTER_PORT, or under torchrun itself (whose agent already serves its own
+//     store there: TORCHELASTIC_USE_AGENT_STORE=True) on a port every rank derives
+//     from MASTER_PORT, the run id and the restart count (LaunchEnv::store_port).
 //  3. srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (see LaunchEnv).
 //  4. mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; MASTER_ADDR (default
 //     127.0.0.1 when every rank is on one host) and MASTER_PORT (default: derived from

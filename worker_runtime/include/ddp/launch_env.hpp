@@ -29,6 +29,11 @@ struct LaunchEnv {
   std::string role_name;      // ROLE_NAME, "default" unless --role was given
   std::string master_addr;    // MASTER_ADDR: where rank 0 can host a store
   int master_port = 0;        // MASTER_PORT: a port rank 0 can bind
+  // Where ddp::init() has rank 0 host its store when no launcher store is given:
+  // MASTER_PORT, except under torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True),
+  // whose own store already listens there; then a port every rank derives alike
+  // from MASTER_PORT, the run id and the restart count (20000-39999).
+  int store_port = 0;
   std::string run_id;         // TORCHELASTIC_RUN_ID
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: 0 on the first attempt
   std::string launcher;       // "torchrun" (ddprun or torchrun set RANK...), "slurm" or "mpirun"
