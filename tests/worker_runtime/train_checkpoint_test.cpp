@@ -3,8 +3,12 @@
 #include <catch2/catch.hpp>
 #include <stdlib.h>
 
+#include <zlib.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -131,6 +135,47 @@ TEST_CASE("damaged checkpoints are refused and change nothing", "[train][checkpo
 
   CHECK_THROWS_WITH(ddp::load_checkpoint(dir.path + "/missing.ckpt", *target, nullptr),
                     Catch::Contains("missing.ckpt"));
+}
+
+TEST_CASE("bytes after a valid optimizer state are refused and leave the optimizer as it was",
+          "[train][checkpoint]") {
+  // The payload ends with the optimizer's state behind its u64 size: grow the size
+  // by two, append two bytes, and fix the header's size and CRC-32 so that only
+  // the optimizer state's end shows the damage (after the optimizer has read it).
+  TempDir dir;
+  const std::string path = dir.path + "/model.ckpt";
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*model, opt, 1);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1});
+  std::ostringstream state;
+  opt.save_state(state);
+  const size_t header = 24, state_size = state.str().size();
+  std::string payload = read(path).substr(header);
+  const size_t size_at = payload.size() - state_size - 8;
+  const uint64_t grown = state_size + 2;
+  std::memcpy(payload.data() + size_at, &grown, 8);
+  payload += "xx";
+  std::string file = read(path).substr(0, header);
+  const uint64_t payload_size = payload.size();
+  const auto crc = static_cast<uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), static_cast<uInt>(payload.size())));
+  std::memcpy(file.data() + 12, &payload_size, 8);
+  std::memcpy(file.data() + 20, &crc, 4);
+  write(path, file + payload);
+
+  auto target = ddp::make_mlp({{6, 5, 3}, 2});
+  ddp::SGD target_opt(target->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*target, target_opt, 2);  // state of its own, which must survive
+  std::ostringstream before_state;
+  target_opt.save_state(before_state);
+  const auto before = values(*target);
+  CHECK_THROWS_WITH(ddp::load_checkpoint(path, *target, &target_opt), Catch::Contains("trailing data after the optimizer"));
+  std::ostringstream after_state;
+  target_opt.save_state(after_state);
+  CHECK(after_state.str() == before_state.str());
+  CHECK(target_opt.steps() == 2);
+  CHECK(values(*target) == before);
 }
 
 TEST_CASE("a checkpoint of another model or optimizer is refused", "[train][checkpoint]") {
