@@ -188,16 +188,26 @@ int train(const Args& a) {
   if (a.resume && !a.checkpoint.empty()) {
     // Rank 0 wrote the checkpoint, so rank 0 reads it and sends its bytes to every
     // rank: all of them resume alike even where the path exists on rank 0's node only.
+    // What rank 0 sends: {kind, length} then `length` bytes: the file, or why it
+    // could not read it (so every rank fails with that reason, not "rank 0 died").
+    enum : int64_t { kNone = 0, kFile = 1, kUnreadable = 2 };
     std::string bytes;
-    int64_t size = -1;  // -1: no checkpoint yet, start from the beginning
+    int64_t head[2] = {kNone, 0};
     if (lead && std::filesystem::exists(a.checkpoint)) {
-      bytes = ddp::read_checkpoint_file(a.checkpoint);
-      size = static_cast<int64_t>(bytes.size());
+      try {
+        bytes = ddp::read_checkpoint_file(a.checkpoint);
+        head[0] = kFile;
+      } catch (const ddp::Error& e) {
+        bytes = e.what();
+        head[0] = kUnreadable;
+      }
+      head[1] = static_cast<int64_t>(bytes.size());
     }
-    pg->broadcast(ddp::view(std::span<int64_t>(&size, 1)), 0);
-    if (size >= 0) {
-      bytes.resize(static_cast<size_t>(size));
-      pg->broadcast(ddp::Buffer{bytes.data(), bytes.size(), ddp::DType::U8}, 0);
+    pg->broadcast(ddp::view(std::span<int64_t>(head, 2)), 0);
+    bytes.resize(static_cast<size_t>(head[1]));
+    if (head[0] != kNone) pg->broadcast(ddp::Buffer{bytes.data(), bytes.size(), ddp::DType::U8}, 0);
+    if (head[0] == kUnreadable) throw ddp::Error("--resume: " + bytes);
+    if (head[0] == kFile) {
       const auto info = ddp::load_checkpoint_bytes(bytes, a.checkpoint, *model, opt.get());
       first_epoch = static_cast<int>(info.epoch);
       step = info.step;
