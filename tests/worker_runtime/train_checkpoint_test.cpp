@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/checkpoint.hpp"
@@ -62,6 +63,18 @@ void write(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// Saves a checkpoint of an MLP 6-5-3 and its SGD (momentum) after one step to
+// `path`; returns the file's bytes and the optimizer's state as save_state wrote it.
+std::pair<std::string, std::string> save_sgd_checkpoint(const std::string& path) {
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*model, opt, 1);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1});
+  std::ostringstream state;
+  opt.save_state(state);
+  return {read(path), state.str()};
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][checkpoint]") {
@@ -104,11 +117,7 @@ TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][
 TEST_CASE("damaged checkpoints are refused and change nothing", "[train][checkpoint]") {
   TempDir dir;
   const std::string path = dir.path + "/model.ckpt";
-  auto model = ddp::make_mlp({{6, 5, 3}, 1});
-  ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
-  train(*model, opt, 1);
-  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1});
-  const std::string good = read(path);
+  const std::string good = save_sgd_checkpoint(path).first;
 
   auto target = ddp::make_mlp({{6, 5, 3}, 2});
   ddp::SGD target_opt(target->parameters(), {.lr = 0.1f, .momentum = 0.9f});
@@ -144,19 +153,14 @@ TEST_CASE("bytes after a valid optimizer state are refused and leave the optimiz
   // the optimizer state's end shows the damage (after the optimizer has read it).
   TempDir dir;
   const std::string path = dir.path + "/model.ckpt";
-  auto model = ddp::make_mlp({{6, 5, 3}, 1});
-  ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
-  train(*model, opt, 1);
-  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1});
-  std::ostringstream state;
-  opt.save_state(state);
-  const size_t header = 24, state_size = state.str().size();
-  std::string payload = read(path).substr(header);
+  const auto [bytes, state] = save_sgd_checkpoint(path);
+  const size_t header = 24, state_size = state.size();
+  std::string payload = bytes.substr(header);
   const size_t size_at = payload.size() - state_size - 8;
   const uint64_t grown = state_size + 2;
   std::memcpy(payload.data() + size_at, &grown, 8);
   payload += "xx";
-  std::string file = read(path).substr(0, header);
+  std::string file = bytes.substr(0, header);
   const uint64_t payload_size = payload.size();
   const auto crc = static_cast<uint32_t>(
       crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), static_cast<uInt>(payload.size())));
