@@ -2,7 +2,8 @@
 #
 # DDPRUN_WITH_CUDA = AUTO: use them when found; ON: fail when missing; OFF: never.
 # Results: DDPRUN_HAVE_CUDA, DDPRUN_HAVE_NCCL (ON/OFF) and, when found, the imported
-# targets CUDA::cudart (from FindCUDAToolkit) and ddprun::nccl.
+# targets CUDA::cudart (from FindCUDAToolkit) and ddprun::nccl, and the CUDA
+# language enabled (nvcc) for the training kernels.
 
 set(DDPRUN_HAVE_CUDA OFF)
 set(DDPRUN_HAVE_NCCL OFF)
@@ -12,8 +13,22 @@ if(NOT DDPRUN_WITH_CUDA STREQUAL "OFF")
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
   find_package(CUDAToolkit QUIET)
-  if(CUDAToolkit_FOUND)
+  if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
     set(DDPRUN_HAVE_CUDA ON)
+    # The training core's kernels (worker_runtime/src/train/device_cuda.cu). Turing
+    # (sm_75) is CUDA 13's oldest target; compute_90 PTX lets newer GPUs JIT them.
+    if(NOT DEFINED CMAKE_CUDA_COMPILER)
+      set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+    endif()
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 75-real 80-real 86-real 89-real 90)
+    endif()
+    enable_language(CUDA)
+    # CMake before 3.26 knows no C++20 flag for nvcc (which has one since CUDA 12).
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)

@@ -18,6 +18,8 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+const char* device_name(Device d) { return d == Device::Cuda ? "cuda" : "cpu"; }
+
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";

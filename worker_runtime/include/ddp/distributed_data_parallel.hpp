@@ -15,9 +15,17 @@
 // runs while backward continues with earlier layers (the last bucket, filled when
 // backward has nothing left to do, runs on the calling thread). Buckets start in the same
 // order on every rank; backward() returns once all of them are reduced, so every
-// rank then holds bit-identical gradients. Buckets come from ProcessGroup::allocate:
-// on one host they are shared memory, and each rank reduces its slice of every
-// peer's bucket in place, with no staging copy.
+// rank then holds bit-identical gradients. Host buckets come from
+// ProcessGroup::allocate: on one host they are shared memory, and each rank reduces
+// its slice of every peer's bucket in place, with no staging copy.
+//
+// On the GPU (a model moved with Module::to(Device::Cuda) before wrapping it) the
+// buckets are device memory and the group must have an NCCL member (backend "nccl"
+// or "cpu+nccl", which routes device buffers to NCCL). Kernels and cuBLAS run on the
+// default stream and NCCL on its own stream, ordered after the work queued when the
+// bucket was launched: a bucket's all-reduce runs on the GPU while the kernels of
+// earlier layers still compute. backward()'s times are then host times of launching
+// that work, and comm_wait includes the compute still queued when backward returned.
 #pragma once
 
 #include <chrono>
@@ -54,12 +62,12 @@ struct BackwardStats {
 
 class DistributedDataParallel {
  public:
-  // Assigns buckets, binds every parameter's grad into them (zeroed) and, unless
-  // disabled, broadcasts rank 0's parameter values. A collective even with the
-  // broadcast and the all-reduce switched off (the buckets come from
+  // Assigns buckets, binds every parameter's grad into them (keeping what it held)
+  // and, unless disabled, broadcasts rank 0's parameter values. A collective even
+  // with the broadcast and the all-reduce switched off (host buckets come from
   // pg->allocate): every rank of pg constructs it, in the same order as its other
-  // collectives, with the same model structure and options. Throws
-  // InvalidArgument when the model has no parameters. After a backward() that
+  // collectives, with the same model structure, device and options. Throws
+  // InvalidArgument when the model has no parameters or they are on different devices. After a backward() that
   // threw (a dead peer, a timeout), the gradients are undefined: with shared
   // buckets, live peers may still be writing their share into this rank's.
   DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options = {});
@@ -105,8 +113,11 @@ class DistributedDataParallel {
 
  private:
   struct Bucket {
-    std::unique_ptr<GroupMemory> memory;  // from the group: peers reach it without copies
-    std::span<float> data;              // flat gradients of its parameters, in `memory`
+    std::unique_ptr<GroupMemory> memory;  // host: from the group, peers reach it without copies
+    Tensor device_memory;                 // GPU: device memory (the NCCL member reduces it)
+    float* data = nullptr;                // flat gradients of its parameters, in one of the two
+    size_t count = 0;
+    Buffer buffer(Device device) const;
     std::vector<Parameter*> params;     // in bucket order (reverse registration order)
     size_t pending = 0;                 // gradients not yet final in this backward
     Work work;                          // the running all-reduce
@@ -119,6 +130,7 @@ class DistributedDataParallel {
   Module& model_;
   std::shared_ptr<ProcessGroup> pg_;
   DdpOptions options_;
+  Device device_ = Device::Cpu;  // where every parameter, and so every bucket, lives
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, size_t> bucket_of_;
   std::vector<Parameter*> params_;

@@ -20,10 +20,12 @@ namespace ddp {
 enum class Transpose : uint8_t { No, Yes };
 
 // c = alpha * op(a) · op(b) + beta * c, where op(x) is x or xᵀ. All tensors are
-// row-major; c must already have the result's shape (rows of op(a) × cols of op(b))
-// and must not alias a or b. beta = 0 ignores c's old contents (even NaNs).
-// Throws InvalidArgument when the shapes do not agree, ddp::Error when OpenBLAS
-// cannot be loaded (the message says which package to install).
+// row-major and on one device: OpenBLAS computes it on the host, cuBLAS on the GPU
+// (asynchronously, on the default stream). c must already have the result's shape
+// (rows of op(a) × cols of op(b)) and must not alias a or b. beta = 0 ignores c's
+// old contents (even NaNs). Throws InvalidArgument when the shapes or devices do not
+// agree, ddp::Error when OpenBLAS cannot be loaded (the message says which package
+// to install) or cuBLAS fails.
 void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, Tensor& c, float alpha = 1.0f,
           float beta = 0.0f);
 
@@ -31,6 +33,11 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, Tensor& 
 // with leading dimensions lda, ldb, ldc. No checks beyond those cblas makes.
 void sgemm(Transpose ta, Transpose tb, size_t m, size_t n, size_t k, float alpha, const float* a, size_t lda,
            const float* b, size_t ldb, float beta, float* c, size_t ldc);
+
+// sgemm on `device`'s memory: the host sgemm above for Device::Cpu, cuBLAS for
+// Device::Cuda.
+void sgemm_on(Device device, Transpose ta, Transpose tb, size_t m, size_t n, size_t k, float alpha, const float* a,
+              size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc);
 
 // Sets how many threads OpenBLAS uses from now on (n >= 1; throws InvalidArgument
 // otherwise). Affects the whole process.

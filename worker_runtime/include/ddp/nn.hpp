@@ -1,5 +1,6 @@
-// Layers and models for batch training on the host: Linear, ReLU, Sequential, an
-// MLP builder, and the softmax cross-entropy loss.
+// Layers and models for batch training: Linear, ReLU, Sequential, an MLP builder,
+// and the softmax cross-entropy loss. Each computes on the device its input lives
+// on (the host, or the GPU after Module::to(Device::Cuda)).
 //
 // Inputs and activations are batch × features tensors (row-major). Each module
 // keeps its output and input-gradient buffers between steps, so a training step at
@@ -50,6 +51,11 @@ class Module {
 
   // Sets every parameter's grad to zero.
   void zero_grad();
+  // Moves every parameter (value and grad) to `device`, like torch's module.to().
+  // Inputs must then live there too; the layers keep their buffers on their input's
+  // device. Move a model before building its optimizer and DistributedDataParallel
+  // (their state follows the parameters, but bound grads cannot move).
+  void to(Device device);
   // Total number of trainable values.
   size_t num_parameters();
 };
@@ -134,13 +140,16 @@ std::unique_ptr<Sequential> make_mlp(const MlpOptions& options);
 
 // Mean softmax cross-entropy of logits (batch × classes) against integer labels
 // (one per row, each in [0, classes)). Writes dLoss/dlogits = (softmax − onehot) /
-// batch into dlogits (resized to logits' shape; no allocation when it has room)
-// and returns the loss. Numerically stable (subtracts each row's max).
+// batch into dlogits (resized to logits' shape on logits' device; no allocation when
+// it has room) and returns the loss. Numerically stable (subtracts each row's max).
+// The labels are host memory whatever the device of logits; on the GPU the call
+// waits for the queued work, as it hands the loss back.
 // Throws InvalidArgument for a label out of range or a batch/label count mismatch.
 float softmax_cross_entropy(const Tensor& logits, std::span<const int32_t> labels, Tensor& dlogits);
 
 // How many rows' argmax (the first maximum) equals their label. Throws
-// InvalidArgument when the label count differs from the row count.
+// InvalidArgument when the label count differs from the row count. Labels are host
+// memory for either device of logits (as for softmax_cross_entropy).
 size_t count_correct(const Tensor& logits, std::span<const int32_t> labels);
 
 }  // namespace ddp

@@ -1,7 +1,8 @@
 // Optimizers with PyTorch's update rules: SGD (momentum, weight decay) and AdamW.
 //
 // An optimizer holds pointers to the parameters it updates (they must outlive it)
-// and per-parameter state. step() reads each parameter's grad and updates its
+// and per-parameter state, kept on each parameter's device (the update runs there:
+// a loop on the host, a kernel on the GPU, both from the same rules). step() reads each parameter's grad and updates its
 // value; it never touches grads (call zero_grad() between steps). The state (step
 // count, momentum / moment buffers) saves to and loads from a byte stream so
 // checkpoints can resume training exactly.

@@ -82,6 +82,7 @@ template <> struct dtype_of<int64_t> { static constexpr DType value = DType::I64
 template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::U8; };
 
 enum class Device : uint8_t { Cpu, Cuda };
+const char* device_name(Device d);  // "cpu" or "cuda"
 
 struct Buffer {
   void* data = nullptr;

@@ -45,14 +45,19 @@ inline std::string get_string(std::istream& in, const char* what, uint32_t max_l
 }
 
 // A tensor as u64 rows, u64 cols, rows*cols floats.
+// A CUDA tensor is copied to the host first.
 inline void put_tensor(std::ostream& out, const Tensor& t) {
+  if (t.is_cuda()) {
+    put_tensor(out, t.to(Device::Cpu));
+    return;
+  }
   put<uint64_t>(out, t.rows());
   put<uint64_t>(out, t.cols());
   out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * sizeof(float)));
 }
 
-// Reads a tensor written by put_tensor; its shape must be rows × cols (the caller's
-// expectation), else ddp::Error.
+// Reads a tensor written by put_tensor, into host memory; its shape must be
+// rows × cols (the caller's expectation), else ddp::Error.
 inline Tensor get_tensor(std::istream& in, size_t rows, size_t cols, const std::string& what) {
   const auto r = get<uint64_t>(in, what.c_str());
   const auto c = get<uint64_t>(in, what.c_str());

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "ddp/trace.hpp"
+#include "device_ops.hpp"
 
 namespace ddp {
 
@@ -20,6 +21,13 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   params_ = model_.parameters();
   if (params_.empty()) throw InvalidArgument("DistributedDataParallel: the model has no parameters");
   if (!pg_) throw InvalidArgument("DistributedDataParallel: no process group");
+  device_ = params_.front()->device();
+  for (const Parameter* p : params_) {
+    if (p->device() != device_) {
+      throw InvalidArgument("DistributedDataParallel: '" + p->name + "' is on " + device_name(p->device()) + " but '" +
+                            params_.front()->name + "' on " + device_name(device_) + " (move the whole model)");
+    }
+  }
 
   // Buckets in reverse registration order: the order backward finishes them.
   size_t cap = options_.first_bucket_bytes;
@@ -41,14 +49,20 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   for (auto& bucket : buckets_) {
     size_t n = 0;
     for (Parameter* p : bucket.params) n += p->numel();
-    // Shared with the local peers where possible, so the all-reduce reads and writes
-    // their buckets directly (zero-filled, like the vector it replaces).
-    bucket.memory = pg_->allocate(n * sizeof(float));
-    bucket.data = std::span<float>(reinterpret_cast<float*>(bucket.memory->data()), n);
+    if (device_ == Device::Cuda) {
+      // GPU buckets: plain device memory, which the group's NCCL member reduces.
+      bucket.device_memory = Tensor(1, n, Device::Cuda);
+      bucket.data = bucket.device_memory.data();
+    } else {
+      // Shared with the local peers where possible, so the all-reduce reads and writes
+      // their buckets directly (zero-filled).
+      bucket.memory = pg_->allocate(n * sizeof(float));
+      bucket.data = reinterpret_cast<float*>(bucket.memory->data());
+    }
+    bucket.count = n;
     size_t offset = 0;
     for (Parameter* p : bucket.params) {
-      std::memcpy(bucket.data.data() + offset, p->grad.data(), p->numel() * sizeof(float));
-      p->bind_grad(bucket.data.data() + offset);
+      p->bind_grad(bucket.data + offset);  // keeps the gradient the parameter held
       offset += p->numel();
     }
   }
@@ -56,20 +70,22 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
     // One broadcast of every value, flattened, instead of one per parameter.
     size_t total = 0;
     for (Parameter* p : params_) total += p->numel();
-    std::vector<float> flat(total);
+    Tensor flat(1, total, device_);
     size_t off = 0;
     for (Parameter* p : params_) {
-      std::memcpy(flat.data() + off, p->value.data(), p->numel() * sizeof(float));
+      Tensor::view(flat.data() + off, p->value.rows(), p->value.cols(), device_).copy_from(p->value);
       off += p->numel();
     }
-    pg_->broadcast(view(flat), 0);
+    pg_->broadcast(Buffer{flat.data(), total, DType::F32, device_}, 0);
     off = 0;
     for (Parameter* p : params_) {
-      std::memcpy(p->value.data(), flat.data() + off, p->numel() * sizeof(float));
+      p->value.copy_from(Tensor::view(flat.data() + off, p->value.rows(), p->value.cols(), device_));
       off += p->numel();
     }
   }
 }
+
+Buffer DistributedDataParallel::Bucket::buffer(Device device) const { return Buffer{data, count, DType::F32, device}; }
 
 DistributedDataParallel::~DistributedDataParallel() {
   // Never leave an all-reduce writing into buckets that are about to go away.
@@ -112,7 +128,7 @@ void DistributedDataParallel::launch_ready_buckets() {
     // progress thread; it still starts after every earlier bucket).
     const bool last = next_to_launch_ == buckets_.size();
     if (stats_.first_launch < 0) stats_.first_launch = seconds(b.launched - backward_start_);
-    b.work = pg_->all_reduce(view(b.data), ReduceOp::Avg, {.async_op = !last});
+    b.work = pg_->all_reduce(b.buffer(device_), ReduceOp::Avg, {.async_op = !last});
     if (last) inline_comm_ = Clock::now() - b.launched;  // communication, though on backward's clock
   }
 }
@@ -173,19 +189,23 @@ void DistributedDataParallel::backward(const Tensor& dy) {
 
 float DistributedDataParallel::clip_grad_norm(float max_norm) {
   double sq = 0;
-  for (const auto& b : buckets_)
-    for (float g : b.data) sq += static_cast<double>(g) * g;
+  for (const auto& b : buckets_) {
+    if (device_ == Device::Cuda) {
+      sq += detail::device::sum_squares(b.data, b.count);
+    } else {
+      for (size_t i = 0; i < b.count; ++i) sq += static_cast<double>(b.data[i]) * b.data[i];
+    }
+  }
   const float norm = static_cast<float>(std::sqrt(sq));
   if (norm > max_norm && norm > 0) {
     const float scale = max_norm / (norm + 1e-6f);
-    for (auto& b : buckets_)
-      for (float& g : b.data) g *= scale;
+    for (auto& b : buckets_) Tensor::view(b.data, 1, b.count, device_).scale(scale);
   }
   return norm;
 }
 
 void DistributedDataParallel::zero_grad() {
-  for (auto& b : buckets_) std::fill(b.data.begin(), b.data.end(), 0.0f);
+  for (auto& b : buckets_) Tensor::view(b.data, 1, b.count, device_).zero();
 }
 
 }  // namespace ddp

@@ -19,6 +19,7 @@
 
 #include "ddp/gemm.hpp"
 #include "ddp/types.hpp"
+#include "device_ops.hpp"
 
 #ifndef DDPRUN_OPENBLAS_LIBRARY
 #define DDPRUN_OPENBLAS_LIBRARY "libopenblas.so"
@@ -111,15 +112,29 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, Tensor& 
     throw InvalidArgument(std::string("gemm: op(a) is ") + shape(m, k) + ", op(b) is " + shape(kb, n) + ", c is " +
                           shape(c.rows(), c.cols()));
   }
+  const Device device = c.device();
+  if (a.device() != device || b.device() != device) {
+    throw InvalidArgument(std::string("gemm: a is on ") + device_name(a.device()) + ", b on " +
+                          device_name(b.device()) + ", c on " + device_name(device));
+  }
   if (k == 0) {  // an empty sum: c = beta * c (beta = 0 clears, even NaNs)
     if (beta == 0.0f) {
       c.zero();
     } else {
-      for (float& x : c.span()) x *= beta;
+      c.scale(beta);
     }
     return;
   }
-  sgemm(ta, tb, m, n, k, alpha, a.data(), a.cols(), b.data(), b.cols(), beta, c.data(), c.cols());
+  sgemm_on(device, ta, tb, m, n, k, alpha, a.data(), a.cols(), b.data(), b.cols(), beta, c.data(), c.cols());
+}
+
+void sgemm_on(Device device, Transpose ta, Transpose tb, size_t m, size_t n, size_t k, float alpha, const float* a,
+              size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc) {
+  if (device == Device::Cuda) {
+    detail::device::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 }
 
 void set_gemm_threads(int n) {

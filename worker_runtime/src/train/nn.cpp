@@ -8,6 +8,8 @@
 
 #include "ddp/gemm.hpp"
 #include "ddp/types.hpp"
+#include "device_ops.hpp"
+#include "rules.hpp"
 
 namespace ddp {
 namespace {
@@ -15,6 +17,14 @@ namespace {
 const Tensor kEmpty;  // what backward returns when no input gradient was asked for
 
 std::string shape(const Tensor& t) { return std::to_string(t.rows()) + "x" + std::to_string(t.cols()); }
+
+// A layer computes where its input lives; its parameters must be there too.
+void need_device(const Tensor& x, const Parameter& p, const char* layer) {
+  if (x.device() != p.device()) {
+    throw InvalidArgument(std::string(layer) + ": the input is on " + device_name(x.device()) + " but '" + p.name +
+                          "' is on " + device_name(p.device()) + " (move the model with Module::to)");
+  }
+}
 
 }  // namespace
 
@@ -24,6 +34,10 @@ std::string shape(const Tensor& t) { return std::to_string(t.rows()) + "x" + std
 
 void Module::zero_grad() {
   for (Parameter* p : parameters()) p->grad.zero();
+}
+
+void Module::to(Device device) {
+  for (Parameter* p : parameters()) p->to(device);
 }
 
 size_t Module::num_parameters() {
@@ -56,18 +70,24 @@ const Tensor& Linear::forward(const Tensor& x) {
   if (x.cols() != in) {
     throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " + shape(x));
   }
+  need_device(x, weight_, "Linear");
+  const Device device = x.device();
   const size_t batch = x.rows();
   input_ = &x;
-  output_.resize(batch, out);
+  output_.resize_on(device, batch, out);
   float beta = 0.0f;
   if (options_.bias) {  // y = b broadcast, then y += x Wᵀ
     const float* b = bias_.value.data();
-    for (size_t r = 0; r < batch; ++r) std::memcpy(output_.row(r), b, out * sizeof(float));
+    if (device == Device::Cuda) {
+      detail::device::set_rows(output_.data(), b, batch, out);
+    } else {
+      for (size_t r = 0; r < batch; ++r) std::memcpy(output_.row(r), b, out * sizeof(float));
+    }
     beta = 1.0f;
   }
   if (batch != 0) {
-    sgemm(Transpose::No, Transpose::Yes, batch, out, in, 1.0f, x.data(), in, weight_.value.data(), in, beta,
-          output_.data(), out);
+    sgemm_on(device, Transpose::No, Transpose::Yes, batch, out, in, 1.0f, x.data(), in, weight_.value.data(), in,
+             beta, output_.data(), out);
   }
   return output_;
 }
@@ -80,12 +100,19 @@ const Tensor& Linear::backward(const Tensor& dy, const GradReadyHook& hook, bool
     throw InvalidArgument("Linear::backward: dy is " + shape(dy) + ", expected " + std::to_string(batch) + "x" +
                           std::to_string(out));
   }
+  const Device device = input_->device();
+  if (dy.device() != device) {
+    throw InvalidArgument(std::string("Linear::backward: dy is on ") + device_name(dy.device()) + ", the input was on " +
+                          device_name(device));
+  }
   if (batch != 0) {
     // dW += dyᵀ x   (out × batch · batch × in)
-    sgemm(Transpose::Yes, Transpose::No, out, in, batch, 1.0f, dy.data(), out, input_->data(), in, 1.0f,
-          weight_.grad.data(), in);
+    sgemm_on(device, Transpose::Yes, Transpose::No, out, in, batch, 1.0f, dy.data(), out, input_->data(), in, 1.0f,
+             weight_.grad.data(), in);
     // db += column sums of dy
-    if (options_.bias) {
+    if (options_.bias && device == Device::Cuda) {
+      detail::device::add_column_sums(bias_.grad.data(), dy.data(), batch, out);
+    } else if (options_.bias) {
       float* __restrict db = bias_.grad.data();
       for (size_t r = 0; r < batch; ++r) {
         const float* __restrict g = dy.row(r);
@@ -101,10 +128,10 @@ const Tensor& Linear::backward(const Tensor& dy, const GradReadyHook& hook, bool
   }
   if (!need_dx) return kEmpty;
   // dx = dy W   (batch × out · out × in)
-  dx_.resize(batch, in);
+  dx_.resize_on(device, batch, in);
   if (batch != 0) {
-    sgemm(Transpose::No, Transpose::No, batch, in, out, 1.0f, dy.data(), out, weight_.value.data(), in, 0.0f,
-          dx_.data(), in);
+    sgemm_on(device, Transpose::No, Transpose::No, batch, in, out, 1.0f, dy.data(), out, weight_.value.data(), in,
+             0.0f, dx_.data(), in);
   }
   return dx_;
 }
@@ -119,11 +146,15 @@ std::vector<Parameter*> Linear::parameters() {
 // ---------------------------------------------------------------------------
 
 const Tensor& ReLU::forward(const Tensor& x) {
-  output_.resize(x.rows(), x.cols());
+  output_.resize_on(x.device(), x.rows(), x.cols());
   const float* __restrict in = x.data();
   float* __restrict y = output_.data();
   const size_t n = x.size();
-  for (size_t i = 0; i < n; ++i) y[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  if (x.is_cuda()) {
+    detail::device::relu_forward(in, y, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) y[i] = detail::rules::relu(in[i]);
+  }
   return output_;
 }
 
@@ -131,13 +162,21 @@ const Tensor& ReLU::backward(const Tensor& dy, const GradReadyHook&, bool need_d
   if (dy.rows() != output_.rows() || dy.cols() != output_.cols()) {
     throw InvalidArgument("ReLU::backward: dy is " + shape(dy) + ", output was " + shape(output_));
   }
+  if (dy.device() != output_.device()) {
+    throw InvalidArgument(std::string("ReLU::backward: dy is on ") + device_name(dy.device()) + ", the output on " +
+                          device_name(output_.device()));
+  }
   if (!need_dx) return kEmpty;
-  dx_.resize(dy.rows(), dy.cols());
+  dx_.resize_on(dy.device(), dy.rows(), dy.cols());
   const float* __restrict y = output_.data();
   const float* __restrict g = dy.data();
   float* __restrict dx = dx_.data();
   const size_t n = dy.size();
-  for (size_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+  if (dy.is_cuda()) {
+    detail::device::relu_backward(y, g, dx, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) dx[i] = detail::rules::relu_grad(y[i], g[i]);
+  }
   return dx_;
 }
 
@@ -191,49 +230,49 @@ std::unique_ptr<Sequential> make_mlp(const MlpOptions& options) {
 // Loss
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// One label per row; for the loss (which indexes by label) each must name a class.
+void check_labels(const char* who, const Tensor& logits, std::span<const int32_t> labels, bool need_range) {
+  if (labels.size() != logits.rows()) {
+    throw InvalidArgument(std::string(who) + ": " + std::to_string(labels.size()) + " labels for " +
+                          std::to_string(logits.rows()) + " rows");
+  }
+  for (const int32_t label : labels) {
+    if (need_range && (label < 0 || static_cast<size_t>(label) >= logits.cols())) {
+      throw InvalidArgument(std::string(who) + ": label " + std::to_string(label) + " outside [0, " +
+                            std::to_string(logits.cols()) + ")");
+    }
+  }
+}
+
+}  // namespace
+
 float softmax_cross_entropy(const Tensor& logits, std::span<const int32_t> labels, Tensor& dlogits) {
   const size_t batch = logits.rows(), classes = logits.cols();
-  if (labels.size() != batch) {
-    throw InvalidArgument("softmax_cross_entropy: " + std::to_string(labels.size()) + " labels for " +
-                          std::to_string(batch) + " rows");
-  }
   if (batch == 0 || classes == 0) throw InvalidArgument("softmax_cross_entropy: empty logits " + shape(logits));
-  dlogits.resize(batch, classes);
+  check_labels("softmax_cross_entropy", logits, labels, true);
+  dlogits.resize_on(logits.device(), batch, classes);
   const float inv_batch = 1.0f / static_cast<float>(batch);
   double total = 0.0;
-  for (size_t r = 0; r < batch; ++r) {
-    const int32_t label = labels[r];
-    if (label < 0 || static_cast<size_t>(label) >= classes) {
-      throw InvalidArgument("softmax_cross_entropy: label " + std::to_string(label) + " outside [0, " +
-                            std::to_string(classes) + ")");
+  if (logits.is_cuda()) {
+    total = detail::device::softmax_xent(logits.data(), labels.data(), batch, classes, inv_batch, dlogits.data());
+  } else {
+    for (size_t r = 0; r < batch; ++r) {
+      total += detail::rules::softmax_xent_row(logits.row(r), classes, labels[r], inv_batch, dlogits.row(r));
     }
-    const float* x = logits.row(r);
-    float* d = dlogits.row(r);
-    const float max = *std::max_element(x, x + classes);
-    float sum = 0.0f;
-    for (size_t j = 0; j < classes; ++j) {
-      d[j] = std::exp(x[j] - max);
-      sum += d[j];
-    }
-    total += static_cast<double>(max) + std::log(static_cast<double>(sum)) - static_cast<double>(x[label]);
-    const float scale = inv_batch / sum;
-    for (size_t j = 0; j < classes; ++j) d[j] *= scale;
-    d[label] -= inv_batch;
   }
   return static_cast<float>(total / static_cast<double>(batch));
 }
 
 size_t count_correct(const Tensor& logits, std::span<const int32_t> labels) {
-  const size_t batch = logits.rows();
-  if (labels.size() != batch) {
-    throw InvalidArgument("count_correct: " + std::to_string(labels.size()) + " labels for " +
-                          std::to_string(batch) + " rows");
-  }
+  check_labels("count_correct", logits, labels, false);
+  const size_t batch = logits.rows(), classes = logits.cols();
+  if (batch == 0 || classes == 0) return 0;
+  if (logits.is_cuda()) return detail::device::count_correct(logits.data(), labels.data(), batch, classes);
   size_t correct = 0;
   for (size_t r = 0; r < batch; ++r) {
-    const float* x = logits.row(r);
-    const auto best = std::max_element(x, x + logits.cols()) - x;
-    if (best == labels[r]) ++correct;
+    if (detail::rules::argmax_row(logits.row(r), classes) == static_cast<size_t>(labels[r])) ++correct;
   }
   return correct;
 }

@@ -13,6 +13,8 @@
 
 #include "binary_io.hpp"
 #include "ddp/types.hpp"
+#include "device_ops.hpp"
+#include "rules.hpp"
 
 namespace ddp {
 namespace {
@@ -51,6 +53,12 @@ int64_t get_header(std::istream& in, const char* kind, size_t count) {
   return steps;
 }
 
+// State buffers follow their parameter: a state loaded from a checkpoint (host) or
+// made before Module::to moves to the parameter's device at the next step.
+void follow(Tensor& state, const Parameter& p) {
+  if (state.device() != p.device()) state = state.to(p.device());
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -79,30 +87,35 @@ SGD::SGD(std::vector<Parameter*> params, const SgdOptions& options)
 }
 
 void SGD::step() {
-  const float lr = lr_, wd = options_.weight_decay, mu = options_.momentum;
+  const detail::rules::Sgd rule{lr_, options_.momentum, options_.weight_decay};
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     float* __restrict w = p.value.data();
     const float* __restrict g = p.grad.data();
     const size_t n = p.numel();
-    if (mu == 0.0f) {
-      for (size_t j = 0; j < n; ++j) w[j] -= lr * (g[j] + wd * w[j]);
-      continue;
-    }
-    Tensor& buffer = momentum_[i];
-    if (buffer.size() != n) {  // first step: b = g (torch clones the gradient)
-      buffer = Tensor(p.value.rows(), p.value.cols());
-      float* __restrict b = buffer.data();
-      for (size_t j = 0; j < n; ++j) {
-        b[j] = g[j] + wd * w[j];
-        w[j] -= lr * b[j];
+    const bool cuda = p.value.is_cuda();
+    if (rule.momentum == 0.0f) {
+      if (cuda) {
+        detail::device::sgd(w, g, nullptr, n, rule, false);
+      } else {
+        for (size_t j = 0; j < n; ++j) detail::rules::sgd_plain(w[j], g[j], rule);
       }
       continue;
     }
+    Tensor& buffer = momentum_[i];
+    const bool first = buffer.size() != n;  // first step: b = g (torch clones the gradient)
+    if (first) {
+      buffer = Tensor(p.value.rows(), p.value.cols(), p.device());
+    } else {
+      follow(buffer, p);
+    }
     float* __restrict b = buffer.data();
-    for (size_t j = 0; j < n; ++j) {
-      b[j] = mu * b[j] + (g[j] + wd * w[j]);
-      w[j] -= lr * b[j];
+    if (cuda) {
+      detail::device::sgd(w, g, b, n, rule, first);
+    } else if (first) {
+      for (size_t j = 0; j < n; ++j) detail::rules::sgd_first(w[j], g[j], b[j], rule);
+    } else {
+      for (size_t j = 0; j < n; ++j) detail::rules::sgd_momentum(w[j], g[j], b[j], rule);
     }
   }
   ++steps_;
@@ -145,31 +158,36 @@ AdamW::AdamW(std::vector<Parameter*> params, const AdamWOptions& options)
     throw InvalidArgument("AdamW: weight_decay " + std::to_string(options.weight_decay));
   }
   for (const Parameter* p : params_) {
-    m_.emplace_back(p->value.rows(), p->value.cols());
-    v_.emplace_back(p->value.rows(), p->value.cols());
+    m_.emplace_back(p->value.rows(), p->value.cols(), p->device());
+    v_.emplace_back(p->value.rows(), p->value.cols(), p->device());
   }
 }
 
 void AdamW::step() {
   ++steps_;
   const double t = static_cast<double>(steps_);
-  const float beta1 = options_.beta1, beta2 = options_.beta2, eps = options_.eps;
-  const float decay = 1.0f - lr_ * options_.weight_decay;
-  const float step_size = static_cast<float>(lr_ / (1.0 - std::pow(static_cast<double>(beta1), t)));
-  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)));
+  const float beta1 = options_.beta1, beta2 = options_.beta2;
+  const detail::rules::AdamW rule{
+      .beta1 = beta1,
+      .beta2 = beta2,
+      .eps = options_.eps,
+      .decay = 1.0f - lr_ * options_.weight_decay,
+      .step_size = static_cast<float>(lr_ / (1.0 - std::pow(static_cast<double>(beta1), t))),
+      .inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t))),
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
+    follow(m_[i], p);
+    follow(v_[i], p);
     float* __restrict w = p.value.data();
     const float* __restrict g = p.grad.data();
     float* __restrict m = m_[i].data();
     float* __restrict v = v_[i].data();
     const size_t n = p.numel();
-    for (size_t j = 0; j < n; ++j) {
-      w[j] *= decay;
-      m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
-      v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
-      const float denom = std::sqrt(v[j]) * inv_bc2_sqrt + eps;
-      w[j] -= step_size * m[j] / denom;
+    if (p.value.is_cuda()) {
+      detail::device::adamw(w, g, m, v, n, rule);
+    } else {
+      for (size_t j = 0; j < n; ++j) detail::rules::adamw(w[j], g[j], m[j], v[j], rule);
     }
   }
 }
