@@ -8,6 +8,10 @@
 // all-reduce overlapped with backward) and AdamW (or SGD) under a warmup + cosine
 // schedule, evaluates on the 10,000 test images (accuracy all-reduced) and prints
 // one line per epoch from rank 0.
+//
+// --device cuda trains on the GPU (a build with CUDA): each worker on the GPU its
+// NCCL communicator uses (local rank, or the only visible one), the gradient buckets
+// reduced over NCCL. The data stays on the host and each batch is copied over.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -91,8 +95,9 @@ void normalize(ddp::Tensor& images) {
 uint64_t params_hash(ddp::Module& m) {
   uint64_t h = 1469598103934665603ull;
   for (auto* p : m.parameters()) {
-    const auto* b = reinterpret_cast<const unsigned char*>(p->value.data());
-    for (size_t i = 0; i < p->numel() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    const ddp::Tensor host = p->value.to(ddp::Device::Cpu);
+    const auto* b = reinterpret_cast<const unsigned char*>(host.data());
+    for (size_t i = 0; i < host.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
   }
   return h;
 }
@@ -100,7 +105,8 @@ uint64_t params_hash(ddp::Module& m) {
 void write_params(ddp::Module& m, const std::string& path) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   for (auto* p : m.parameters()) {
-    f.write(reinterpret_cast<const char*>(p->value.data()), static_cast<std::streamsize>(p->numel() * sizeof(float)));
+    const ddp::Tensor host = p->value.to(ddp::Device::Cpu);
+    f.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(host.size() * sizeof(float)));
   }
   if (!f) throw ddp::Error("cannot write " + path);
 }
@@ -112,10 +118,11 @@ double median(std::vector<double> v) {
 }
 
 // Test-set accuracy and loss, each rank on its share, summed over ranks.
-std::pair<double, double> evaluate(ddp::Module& model, const ddp::ImageDataset& test, ddp::ProcessGroup& pg) {
+std::pair<double, double> evaluate(ddp::Module& model, const ddp::ImageDataset& test, ddp::ProcessGroup& pg,
+                                   ddp::Device device) {
   std::vector<size_t> mine;
   for (size_t i = static_cast<size_t>(pg.rank()); i < test.size(); i += static_cast<size_t>(pg.size())) mine.push_back(i);
-  ddp::Tensor x, dlogits;
+  ddp::Tensor x(0, 0, device), dlogits(0, 0, device);
   std::vector<int32_t> y;
   double sums[3] = {0, 0, 0};  // correct, loss * n, n
   constexpr size_t kChunk = 1000;
@@ -139,13 +146,27 @@ std::pair<double, double> evaluate(ddp::Module& model, const ddp::ImageDataset& 
 // ---------------------------------------------------------------------------
 
 int train(const Args& a) {
-  if (a.device != "cpu") {
-    throw ddp::InvalidArgument("--device " + a.device +
-                               ": this build trains on the CPU only (the CUDA training path is not built here)");
+  const ddp::Device device = a.device == "cuda" ? ddp::Device::Cuda : ddp::Device::Cpu;
+  if (std::string why; device == ddp::Device::Cuda && !ddp::cuda_device_available(&why)) {
+    throw ddp::InvalidArgument("--device cuda: " + why);
   }
+  // With a GPU for every local rank, DDP_BACKEND=auto (the default) gives a cpu+nccl
+  // group and makes this rank's GPU the current device.
   auto pg = ddp::init();
   const int rank = pg->rank(), world = pg->size();
   const bool lead = rank == 0;
+  if (device == ddp::Device::Cuda) {
+    // Gradients go through NCCL; the metrics (loss sums, accuracy) are host numbers.
+    const std::string backend = pg->backend();
+    if (backend == "nccl") {
+      throw ddp::InvalidArgument("--device cuda: DDP_BACKEND=nccl reduces GPU buffers only, and this example also "
+                                 "reduces host metrics: use DDP_BACKEND=auto (cpu+nccl)");
+    }
+    if (world > 1 && backend != "cpu+nccl") {
+      throw ddp::InvalidArgument("--device cuda with " + std::to_string(world) + " workers needs NCCL, but the group's backend is '" +
+                                 backend + "' (DDP_BACKEND=auto gives cpu+nccl when every local rank has a GPU of its own)");
+    }
+  }
 
   // Data: every rank loads both splits (the sampler picks its share).
   ddp::ImageDataset train_set = ddp::load_fashion_mnist(a.data, "train");
@@ -163,6 +184,7 @@ int train(const Args& a) {
 
   // Model, replicated from rank 0 by DDP; optimizer; schedule.
   auto model = ddp::make_mlp({.sizes = parse_hidden(a.hidden), .seed = a.seed});
+  model->to(device);  // before the optimizer and DDP, as with torch
   std::unique_ptr<ddp::Trace> trace = a.trace.empty() ? nullptr : std::make_unique<ddp::Trace>(rank);
   ddp::DdpOptions dopts;
   dopts.first_bucket_bytes = static_cast<size_t>(a.first_bucket_kib * 1024);
@@ -228,12 +250,13 @@ int train(const Args& a) {
                               .total_steps = std::max<int64_t>(1, steps_per_epoch * a.epochs),
                               .min_lr = 0.0});
   if (lead) {
-    std::printf("fashion_mnist: %d worker(s) (%s), %zu train / %zu test images, batch %d per worker, %s, peak lr %.4g\n",
-                world, pg->backend().c_str(), train_set.size(), test_set.size(), a.batch, a.optimizer.c_str(), peak_lr);
+    std::printf("fashion_mnist: %d worker(s) (%s) on %s, %zu train / %zu test images, batch %d per worker, %s, peak lr %.4g\n",
+                world, pg->backend().c_str(), ddp::device_name(device), train_set.size(), test_set.size(), a.batch,
+                a.optimizer.c_str(), peak_lr);
     std::fflush(stdout);
   }
 
-  ddp::Tensor x, dlogits;
+  ddp::Tensor x(0, 0, device), dlogits(0, 0, device);
   std::vector<int32_t> y;
   std::vector<double> step_times;
   double total_samples = 0, total_time = 0;
@@ -262,9 +285,7 @@ int train(const Args& a) {
           loss = ddp::softmax_cross_entropy(logits, y, dlogits);
         }
         // Accumulated micro-batches: average over the step's micro-batches.
-        if (k_micro > 1) {
-          for (float& g : dlogits.span()) g /= static_cast<float>(k_micro);
-        }
+        if (k_micro > 1) dlogits.scale(1.0f / static_cast<float>(k_micro));
         {
           auto s = ddp::Trace::scope(trace.get(), "backward");
           if (m + 1 < k_micro) {
@@ -286,6 +307,7 @@ int train(const Args& a) {
       ++step;
       step_times.push_back(since(t_step));
     }
+    if (device == ddp::Device::Cuda) ddp::cuda_synchronize();  // the epoch's last kernels count too
     pg->barrier();
     const double dt = since(t_epoch);
     double sums[2] = {loss_sum, seen};
@@ -293,7 +315,7 @@ int train(const Args& a) {
     total_samples += sums[1];
     total_time += dt;
     double test_loss = 0;
-    if (a.eval) std::tie(acc, test_loss) = evaluate(*model, test_set, *pg);
+    if (a.eval) std::tie(acc, test_loss) = evaluate(*model, test_set, *pg, device);
     if (lead) {
       // The epoch's training time split: waiting for communication that backward did
       // not hide, and everything else (forward, backward, optimizer, batching).

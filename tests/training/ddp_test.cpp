@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -153,6 +154,48 @@ TEST_CASE("a missing dataset gives one clear error and exit status 1", "[ddp]") 
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   CHECK(r.status == 1);
   CHECK((r.out + r.err).find("apt install dataset-fashion-mnist") != std::string::npos);
+}
+
+// How many CUDA devices this machine has, as the example would see them (0 when
+// CUDA is not built or no driver answers).
+int cuda_devices() {
+  auto r = run({"nvidia-smi", "--list-gpus"}, {}, 30s);
+  if (r.status != 0) return 0;
+  int n = 0;
+  for (size_t p = r.out.find("GPU "); p != std::string::npos; p = r.out.find("GPU ", p + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("the example trains on the GPU (--device cuda) with the ranks in step", "[ddp][gpu]") {
+  const int gpus = cuda_devices();
+  if (gpus < 1) {
+    WARN("SKIPPED: no CUDA device (nvidia-smi lists none)");
+    return;
+  }
+  const int nproc = std::min(gpus, 2);
+  auto r = train(nproc, {"--device", "cuda", "--limit-train", "8192", "--epochs", "2", "--first-bucket-kib", "64",
+                         "--bucket-cap-kib", "256"});
+  CHECK(r.out.find("on cuda") != std::string::npos);
+  if (nproc > 1) CHECK(r.out.find("nccl") != std::string::npos);
+  auto h = hashes(r);
+  REQUIRE(static_cast<int>(h.size()) == nproc);
+  for (auto& [rank, hash] : h) CHECK(hash == h.at(0));
+  // Two epochs on 8k images reach well above chance (10%) on the test set.
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, std::regex(R"(RESULT world \d+ test_acc ([0-9.]+))")));
+  CHECK(std::stod(m[1]) > 0.7);
+}
+
+TEST_CASE("the example asked for --device cuda without a usable GPU exits 2 and says why", "[ddp]") {
+  if (cuda_devices() > 0) {
+    SUCCEED("a GPU is present; the [gpu] case covers --device cuda");
+    return;
+  }
+  auto r = run({e2e::kDdprun, "--nproc_per_node=2", kFashion, "--device", "cuda"}, {}, 60s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 2);
+  CHECK((r.out + r.err).find("--device cuda: ") != std::string::npos);
+  CHECK(r.err.find("terminate") == std::string::npos);  // an error message, not a crash
 }
 
 TEST_CASE("bad flags of the example exit 2 with a message", "[ddp]") {
