@@ -156,8 +156,7 @@ TEST_CASE("a missing dataset gives one clear error and exit status 1", "[ddp]") 
   CHECK((r.out + r.err).find("apt install dataset-fashion-mnist") != std::string::npos);
 }
 
-// How many CUDA devices this machine has, as the example would see them (0 when
-// CUDA is not built or no driver answers).
+// How many CUDA devices this machine has (nvidia-smi's list; 0 when no driver answers).
 int cuda_devices() {
   auto r = run({"nvidia-smi", "--list-gpus"}, {}, 30s);
   if (r.status != 0) return 0;
@@ -167,6 +166,10 @@ int cuda_devices() {
 }
 
 TEST_CASE("the example trains on the GPU (--device cuda) with the ranks in step", "[ddp][gpu]") {
+  if (!DDPRUN_HAVE_CUDA) {
+    WARN("SKIPPED: this build has no CUDA (CMake found no working nvcc)");
+    return;
+  }
   const int gpus = cuda_devices();
   if (gpus < 1) {
     WARN("SKIPPED: no CUDA device (nvidia-smi lists none)");
@@ -187,7 +190,7 @@ TEST_CASE("the example trains on the GPU (--device cuda) with the ranks in step"
 }
 
 TEST_CASE("the example asked for --device cuda without a usable GPU exits 2 and says why", "[ddp]") {
-  if (cuda_devices() > 0) {
+  if (DDPRUN_HAVE_CUDA && cuda_devices() > 0) {
     SUCCEED("a GPU is present; the [gpu] case covers --device cuda");
     return;
   }

@@ -121,7 +121,8 @@ TEST_CASE("an MLP trains on the GPU as it does on the host", "[train][gpu]") {
     const auto y = labels_for(12, 5, 3);
     ddp::Tensor dl_host, dl_gpu(0, 0, Device::Cuda);
     const ddp::Tensor& out_host = host_model->forward(x);
-    const ddp::Tensor& out_gpu = gpu_model->forward(x.to(Device::Cuda));
+    const ddp::Tensor xd = x.to(Device::Cuda);  // layers keep a pointer to their input until backward
+    const ddp::Tensor& out_gpu = gpu_model->forward(xd);
     CHECK(max_diff(out_host, out_gpu) < 1e-5f);
     const float loss_host = ddp::softmax_cross_entropy(out_host, y, dl_host);
     const float loss_gpu = ddp::softmax_cross_entropy(out_gpu, y, dl_gpu);
@@ -161,7 +162,8 @@ TEST_CASE("an MLP trains on the GPU as it does on the host", "[train][gpu]") {
         oh->zero_grad();
         og->zero_grad();
         ddp::softmax_cross_entropy(h->forward(x), y, dh);
-        ddp::softmax_cross_entropy(g->forward(x.to(Device::Cuda)), y, dg);
+        const ddp::Tensor xd = x.to(Device::Cuda);  // alive until backward, as forward requires
+        ddp::softmax_cross_entropy(g->forward(xd), y, dg);
         h->backward(dh);
         g->backward(dg);
         oh->step();

@@ -85,7 +85,7 @@ class Tensor {
 
   // Sets the shape to rows × cols. An owning tensor reuses its memory when it has
   // room (so a per-step resize to a batch size seen before never allocates); new
-  // elements are unspecified. A view can only keep its element count: any other
+  // elements are unspecified, and a CUDA tensor that must grow loses its values. A view can only keep its element count: any other
   // count throws InvalidArgument.
   void resize(size_t rows, size_t cols);
   // As resize(), but an owning tensor on another device first moves to `device`

@@ -31,7 +31,9 @@ int blocks_for(size_t count) {
   return static_cast<int>(std::min<size_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
-// Per-thread device scratch that grows to the largest request and is reused.
+// Per-thread device scratch that grows to the largest request and is reused. It lives
+// on the device current at its allocation: one GPU per process (or per thread), as
+// everywhere in the training core.
 class Scratch {
  public:
   ~Scratch() {
@@ -100,12 +102,13 @@ __global__ void set_rows_kernel(float* y, const float* b, size_t rows, size_t co
   DDP_GRID_STRIDE(i, rows * cols) y[i] = b[i % cols];
 }
 
-// One thread per column, summing down the rows in order (deterministic).
+// One thread per column, adding the rows into db[j] in order: the host's
+// db[j] += dy[r][j], row by row, so accumulated gradients round alike.
 __global__ void add_column_sums_kernel(float* db, const float* dy, size_t rows, size_t cols) {
   DDP_GRID_STRIDE(j, cols) {
-    float s = 0.0f;
+    float s = db[j];
     for (size_t r = 0; r < rows; ++r) s += dy[r * cols + j];
-    db[j] += s;
+    db[j] = s;
   }
 }
 
@@ -205,7 +208,7 @@ void copy(float* dst, const float* src, size_t count) {
 
 void fill(float* x, size_t count, float value) {
   if (count == 0) return;
-  if (value == 0.0f) {
+  if (value == 0.0f && !signbit(value)) {  // +0.0 is all zero bytes; -0.0 is not
     check(cudaMemsetAsync(x, 0, count * sizeof(float), cudaStreamLegacy), "cudaMemsetAsync");
     return;
   }

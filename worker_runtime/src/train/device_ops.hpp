@@ -5,6 +5,8 @@
 // otherwise, where available() says why and everything else throws ddp::Error.
 //
 // Conventions:
+//  - One GPU per process (or per thread): per-thread scratch buffers and the cuBLAS
+//    handle belong to the device current when they were made.
 //  - Everything runs on the calling thread's current device, on the legacy default
 //    stream, in issue order. Kernels and GEMMs return before they finish; the calls
 //    that hand a value or host memory back (copy, sum_squares, softmax_xent,
@@ -30,8 +32,9 @@ bool available(std::string* why);
 
 float* alloc(size_t count);       // uninitialised device memory; throws Error when out of memory
 void release(float* p) noexcept;  // nullptr is fine
-// Copies count floats between any two of host and device memory (UVA tells which);
-// returns when the copy is done.
+// Copies count floats between any two of host and device memory (UVA tells which),
+// on the default stream: work queued after it sees the copy, and a copy to the host
+// has finished when it returns (cudaMemcpy's rules).
 void copy(float* dst, const float* src, size_t count);
 void fill(float* x, size_t count, float value);
 void scale(float* x, size_t count, float factor);

@@ -3,8 +3,9 @@
 // g++ compiles these into the host loops of nn.cpp and optim.cpp; nvcc compiles the
 // same functions into the kernels of device_cuda.cu. So the host tests, which
 // check them against PyTorch's formulas, also check what a GPU computes, and a run
-// on the GPU follows the host run's rounding step for step (exp, log and sqrt aside,
-// whose last bit may differ between the two math libraries).
+// on the GPU follows the host run's rounding step for step: the kernels are built
+// without fused multiply-adds (--fmad=false), division and sqrt are correctly
+// rounded on both sides, and only exp and log may differ in their last bit.
 //
 // Only plain C math (expf, logf, sqrtf, log) appears here: nvcc provides it in
 // device code, and <math.h> on the host.

@@ -2,6 +2,7 @@
 #include "ddp/tensor.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "ddp/types.hpp"
@@ -122,8 +123,12 @@ void Tensor::resize(size_t rows, size_t cols) {
     }
   } else if (device_ == Device::Cuda) {
     if (n > device_capacity_ || !device_storage_) {
-      device_storage_.reset();  // free before allocating: the GPU may be nearly full
+      // Free before allocating (the GPU may be nearly full), and be an empty tensor
+      // if the allocation throws, not one pointing at freed memory.
+      device_storage_.reset();
       device_capacity_ = 0;
+      data_ = nullptr;
+      rows_ = cols_ = 0;
       device_storage_.reset(dev::alloc(n));
       device_capacity_ = n;
     }
@@ -153,7 +158,7 @@ void Tensor::zero() { fill(0.0f); }
 void Tensor::fill(float value) {
   if (is_cuda()) {
     dev::fill(data_, size(), value);
-  } else if (value == 0.0f) {
+  } else if (value == 0.0f && !std::signbit(value)) {  // +0.0 is all zero bytes
     if (size() != 0) std::memset(data_, 0, size() * sizeof(float));
   } else {
     std::fill(data_, data_ + size(), value);
@@ -226,8 +231,11 @@ void Parameter::to(Device device) {
     throw InvalidArgument("Parameter::to: '" + name +
                           "' has its grad bound to a bucket; move the model before wrapping it in DistributedDataParallel");
   }
-  value = value.to(device);
-  grad = grad.to(device);
+  // Both copies first: a failure leaves the parameter whole on its old device.
+  Tensor moved_value = value.to(device);
+  Tensor moved_grad = grad.to(device);
+  value = std::move(moved_value);
+  grad = std::move(moved_grad);
 }
 
 void Parameter::bind_grad(float* memory) {
