@@ -12,6 +12,7 @@
 //   collective_worker misuse             bad arguments: refused up front, or (a recv of
 //                                        the wrong size) the group breaks everywhere.
 // Prints "rank R: ..." lines; exits 0 when every check passed, 1 otherwise.
+#include <algorithm>
 #include <signal.h>
 #include <unistd.h>
 
@@ -257,6 +258,26 @@ void async_and_subgroups(ddp::ProcessGroup& pg) {
     for (int q : evens) want += q;
     sub->all_reduce(ddp::view(std::span<int64_t>(&v, 1)), ReduceOp::Sum);
     check(v == want, "subgroup all_reduce");
+  }
+  // A subgroup without rank 0, listed backwards: the odd ranks, highest first. Its
+  // rank i is odds[i], whatever the order of the parent's ranks.
+  if (n >= 2) {
+    std::vector<int> odds;
+    for (int q = n - 1; q >= 1; --q)
+      if (q % 2 == 1) odds.push_back(q);
+    auto rev = pg.new_group(odds);
+    check((rev != nullptr) == (r % 2 == 1), "new_group without rank 0: membership");
+    if (rev) {
+      const auto me = std::find(odds.begin(), odds.end(), r) - odds.begin();
+      check(rev->rank() == me && rev->size() == static_cast<int>(odds.size()), "reversed subgroup rank and size");
+      int64_t mine = r;
+      std::vector<int64_t> all(odds.size(), -1);
+      rev->all_gather(ddp::view(std::span<int64_t>(&mine, 1)), ddp::view(all));
+      check(std::equal(all.begin(), all.end(), odds.begin()), "reversed subgroup all_gather in subgroup rank order");
+      int64_t b = r;
+      rev->broadcast(ddp::view(std::span<int64_t>(&b, 1)), 0);
+      check(b == odds.front(), "reversed subgroup broadcast from its rank 0");
+    }
   }
   pg.barrier();
 }

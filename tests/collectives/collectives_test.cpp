@@ -145,6 +145,24 @@ TEST_CASE("ddp-bench under ddprun: every op it measures gives every rank the rig
   }
 }
 
+TEST_CASE("ddp-bench measures each size once where small sizes round alike", "[collectives][bench]") {
+  // 3 ranks: all_gather rounds to multiples of 12 B, so 4, 8 and 16 B are all 12 B.
+  auto r = run(e2e::ddprun({"--nproc_per_node=3", DDP_BENCH_BIN, "-b", "4", "-e", "64", "-f", "2", "-o", "all_gather",
+                            "--target_ms", "1"}),
+               {}, 120s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.status == 0);
+  std::vector<std::string> sizes;
+  const std::regex row(R"(\s*all_gather\s+(\d+)\s+.*)");
+  auto ranks = e2e::by_rank(r.out);
+  for (const auto& line : ranks[0]) {
+    std::smatch m;
+    if (std::regex_match(line, m, row)) sizes.push_back(m[1]);
+  }
+  CHECK(sizes == std::vector<std::string>{"12", "24", "60"});
+  CHECK(r.out.find("host buffers") != std::string::npos);  // the banner says what it measures
+}
+
 TEST_CASE("TCP only (DDP_DISABLE_SHM=1): the 4-rank matrix passes over sockets", "[collectives]") {
   run_matrix(4, "1048576", {{"DDP_DISABLE_SHM", "1"}});
 }
