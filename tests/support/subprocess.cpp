@@ -133,9 +133,15 @@ std::vector<std::string> lines_of(const std::string& text) {
 }
 
 bool process_alive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Plain read(): a process reaped between open and read makes it fail with ESRCH,
+  // which means "gone" here (an ifstream would throw from its underflow instead).
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n <= 0) return false;
+  const std::string content(buf, static_cast<size_t>(n));
   auto paren = content.rfind(')');
   if (paren == std::string::npos || paren + 2 >= content.size()) return false;
   char state = content[paren + 2];
