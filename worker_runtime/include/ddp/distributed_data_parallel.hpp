@@ -115,9 +115,8 @@ class DistributedDataParallel {
   struct Bucket {
     std::unique_ptr<GroupMemory> memory;  // host: from the group, peers reach it without copies
     Tensor device_memory;                 // GPU: device memory (the NCCL member reduces it)
-    float* data = nullptr;                // flat gradients of its parameters, in one of the two
-    size_t count = 0;
-    Buffer buffer(Device device) const;
+    Tensor grads;                         // 1 × n view of the flat gradients, in one of the two
+    Buffer buffer() const;
     std::vector<Parameter*> params;     // in bucket order (reverse registration order)
     size_t pending = 0;                 // gradients not yet final in this backward
     Work work;                          // the running all-reduce

@@ -49,20 +49,21 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   for (auto& bucket : buckets_) {
     size_t n = 0;
     for (Parameter* p : bucket.params) n += p->numel();
+    float* memory = nullptr;
     if (device_ == Device::Cuda) {
       // GPU buckets: plain device memory, which the group's NCCL member reduces.
       bucket.device_memory = Tensor(1, n, Device::Cuda);
-      bucket.data = bucket.device_memory.data();
+      memory = bucket.device_memory.data();
     } else {
       // Shared with the local peers where possible, so the all-reduce reads and writes
       // their buckets directly (zero-filled).
       bucket.memory = pg_->allocate(n * sizeof(float));
-      bucket.data = reinterpret_cast<float*>(bucket.memory->data());
+      memory = reinterpret_cast<float*>(bucket.memory->data());
     }
-    bucket.count = n;
+    bucket.grads = Tensor::view(memory, 1, n, device_);
     size_t offset = 0;
     for (Parameter* p : bucket.params) {
-      p->bind_grad(bucket.data + offset);  // keeps the gradient the parameter held
+      p->bind_grad(memory + offset);  // keeps the gradient the parameter held
       offset += p->numel();
     }
   }
@@ -85,7 +86,9 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   }
 }
 
-Buffer DistributedDataParallel::Bucket::buffer(Device device) const { return Buffer{data, count, DType::F32, device}; }
+Buffer DistributedDataParallel::Bucket::buffer() const {
+  return Buffer{const_cast<float*>(grads.data()), grads.size(), DType::F32, grads.device()};
+}
 
 DistributedDataParallel::~DistributedDataParallel() {
   // Never leave an all-reduce writing into buckets that are about to go away.
@@ -128,7 +131,7 @@ void DistributedDataParallel::launch_ready_buckets() {
     // progress thread; it still starts after every earlier bucket).
     const bool last = next_to_launch_ == buckets_.size();
     if (stats_.first_launch < 0) stats_.first_launch = seconds(b.launched - backward_start_);
-    b.work = pg_->all_reduce(b.buffer(device_), ReduceOp::Avg, {.async_op = !last});
+    b.work = pg_->all_reduce(b.buffer(), ReduceOp::Avg, {.async_op = !last});
     if (last) inline_comm_ = Clock::now() - b.launched;  // communication, though on backward's clock
   }
 }
@@ -191,21 +194,21 @@ float DistributedDataParallel::clip_grad_norm(float max_norm) {
   double sq = 0;
   for (const auto& b : buckets_) {
     if (device_ == Device::Cuda) {
-      sq += detail::device::sum_squares(b.data, b.count);
+      sq += detail::device::sum_squares(b.grads.data(), b.grads.size());
     } else {
-      for (size_t i = 0; i < b.count; ++i) sq += static_cast<double>(b.data[i]) * b.data[i];
+      for (float g : b.grads.span()) sq += static_cast<double>(g) * g;
     }
   }
   const float norm = static_cast<float>(std::sqrt(sq));
   if (norm > max_norm && norm > 0) {
     const float scale = max_norm / (norm + 1e-6f);
-    for (auto& b : buckets_) Tensor::view(b.data, 1, b.count, device_).scale(scale);
+    for (auto& b : buckets_) b.grads.scale(scale);
   }
   return norm;
 }
 
 void DistributedDataParallel::zero_grad() {
-  for (auto& b : buckets_) Tensor::view(b.data, 1, b.count, device_).zero();
+  for (auto& b : buckets_) b.grads.zero();
 }
 
 }  // namespace ddp

@@ -18,11 +18,12 @@ const Tensor kEmpty;  // what backward returns when no input gradient was asked 
 
 std::string shape(const Tensor& t) { return std::to_string(t.rows()) + "x" + std::to_string(t.cols()); }
 
-// A layer computes where its input lives; its parameters must be there too.
-void need_device(const Tensor& x, const Parameter& p, const char* layer) {
-  if (x.device() != p.device()) {
-    throw InvalidArgument(std::string(layer) + ": the input is on " + device_name(x.device()) + " but '" + p.name +
-                          "' is on " + device_name(p.device()) + " (move the model with Module::to)");
+// A layer computes where its input lives: `what` (its parameters, or the gradient
+// coming back) must be there too.
+void need_device(const char* layer, Device input, Device have, const std::string& what) {
+  if (have != input) {
+    throw InvalidArgument(std::string(layer) + ": the input is on " + device_name(input) + " but " + what + " is on " +
+                          device_name(have) + " (move the model with Module::to)");
   }
 }
 
@@ -70,7 +71,7 @@ const Tensor& Linear::forward(const Tensor& x) {
   if (x.cols() != in) {
     throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " + shape(x));
   }
-  need_device(x, weight_, "Linear");
+  need_device("Linear", x.device(), weight_.device(), "'" + weight_.name + "'");
   const Device device = x.device();
   const size_t batch = x.rows();
   input_ = &x;
@@ -101,10 +102,7 @@ const Tensor& Linear::backward(const Tensor& dy, const GradReadyHook& hook, bool
                           std::to_string(out));
   }
   const Device device = input_->device();
-  if (dy.device() != device) {
-    throw InvalidArgument(std::string("Linear::backward: dy is on ") + device_name(dy.device()) + ", the input was on " +
-                          device_name(device));
-  }
+  need_device("Linear::backward", device, dy.device(), "dy");
   if (batch != 0) {
     // dW += dyᵀ x   (out × batch · batch × in)
     sgemm_on(device, Transpose::Yes, Transpose::No, out, in, batch, 1.0f, dy.data(), out, input_->data(), in, 1.0f,
@@ -162,10 +160,7 @@ const Tensor& ReLU::backward(const Tensor& dy, const GradReadyHook&, bool need_d
   if (dy.rows() != output_.rows() || dy.cols() != output_.cols()) {
     throw InvalidArgument("ReLU::backward: dy is " + shape(dy) + ", output was " + shape(output_));
   }
-  if (dy.device() != output_.device()) {
-    throw InvalidArgument(std::string("ReLU::backward: dy is on ") + device_name(dy.device()) + ", the output on " +
-                          device_name(output_.device()));
-  }
+  need_device("ReLU::backward", output_.device(), dy.device(), "dy");
   if (!need_dx) return kEmpty;
   dx_.resize_on(dy.device(), dy.rows(), dy.cols());
   const float* __restrict y = output_.data();
