@@ -1,6 +1,6 @@
 # The installed package: what its config must find again.
 #
-# ddp_worker and ddp_rendezvous are static libraries, so their private links (OpenSSL,
+# ddp_contract, ddp_comm, ddp_train and ddp_rendezvous are static libraries, so their private links (OpenSSL,
 # OpenBLAS, zlib, CUDA, NCCL...) travel with them into the export set as $<LINK_ONLY:...>
 # and every imported target named there must exist in the consumer's project too.
 # ddprun_package_dependencies() reads the targets' link interfaces and writes the
@@ -24,11 +24,11 @@ function(ddprun_package_dependencies out)
 
   # Settings the components found their dependencies with (variables of their directories).
   get_directory_property(openssl_static DIRECTORY ${PROJECT_SOURCE_DIR}/rendezvous DEFINITION OPENSSL_USE_STATIC_LIBS)
-  get_directory_property(bla_vendor DIRECTORY ${PROJECT_SOURCE_DIR}/worker_runtime DEFINITION BLA_VENDOR)
+  get_directory_property(bla_vendor DIRECTORY ${PROJECT_SOURCE_DIR}/worker_runtime/train DEFINITION BLA_VENDOR)
 
   set(packages "")
   foreach(name IN LISTS names)
-    if(name MATCHES "^ddprun::(worker|rendezvous|warnings)$")
+    if(name MATCHES "^ddprun::(contract|comm|train|worker|rendezvous|warnings)$")
       # exported by this package
     elseif(name MATCHES "^Threads::")
       list(APPEND packages Threads)

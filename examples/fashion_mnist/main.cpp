@@ -390,7 +390,7 @@ int main(int argc, char** argv) {
   }
   try {
     return train(a);
-  } catch (const ddp::LaunchEnvError& e) {
+  } catch (const ddp::contract::ContractError& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;
   } catch (const ddp::InvalidArgument& e) {

@@ -6,13 +6,13 @@
 
 #include <cstdio>
 
-#include "ddp/launch_env.hpp"
+#include "ddp/contract/worker_env.hpp"
 
 int main() {
-  ddp::LaunchEnv env;
+  ddp::contract::WorkerEnv env;
   try {
-    env = ddp::LaunchEnv::from_environment();
-  } catch (const ddp::LaunchEnvError& e) {
+    env = ddp::contract::WorkerEnv::from_environment();
+  } catch (const ddp::contract::ContractError& e) {
     std::fprintf(stderr, "hello_ranks: %s\n", e.what());
     return 2;
   }

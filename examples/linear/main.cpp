@@ -63,7 +63,7 @@ int main() {
       if (pg->rank() == 0) std::printf("epoch %d loss %.4f\n", epoch + 1, sums[0] / sums[1]);
     }
     return 0;
-  } catch (const ddp::LaunchEnvError& e) {
+  } catch (const ddp::contract::ContractError& e) {
     std::fprintf(stderr, "linear: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

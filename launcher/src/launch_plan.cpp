@@ -181,45 +181,40 @@ void create_log_dirs(const LaunchPlan& plan, int attempt) {
   }
 }
 
+contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
+                                    int restart_count) {
+  const LaunchOptions& o = plan.options;
+  contract::WorkerEnv w;
+  w.launcher = contract::Launcher::Ddprun;
+  w.rank = layout.rank_offset + local_rank;
+  w.world_size = layout.world_size;
+  w.local_rank = local_rank;
+  w.local_world_size = plan.nproc;
+  w.group_rank = o.node_rank;
+  w.group_world_size = o.nnodes;
+  w.role_name = o.role;
+  w.master_addr = layout.master_addr;
+  w.master_port = layout.master_port;
+  w.run_id = plan.run_id;
+  w.restart_count = restart_count;
+  w.max_restarts = o.max_restarts;
+  w.use_agent_store = false;
+  w.store = layout.store;
+  w.single_omp_thread = plan.set_omp_num_threads;
+  return w;
+}
+
 std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
                                             int restart_count) {
-  const LaunchOptions& o = plan.options;
-  int rank = layout.rank_offset + local_rank;
-  std::map<std::string, std::string> contract = {
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(layout.world_size)},
-      {"LOCAL_WORLD_SIZE", std::to_string(plan.nproc)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
-      {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(layout.world_size)},
-      {"ROLE_NAME", o.role},
-      {"MASTER_ADDR", layout.master_addr},
-      {"MASTER_PORT", std::to_string(layout.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", plan.run_id},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
-      // ddprun's own: where the worker runtime finds the rendezvous store.
-      {"DDPRUN_STORE_ADDR", layout.store_addr},
-      {"DDPRUN_STORE_PORT", std::to_string(layout.store_port)},
-      {"DDPRUN_STORE_TOKEN", layout.store_token},
-      {"DDPRUN_STORE_NAMESPACE", layout.store_namespace},
-      {"DDPRUN_STORE_PREFIX", layout.store_prefix},
-      {"DDPRUN_RUN_ID", plan.run_id},
-      {"DDPRUN_NODE_RANK", std::to_string(o.node_rank)},
-  };
-  if (plan.set_omp_num_threads) contract["OMP_NUM_THREADS"] = "1";
-
+  const std::map<std::string, std::string> vars = worker_contract(plan, layout, local_rank, restart_count).to_env();
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);
     auto eq = entry.find('=');
-    if (eq != std::string_view::npos && contract.count(std::string(entry.substr(0, eq))) != 0) continue;
+    if (eq != std::string_view::npos && vars.count(std::string(entry.substr(0, eq))) != 0) continue;
     env.emplace_back(entry);
   }
-  for (const auto& [key, value] : contract) env.push_back(key + "=" + value);
+  for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
   return env;
 }
 

@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "ddp/contract/worker_env.hpp"
 #include "options.hpp"
 
 namespace ddprun {
+
+namespace contract = ddp::contract;
 
 struct WorkerCommand {
   std::string path;               // what execve() runs (absolute or relative to the cwd)
@@ -36,11 +39,7 @@ struct JobLayout {
   int rank_offset = 0;            // global rank of this node's local rank 0
   std::string master_addr;        // MASTER_ADDR / MASTER_PORT: where rank 0 may host a store
   int master_port = 0;
-  std::string store_addr;         // DDPRUN_STORE_*: the rendezvous store, for the worker runtime
-  int store_port = 0;
-  std::string store_token;
-  std::string store_namespace;
-  std::string store_prefix;       // keys of this run and attempt
+  contract::StoreEndpoint store;  // DDPRUN_STORE_*: the job's store and this attempt's groups prefix
 };
 
 // Resolves and checks everything; throws UsageError or LaunchError.
@@ -55,7 +54,10 @@ std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int lo
 // Creates the log folders of one attempt. Throws LaunchError naming the folder.
 void create_log_dirs(const LaunchPlan& plan, int attempt);
 
-// The environment of one worker: ddprun's own environment plus the launch contract.
+// The launch contract of one worker (contract::WorkerEnv).
+contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank, int restart_count);
+
+// The environment of one worker: ddprun's own environment plus its launch contract.
 std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
                                             int restart_count);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "console.hpp"
+#include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
 #include "launch_plan.hpp"
 #include "options.hpp"
@@ -116,10 +117,10 @@ ddprun::JobLayout single_node_layout(const ddprun::LaunchPlan& plan, const Job& 
   layout.world_size = plan.nproc;
   layout.master_addr = plan.options.master_addr;
   layout.master_port = plan.master_port;
-  layout.store_addr = "127.0.0.1";
-  layout.store_port = job.store_host->port();
-  layout.store_token = job.store_token;
-  layout.store_prefix = "run/" + plan.run_id + "/attempt/" + std::to_string(attempt) + "/workers";
+  layout.store.addr = "127.0.0.1";
+  layout.store.port = job.store_host->port();
+  layout.store.token = job.store_token;
+  layout.store.prefix = ddp::contract::JobKeys(attempt).process_groups();
   return layout;
 }
 

@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "errors.hpp"
-#include "parse_util.hpp"
+#include "ddp/contract/parse.hpp"
 #include "slurm_env.hpp"
 #include "rdzv/store.hpp"
 #include "rdzv/token.hpp"
@@ -45,13 +45,13 @@ struct RawFlags {
 
 int integer_in(const std::string& flag, const std::string& text, long long lo, long long hi,
                const std::string& expected) {
-  auto n = parse_integer(text);
+  auto n = ddp::contract::parse_integer(text);
   if (!n || *n < lo || *n > hi) invalid(flag, text, expected);
   return static_cast<int>(*n);
 }
 
 double seconds_in(const std::string& flag, const std::string& text, bool allow_zero) {
-  auto v = parse_decimal(text);
+  auto v = ddp::contract::parse_decimal(text);
   if (!v || !std::isfinite(*v) || *v < 0 || (*v == 0 && !allow_zero) || *v > 86400.0 * 365) {
     invalid(flag, text, allow_zero ? "expected a number of seconds >= 0" : "expected a number of seconds > 0");
   }
@@ -63,8 +63,8 @@ int parse_nnodes(const std::string& text) {
   auto colon = text.find(':');
   std::string lo = text.substr(0, colon);
   std::string hi = colon == std::string::npos ? lo : text.substr(colon + 1);
-  auto a = parse_integer(lo);
-  auto b = parse_integer(hi);
+  auto a = ddp::contract::parse_integer(lo);
+  auto b = ddp::contract::parse_integer(hi);
   if (!a || !b || *a < 1 || *b < *a || *b > 100000) {
     invalid("--nnodes", text, "expected a positive node count N or MIN:MAX");
   }
@@ -95,7 +95,7 @@ std::set<int> parse_rank_list(const std::string& text) {
   std::string_view rest = text;
   while (true) {
     auto comma = rest.find(',');
-    auto rank = parse_integer(rest.substr(0, comma));
+    auto rank = ddp::contract::parse_integer(rest.substr(0, comma));
     if (!rank || *rank < 0 || *rank > 1'000'000) {
       invalid("--local_ranks_filter", text, "expected a comma-separated list of local ranks, e.g. 0 or 0,2");
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
 #include "ports.hpp"
 
@@ -129,14 +130,10 @@ rdzv::TcpStoreOptions RendezvousAgent::store_options(Millis connect_timeout) con
   return o;
 }
 
-std::string RendezvousAgent::key(int attempt, const std::string& name) const {
-  return "attempt/" + std::to_string(attempt) + "/" + name;
-}
-
 std::string RendezvousAgent::agree_run_id(const std::string& mine) {
   try {
-    std::string agreed = plan_.options.node_rank == 0 ? store_->compare_set("run_id", "", mine)
-                                                       : patient_multi_get({"run_id"}, to_ms(plan_.options.join_timeout))[0];
+    std::string agreed = plan_.options.node_rank == 0 ? store_->compare_set(contract::JobKeys::run_id(), "", mine)
+                                                       : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout))[0];
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
     }
@@ -156,16 +153,16 @@ JobLayout RendezvousAgent::join(int attempt) {
     // If this ddprun dies or is cut off from here on, the server publishes that for us.
     FailureNotice will{me, -1, 1, plan_.hostname,
                        "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
-    store_->set_will(key(attempt, "failure"), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
+    store_->set_will(contract::JobKeys(attempt).failure(), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
 
     std::string address = store_->local_address();
-    store_->set(key(attempt, "node/" + std::to_string(me)),
+    store_->set(contract::JobKeys(attempt).node(me),
                 plan_.hostname + "\n" + address + "\n" + std::to_string(plan_.nproc));
-    if (me == 0) store_->set(key(attempt, "master_port"), std::to_string(pick_free_port()));
+    if (me == 0) store_->set(contract::JobKeys(attempt).master_port(), std::to_string(pick_free_port()));
 
     std::vector<std::string> keys;
-    for (int r = 0; r < o.nnodes; ++r) keys.push_back(key(attempt, "node/" + std::to_string(r)));
-    keys.push_back(key(attempt, "master_port"));
+    for (int r = 0; r < o.nnodes; ++r) keys.push_back(contract::JobKeys(attempt).node(r));
+    keys.push_back(contract::JobKeys(attempt).master_port());
     std::vector<std::string> values;
     try {
       values = patient_multi_get(keys, to_ms(o.join_timeout));
@@ -174,7 +171,8 @@ JobLayout RendezvousAgent::join(int attempt) {
       // node ranks from it rather than asking again (node 0 may already be gone with its store).
       std::string missing;
       std::string text = e.what();
-      const std::string tag = key(attempt, "node/");
+      std::string tag = contract::JobKeys(attempt).node(0);
+      tag.pop_back();
       for (size_t at = text.find(tag); at != std::string::npos; at = text.find(tag, at + 1)) {
         size_t begin = at + tag.size(), end = text.find('\'', begin);
         missing += (missing.empty() ? "" : ", ") + text.substr(begin, end - begin);
@@ -182,11 +180,11 @@ JobLayout RendezvousAgent::join(int attempt) {
       if (missing.empty()) missing = "?";
       // Let the nodes that did join read their own timeout before node 0 takes the store away.
       try {
-        store_->set(key(attempt, "left/" + std::to_string(me)), "1");
+        store_->set(contract::JobKeys(attempt).left(me), "1");
         if (me == 0 && !o.rdzv_host) {
           std::vector<std::string> joined;
           for (int r = 1; r < o.nnodes; ++r) {
-            if (store_->check({keys[r]})) joined.push_back(key(attempt, "left/" + std::to_string(r)));
+            if (store_->check({keys[r]})) joined.push_back(contract::JobKeys(attempt).left(r));
           }
           patient_multi_get(joined, std::min(to_ms(o.join_timeout), Millis(5000)));
         }
@@ -218,11 +216,11 @@ JobLayout RendezvousAgent::join(int attempt) {
     // node 0's own address as the daemon saw it.
     layout.master_addr = o.rdzv_host ? node0_address : o.master_addr;
     layout.master_port = std::stoi(values.back());
-    layout.store_addr = store_host_;
-    layout.store_port = store_port_;
-    layout.store_token = token_;
-    layout.store_namespace = ns_;
-    layout.store_prefix = "run/" + plan_.run_id + "/attempt/" + std::to_string(attempt) + "/workers";
+    layout.store.addr = store_host_;
+    layout.store.port = store_port_;
+    layout.store.token = token_;
+    layout.store.ns = ns_;
+    layout.store.prefix = contract::JobKeys(attempt).process_groups();
     return layout;
   } catch (const rdzv::StoreConnectionError& e) {
     throw LaunchError("rendezvous: the store at " + store_host_ + ":" + std::to_string(store_port_) +
@@ -242,7 +240,7 @@ void RendezvousAgent::start_watch(int attempt, std::function<void(const FailureN
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }
   watch_thread_ = std::thread([this, attempt, on_failure = std::move(on_failure)] {
-    const std::string failure_key = key(attempt, "failure");
+    const std::string failure_key = contract::JobKeys(attempt).failure();
     while (!stopping_) {
       try {
         std::string text = watcher_->get(failure_key, Millis(3600 * 1000));
@@ -274,7 +272,7 @@ void RendezvousAgent::stop_watch() {
 
 FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice& notice) {
   try {
-    return FailureNotice::decode(store_->compare_set(key(attempt, "failure"), "", notice.encode()));
+    return FailureNotice::decode(store_->compare_set(contract::JobKeys(attempt).failure(), "", notice.encode()));
   } catch (const rdzv::StoreError& e) {
     spdlog::error("could not publish the failure to the store: {}", e.what());
     return notice;
@@ -284,14 +282,14 @@ FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice&
 std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
   const LaunchOptions& o = plan_.options;
   std::vector<std::string> done;
-  for (int r = 0; r < o.nnodes; ++r) done.push_back(key(attempt, "done/" + std::to_string(r)));
+  for (int r = 0; r < o.nnodes; ++r) done.push_back(contract::JobKeys(attempt).done(r));
   auto deadline = Clock::now() + to_ms(o.exit_barrier_timeout);
   try {
     store_->set(done[o.node_rank], "1");
     // Short waits, so a failure published meanwhile (the watcher sees it) ends the wait.
     while (true) {
-      if (failure_seen_ || store_->check({key(attempt, "failure")})) {
-        return FailureNotice::decode(store_->get(key(attempt, "failure"), Millis(1000)));
+      if (failure_seen_ || store_->check({contract::JobKeys(attempt).failure()})) {
+        return FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), Millis(1000)));
       }
       if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
         return publish_failure(attempt, {o.node_rank, -1, 128 + sig, plan_.hostname,
@@ -322,10 +320,10 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
 void RendezvousAgent::leave(int attempt, Millis linger) {
   const LaunchOptions& o = plan_.options;
   try {
-    store_->set(key(attempt, "left/" + std::to_string(o.node_rank)), "1");
+    store_->set(contract::JobKeys(attempt).left(o.node_rank), "1");
     if (linger.count() > 0) {
       std::vector<std::string> left;
-      for (int r = 0; r < o.nnodes; ++r) left.push_back(key(attempt, "left/" + std::to_string(r)));
+      for (int r = 0; r < o.nnodes; ++r) left.push_back(contract::JobKeys(attempt).left(r));
       try {
         patient_multi_get(left, linger);  // short slices: the heartbeat keeps going meanwhile
       } catch (const rdzv::StoreTimeout&) {

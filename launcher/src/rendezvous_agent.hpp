@@ -76,7 +76,6 @@ class RendezvousAgent {
   void leave(int attempt, std::chrono::milliseconds linger);
 
  private:
-  std::string key(int attempt, const std::string& name) const;
   rdzv::TcpStoreOptions store_options(std::chrono::milliseconds connect_timeout) const;
   // get/multi_get in short slices until `timeout`, checking for stop signals between them.
   std::vector<std::string> patient_multi_get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);

@@ -3,13 +3,13 @@
 #include <string>
 
 #include "errors.hpp"
-#include "parse_util.hpp"
+#include "ddp/contract/parse.hpp"
 
 namespace ddprun {
 namespace {
 
 unsigned parse_mask(std::string_view flag, std::string_view whole, std::string_view value) {
-  auto n = parse_integer(value);
+  auto n = ddp::contract::parse_integer(value);
   if (!n || *n < 0 || *n > 3) {
     throw UsageError("invalid " + std::string(flag) + " '" + std::string(whole) +
                      "': expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) or a per-rank map like 0:3,1:1");
@@ -30,7 +30,7 @@ StreamSpec StreamSpec::parse(std::string_view flag, std::string_view text) {
     auto comma = rest.find(',');
     std::string_view item = rest.substr(0, comma);
     auto colon = item.find(':');
-    auto rank = colon == std::string_view::npos ? std::nullopt : parse_integer(item.substr(0, colon));
+    auto rank = colon == std::string_view::npos ? std::nullopt : ddp::contract::parse_integer(item.substr(0, colon));
     if (!rank || *rank < 0 || *rank > 1'000'000) {
       throw UsageError("invalid " + std::string(flag) + " '" + std::string(text) +
                        "': each item of a per-rank map is LOCAL_RANK:VALUE, e.g. 0:3,1:1");

@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       }
     }
     return wrong_total == 0 ? 0 : 1;
-  } catch (const ddp::LaunchEnvError& ex) {
+  } catch (const ddp::contract::ContractError& ex) {
     std::fprintf(stderr, "ddp-bench: %s\n", ex.what());
     return 2;
   } catch (const std::exception& ex) {

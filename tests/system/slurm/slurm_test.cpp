@@ -1,0 +1,219 @@
+// ddprun under a real Slurm (slurmctld + slurmd per node, munge): batch jobs with
+// `srun ddprun`, the task-per-GPU style, and scancel.
+#include <catch2/catch.hpp>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "e2e.hpp"
+#include "cluster.hpp"
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Writes a batch script and submits it with sbatch; returns the job id.
+std::string submit(SlurmCluster& c, const std::string& name, const std::string& body,
+                   const std::vector<std::string>& sbatch_flags) {
+  auto script = c.dir() / (name + ".sh");
+  write_file(script, "#!/bin/sh\n" + body, true);
+  std::vector<std::string> cmd = {"sbatch", "--parsable", "-o", (c.dir() / (name + ".out")).string()};
+  cmd.insert(cmd.end(), sbatch_flags.begin(), sbatch_flags.end());
+  cmd.push_back(script.string());
+  auto r = c.run_on_head(cmd);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+  REQUIRE(!id.empty());
+  return id;
+}
+
+// Waits until the job has left the queue; returns its output file.
+std::string wait_job(SlurmCluster& c, const std::string& name, const std::string& id,
+                     std::chrono::seconds limit = 90s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto q = c.run_on_head({"squeue", "-h", "-j", id, "-o", "%T"});
+    if (q.out.empty()) return read_file(c.dir() / (name + ".out"));
+    std::this_thread::sleep_for(200ms);
+  }
+  FAIL("job " << id << " did not finish; output so far:\n" << read_file(c.dir() / (name + ".out")));
+  return {};
+}
+
+std::string job_state(SlurmCluster& c, const std::string& id) {
+  // Without accounting, scontrol remembers finished jobs for a while (MinJobAge).
+  auto r = c.run_on_head({"scontrol", "show", "job", id});
+  std::smatch m;
+  std::regex state("JobState=(\\S+)");
+  return std::regex_search(r.out, m, state) ? m[1].str() : "?";
+}
+
+// Submits a 2-node job whose 4 workers each start two grandchildren (one leaves the
+// worker's process group), waits until all 12 pids are written, scancels it, and
+// returns the seconds until none of them is alive (or -1 if some outlive `limit`).
+double cancel_and_time(SlurmCluster& c, const std::string& name, std::chrono::seconds limit) {
+  auto pids_dir = c.dir() / (name + "-pids");
+  std::filesystem::create_directories(pids_dir);
+  auto id = submit(c, name,
+                   "srun " + e2e::kDdprun + " --nproc_per_node=2 " + e2e::kWorker + " tree " + pids_dir.string() + "\n",
+                   {"-N2", "--ntasks-per-node=1"});
+  std::vector<pid_t> pids;
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (pids.size() < 12 && std::chrono::steady_clock::now() < deadline) {
+    pids.clear();
+    for (int r = 0; r < 4; ++r) {
+      std::istringstream in(read_file(pids_dir / ("pids." + std::to_string(r))));
+      pid_t p;
+      while (in >> p) pids.push_back(p);
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(pids.size() == 12);  // 4 workers, each with a grandchild in its group and one that left it
+  auto cancelled = std::chrono::steady_clock::now();
+  REQUIRE(c.run_on_head({"scancel", id}).status == 0);
+  auto alive = [&] { return std::count_if(pids.begin(), pids.end(), [](pid_t p) { return process_alive(p); }); };
+  while (alive() > 0 && std::chrono::steady_clock::now() - cancelled < limit) std::this_thread::sleep_for(5ms);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled).count();
+  std::string out = wait_job(c, name, id);
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("stopped by SIGTERM"));
+  return alive() == 0 ? seconds : -1;
+}
+
+bool has(const std::vector<std::string>& lines, const std::string& kv) {
+  return std::find(lines.begin(), lines.end(), kv) != lines.end();
+}
+
+}  // namespace
+
+TEST_CASE("a 1-node sbatch of srun ddprun runs the example", "[slurm_cluster]") {
+  SlurmCluster c(1);
+  auto id = submit(c, "one", "srun " + e2e::kDdprun + " --nproc_per_node=2 " + HELLO_RANKS_BIN + "\n", {"-N1"});
+  std::string out = wait_job(c, "one", id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  CHECK_THAT(out, Catch::Contains("[rank0]:rank 0 of 2 (local rank 0 of 2, node 0 of 1) on n0"));
+  CHECK_THAT(out, Catch::Contains("[rank1]:rank 1 of 2 (local rank 1 of 2, node 0 of 1) on n0"));
+  CHECK_THAT(out, Catch::Contains("run slurm-" + id + ".0"));
+}
+
+TEST_CASE("a 2-node job of srun ddprun needs no flags beyond --nproc_per_node", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  auto id = submit(c, "two",
+                   "srun " + e2e::kDdprun + " --nproc_per_node=2 " + e2e::kWorker +
+                       " env RANK WORLD_SIZE LOCAL_RANK GROUP_RANK MASTER_ADDR DDPRUN_STORE_ADDR TORCHELASTIC_RUN_ID\n",
+                   {"-N2", "--ntasks-per-node=1"});
+  std::string out = wait_job(c, "two", id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  auto ranks = e2e::by_rank(out);
+  REQUIRE(ranks.size() == 4);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(has(ranks[r], "RANK=" + std::to_string(r)));
+    CHECK(has(ranks[r], "WORLD_SIZE=4"));
+    CHECK(has(ranks[r], "LOCAL_RANK=" + std::to_string(r % 2)));
+    CHECK(has(ranks[r], "GROUP_RANK=" + std::to_string(r / 2)));
+    CHECK(has(ranks[r], "MASTER_ADDR=n0"));        // the store host, from the nodelist
+    CHECK(has(ranks[r], "DDPRUN_STORE_ADDR=n0"));
+    CHECK(has(ranks[r], "TORCHELASTIC_RUN_ID=slurm-" + id + ".0"));
+  }
+}
+
+TEST_CASE("the task-per-GPU style runs without ddprun", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  auto id = submit(c, "tasks", std::string("srun ") + HELLO_RANKS_BIN + "\n", {"-N2", "--ntasks-per-node=2"});
+  std::string out = wait_job(c, "tasks", id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  for (int r = 0; r < 4; ++r) {
+    CHECK_THAT(out, Catch::Contains("rank " + std::to_string(r) + " of 4 (local rank " + std::to_string(r % 2) +
+                                    " of 2, node " + std::to_string(r / 2) + " of 2) on n" + std::to_string(r / 2)));
+  }
+  CHECK_THAT(out, Catch::Contains("rank 0 may host a store at n0:"));
+  CHECK_THAT(out, Catch::Contains("for run slurm-" + id + ".0"));
+}
+
+// Submits `script` to a 2-node cluster and checks that the job completed and all 4
+// ranks of the collective matrix passed every check.
+static void run_matrix_job(const std::string& name, const std::string& script, const std::string& tasks_per_node) {
+  SlurmCluster c(2);
+  auto id = submit(c, name, script, {"-N2", "--ntasks-per-node=" + tasks_per_node});
+  std::string out = wait_job(c, name, id);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");
+  int passed = 0;
+  std::regex done(R"(rank (\d+): (\d+) checks, 0 failed)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), done); it != std::sregex_iterator(); ++it) ++passed;
+  CHECK(passed == 4);
+  CHECK(out.find("FAILED") == std::string::npos);
+}
+
+TEST_CASE("collectives under srun ddprun on 2 nodes pass the check matrix", "[slurm_cluster]") {
+  run_matrix_job("coll", "srun " + e2e::kDdprun + " --nproc_per_node=2 " + COLLECTIVE_WORKER_BIN + " matrix --big 1001\n",
+                 "1");
+}
+
+TEST_CASE("collectives in the task-per-GPU style (srun without ddprun) pass the check matrix", "[slurm_cluster]") {
+  run_matrix_job("colltasks", std::string("srun ") + COLLECTIVE_WORKER_BIN + " matrix --big 1001\n", "2");
+}
+
+TEST_CASE("scancel leaves no worker behind on any node", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  // Within Slurm's KillWait (5 s here), so nothing is left for its SIGKILL.
+  CHECK(cancel_and_time(c, "cancel", 5s) >= 0);
+}
+
+// Not a test: `scripts/bench/slurm` runs it for the launch-latency figure.
+TEST_CASE("benchmark: srun start to all workers running, 2 nodes x 2 workers", "[.bench]") {
+  SlurmCluster c(2);
+  std::vector<double> latencies;
+  for (int i = 0; i < 5; ++i) {
+    std::string name = "lat" + std::to_string(i);
+    auto id = submit(c, name,
+                     "echo \"srun-start $(date +%s.%N)\"\nsrun " + e2e::kDdprun + " --nproc_per_node=2 " +
+                         e2e::kWorker + " now\n",
+                     {"-N2", "--ntasks-per-node=1"});
+    std::string out = wait_job(c, name, id);
+    double start = 0, last = 0;
+    for (const auto& line : lines_of(out)) {
+      if (line.rfind("srun-start ", 0) == 0) start = std::stod(line.substr(11));
+      auto at = line.find("]:started ");
+      if (at != std::string::npos) last = std::max(last, std::stod(line.substr(at + 10)));
+    }
+    REQUIRE(start > 0);
+    REQUIRE(last > 0);
+    latencies.push_back(last - start);
+  }
+  std::sort(latencies.begin(), latencies.end());
+  std::printf("srun start -> all 4 workers running (2 nodes x 2), 5 jobs: median %.1f ms, min %.1f ms, max %.1f ms\n",
+              latencies[2] * 1e3, latencies[0] * 1e3, latencies[4] * 1e3);
+  std::vector<double> cancels;
+  for (int i = 0; i < 5; ++i) {
+    double s = cancel_and_time(c, "cancel" + std::to_string(i), 5s);
+    REQUIRE(s >= 0);
+    cancels.push_back(s);
+  }
+  std::sort(cancels.begin(), cancels.end());
+  std::printf("scancel -> 0 surviving workers/grandchildren on both nodes, 5 jobs: median %.1f ms, max %.1f ms "
+              "(KillWait 5 s)\n",
+              cancels[2] * 1e3, cancels[4] * 1e3);
+}
+
+TEST_CASE("a failing node ends the Slurm job on all nodes with the summary in its output", "[slurm_cluster]") {
+  SlurmCluster c(2);
+  // Global rank 3 (node 1) fails; the others would sleep for 10 minutes.
+  auto id = submit(c, "fail", "srun " + e2e::kDdprun + " --nproc_per_node=2 " + e2e::kWorker + " fail 3 7\n",
+                   {"-N2", "--ntasks-per-node=1"});
+  std::string out = wait_job(c, "fail", id, 60s);
+  INFO(out);
+  CHECK(job_state(c, id) == "FAILED");
+  // Both nodes' ddprun printed a summary naming the same root cause.
+  CHECK_THAT(out, Catch::Contains("rank 3 (local_rank 1) on n1") && Catch::Contains("exited with code 7"));
+  CHECK_THAT(out, Catch::Contains("rank 3 on node 1 (n1): exited with code 7"));
+}

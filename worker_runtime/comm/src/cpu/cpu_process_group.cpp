@@ -1,0 +1,361 @@
+// The CPU process group: collectives over shared memory and TCP (see transport.hpp
+// and algorithms.hpp), run one at a time in issue order.
+//
+// Execution: a blocking call runs on the caller's thread when nothing is queued
+// (no thread hop: small collectives stay at a few microseconds); an async call, or
+// a blocking one behind queued work, goes to the group's progress thread, started
+// on first use.
+//
+// Failure: the first PeerLost or StuckTimeout breaks the group. The rank that saw
+// it first records the root cause in the store (key "failure"), marks its shared
+// memory and shuts its sockets, so every peer notices at once and names the same
+// dead rank; every later call fails with the same error.
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "ddp/contract/store_keys.hpp"
+#include "../group_memory.hpp"
+#include "algorithms.hpp"
+#include "backend.hpp"
+#include "work_state.hpp"
+
+namespace ddp::detail {
+namespace {
+
+using cpu::Clock;
+
+class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this<CpuProcessGroup> {
+ public:
+  CpuProcessGroup(const GroupSetup& setup, const cpu::TransportOptions& topts)
+      : ProcessGroup(setup.rank, setup.size),
+        setup_(setup),
+        transport_options_(topts),
+        transport_(*setup.store, setup.rank, setup.size, topts) {
+    for (int r = 0; r < setup.size; ++r) all_.push_back(r);
+  }
+
+  ~CpuProcessGroup() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::string backend() const override { return "cpu"; }
+
+  Work all_reduce(Buffer buf, ReduceOp op, CollectiveOptions o) override {
+    check_cpu(buf, "all_reduce");
+    return submit("all_reduce", o, [=](cpu::Team& t) { cpu::all_reduce(t, buf, op); });
+  }
+  Work broadcast(Buffer buf, int root, CollectiveOptions o) override {
+    check_cpu(buf, "broadcast");
+    check_rank(root, "broadcast root");
+    return submit("broadcast", o, [=](cpu::Team& t) { cpu::broadcast(t, buf, root); });
+  }
+  Work reduce(Buffer buf, int root, ReduceOp op, CollectiveOptions o) override {
+    check_cpu(buf, "reduce");
+    check_rank(root, "reduce root");
+    return submit("reduce", o, [=](cpu::Team& t) { cpu::reduce(t, buf, root, op); });
+  }
+  Work all_gather(Buffer in, Buffer out, CollectiveOptions o) override {
+    check_pair(in, out, "all_gather");
+    check_blocks(out.count, in.count, "all_gather: output");
+    return submit("all_gather", o, [=](cpu::Team& t) { cpu::all_gather(t, in, out); });
+  }
+  Work gather(Buffer in, Buffer out, int root, CollectiveOptions o) override {
+    check_rank(root, "gather root");
+    if (rank() == root) {
+      check_pair(in, out, "gather");
+      check_blocks(out.count, in.count, "gather: the root's output");
+    }
+    else check_cpu(in, "gather");
+    return submit("gather", o, [=](cpu::Team& t) { cpu::gather(t, in, out, root); });
+  }
+  Work scatter(Buffer in, Buffer out, int root, CollectiveOptions o) override {
+    check_rank(root, "scatter root");
+    if (rank() == root) {
+      check_pair(in, out, "scatter");
+      check_blocks(in.count, out.count, "scatter: the root's input");
+    }
+    else check_cpu(out, "scatter");
+    return submit("scatter", o, [=](cpu::Team& t) { cpu::scatter(t, in, out, root); });
+  }
+  Work reduce_scatter(Buffer in, Buffer out, ReduceOp op, CollectiveOptions o) override {
+    check_pair(in, out, "reduce_scatter");
+    check_blocks(in.count, out.count, "reduce_scatter: input");
+    return submit("reduce_scatter", o, [=](cpu::Team& t) { cpu::reduce_scatter(t, in, out, op); });
+  }
+  Work all_to_all(Buffer in, Buffer out, CollectiveOptions o) override {
+    check_pair(in, out, "all_to_all");
+    if (in.count != out.count || in.count % static_cast<size_t>(size()) != 0) {
+      throw InvalidArgument("all_to_all: input and output need the same count, a multiple of " +
+                            std::to_string(size()) + " (got " + std::to_string(in.count) + " and " +
+                            std::to_string(out.count) + ")");
+    }
+    return submit("all_to_all", o, [=](cpu::Team& t) { cpu::all_to_all(t, in, out); });
+  }
+  Work barrier(CollectiveOptions o) override {
+    return submit("barrier", o, [](cpu::Team& t) { cpu::barrier(t); });
+  }
+  Work send(Buffer buf, int dst, CollectiveOptions o) override {
+    check_cpu(buf, "send");
+    check_peer(dst, "send");
+    return submit("send", o, [=](cpu::Team& t) { cpu::send(t, buf, dst); });
+  }
+  Work recv(Buffer buf, int src, CollectiveOptions o) override {
+    check_cpu(buf, "recv");
+    check_peer(src, "recv");
+    return submit("recv", o, [=](cpu::Team& t) { cpu::recv(t, buf, src); });
+  }
+
+  std::unique_ptr<GroupMemory> allocate(size_t bytes) override {
+    detail::page_rounded(bytes);  // a size no system could map is refused here, not in the group
+    std::unique_ptr<GroupMemory> memory;
+    std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
+    submit("allocate", {}, [&](cpu::Team& t) {
+      try {
+        memory = t.transport.share_memory(bytes, t.deadline);
+      } catch (const Error&) {
+        out_of_memory = std::current_exception();
+      }
+    });
+    if (out_of_memory) std::rethrow_exception(out_of_memory);
+    return memory;
+  }
+
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
+    const int id = next_subgroup_++;
+    std::vector<bool> seen(static_cast<size_t>(size()), false);
+    int my_index = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      if (r < 0 || r >= size() || seen[static_cast<size_t>(r)]) {
+        throw InvalidArgument("new_group: rank " + std::to_string(r) + " is out of range or listed twice");
+      }
+      seen[static_cast<size_t>(r)] = true;
+      if (r == rank()) my_index = static_cast<int>(i);
+    }
+    if (my_index < 0) return nullptr;
+    // The subgroup's keys live under its own prefix.
+    GroupSetup sub = with_store_prefix(setup_, contract::group_keys::subgroup(id));
+    sub.rank = my_index;
+    sub.size = static_cast<int>(ranks.size());
+    return std::make_shared<CpuProcessGroup>(sub, transport_options_);
+  }
+
+  void abort(const std::string& reason) override {
+    std::exception_ptr e = std::make_exception_ptr(Error("process group aborted: " + reason));
+    std::deque<Task> dropped;
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_) broken_ = e;
+      dropped.swap(queue_);
+    }
+    for (auto& t : dropped) t.state->complete(e);
+    transport_.interrupt();  // a running operation stops at its next wait
+    cv_.notify_all();
+  }
+
+ private:
+  struct Task {
+    const char* name;
+    Millis timeout;
+    std::function<void(cpu::Team&)> fn;
+    std::shared_ptr<Work::State> state;
+  };
+
+  // ---- argument checks (before anything is queued) --------------------------
+  static void check_cpu(const Buffer& b, const char* what) {
+    if (b.device != Device::Cpu) throw InvalidArgument(std::string(what) + ": the cpu backend needs host memory");
+    if (b.count > 0 && !b.data) throw InvalidArgument(std::string(what) + ": null buffer");
+  }
+  static void check_pair(const Buffer& in, const Buffer& out, const char* what) {
+    check_cpu(in, what);
+    check_cpu(out, what);
+    if (in.dtype != out.dtype) {
+      throw InvalidArgument(std::string(what) + ": input is " + dtype_name(in.dtype) + " but output is " +
+                            dtype_name(out.dtype));
+    }
+  }
+  // `whole` must hold size() blocks of `block` elements.
+  void check_blocks(size_t whole, size_t block, const char* what) const {
+    if (whole != block * static_cast<size_t>(size())) {
+      throw InvalidArgument(std::string(what) + " holds " + std::to_string(whole) + " elements, expected " +
+                            std::to_string(size()) + " x " + std::to_string(block));
+    }
+  }
+  void check_rank(int r, const char* what) const {
+    if (r < 0 || r >= size()) {
+      throw InvalidArgument(std::string(what) + " " + std::to_string(r) + " is not a rank of this group of " +
+                            std::to_string(size()));
+    }
+  }
+  void check_peer(int r, const char* what) const {
+    check_rank(r, what);
+    if (r == rank()) throw InvalidArgument(std::string(what) + ": a rank cannot address itself");
+  }
+
+  // ---- execution ------------------------------------------------------------
+  Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn) {
+    auto state = std::make_shared<Work::State>();
+    Task task{name, o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
+    {
+      std::unique_lock lock(mu_);
+      if (broken_) std::rethrow_exception(broken_);
+      if (!o.async_op && queue_.empty() && !running_) {
+        running_ = true;  // run inline: nothing is ahead of us
+        lock.unlock();
+        execute(task);
+        lock.lock();
+        running_ = false;
+        lock.unlock();
+        cv_.notify_all();
+        Work w(state);
+        w.wait();  // rethrows the error, if any
+        return w;
+      }
+      queue_.push_back(std::move(task));
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    }
+    cv_.notify_all();
+    Work w(state);
+    if (!o.async_op) w.wait();
+    return w;
+  }
+
+  void loop() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+      }
+      execute(task);
+      {
+        std::lock_guard lock(mu_);
+        running_ = false;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  void execute(Task& task) {
+    std::exception_ptr error;
+    {
+      std::unique_lock lock(mu_);
+      error = broken_;
+    }
+    const auto start = Clock::now();
+    if (!error) {
+      cpu::Team team{transport_, all_, rank(), scratch_, cpu::deadline_after(task.timeout)};
+      try {
+        std::lock_guard lock(transport_mu_);
+        task.fn(team);
+      } catch (const cpu::PeerLost& lost) {
+        if (lost.peer < 0) {  // abort(), or a broken transport
+          std::lock_guard lock(mu_);
+          if (!broken_) broken_ = std::make_exception_ptr(Error(std::string(task.name) + ": " + lost.detail));
+          error = broken_;
+        } else {
+          error = fail(task.name, lost.peer, lost.detail, false);
+        }
+      } catch (const cpu::StuckTimeout& stuck) {
+        error = fail(task.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
+                     "timed out after " + std::to_string(task.timeout.count()) + " ms", true);
+      } catch (const InvalidArgument& e) {
+        // Found while running (a recv of the wrong size, counts that only one rank
+        // can check): peers may already have sent bytes this rank will not read, so
+        // the streams are out of step. Peers hear about it; this rank gets the error.
+        fail(task.name, rank(), e.what(), false);
+        error = std::current_exception();
+      } catch (...) {
+        error = std::current_exception();
+        std::lock_guard lock(mu_);
+        if (!broken_) broken_ = error;
+      }
+    }
+    {
+      std::lock_guard lock(task.state->mu);
+      task.state->timing = Work::Timing{start, Clock::now(), true};
+    }
+    task.state->complete(error);
+  }
+
+  // Breaks the group; returns the error every pending and later call reports.
+  std::exception_ptr fail(const char* op, int blamed, const std::string& detail, bool timeout) {
+    // Someone may already have recorded the root cause: prefer it, so every rank
+    // names the same dead rank.
+    std::string cause;
+    try {
+      if (setup_.store->check({contract::group_keys::failure()})) cause = setup_.store->get(contract::group_keys::failure(), Millis(1000));
+    } catch (const std::exception&) {
+      // The store is gone too (its host died or exited): go on with what we saw.
+    }
+    if (cause.empty() && blamed >= 0) {
+      const std::string mine = std::to_string(blamed) + "\n" +
+                               (timeout ? std::string("no progress from ") + transport_.describe(blamed) + ": " + detail
+                                        : transport_.describe(blamed) + " failed (" + detail + ")");
+      try {
+        cause = setup_.store->compare_set(contract::group_keys::failure(), "", mine);
+      } catch (const std::exception&) {
+        cause = mine;
+      }
+    }
+    int root = blamed;
+    std::string text = detail;
+    if (const auto nl = cause.find('\n'); nl != std::string::npos) {
+      root = std::atoi(cause.substr(0, nl).c_str());
+      text = cause.substr(nl + 1);
+    }
+    transport_.poison(root);
+    std::exception_ptr e;
+    const std::string what = std::string(op) + " failed on rank " + std::to_string(rank()) + ": " + text;
+    if (timeout && root == blamed) e = std::make_exception_ptr(Timeout(what));
+    else e = std::make_exception_ptr(PeerError(root, what));
+    std::deque<Task> dropped;
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_) broken_ = e;
+      e = broken_;
+      dropped.swap(queue_);
+    }
+    for (auto& t : dropped) t.state->complete(e);
+    return e;
+  }
+
+  GroupSetup setup_;
+  cpu::TransportOptions transport_options_;
+  cpu::Transport transport_;
+  std::vector<int> all_;
+  std::vector<std::byte> scratch_;
+  std::mutex transport_mu_;  // one operation at a time on the transport
+  int next_subgroup_ = 0;
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::exception_ptr broken_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup) {
+  cpu::TransportOptions topts;
+  topts.advertise_host = setup.advertise_host;
+  topts.connect_timeout = setup.connect_timeout;
+  return std::make_shared<CpuProcessGroup>(setup, topts);
+}
+
+}  // namespace ddp::detail

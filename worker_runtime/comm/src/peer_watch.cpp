@@ -1,0 +1,112 @@
+#include "peer_watch.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include "ddp/contract/store_keys.hpp"
+#include "backend.hpp"
+#include "ddp/types.hpp"
+
+namespace ddp::detail {
+
+std::string host_identity() {
+  std::string key;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> key;
+  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid", "/proc/self/ns/ipc"}) {
+    struct stat st {};
+    if (::stat(ns, &st) != 0) continue;
+    key += '/';
+    key += std::to_string(st.st_ino);
+  }
+  return key;
+}
+
+std::string PeerWatch::record_of(int pid) {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return host_identity() + "\n" + std::to_string(pid) + "\n" + name;
+}
+
+PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout) {
+  const auto records = exchange_all(store, contract::group_keys::exchange(contract::group_keys::kWatch), rank, size, record_of(static_cast<int>(::getpid())), timeout);
+  const std::string here = host_identity();
+  try {
+    watch_local_peers(records, rank, here);
+  } catch (...) {
+    close_all();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void PeerWatch::watch_local_peers(const std::vector<std::string>& records, int rank, const std::string& here) {
+  peers_.reserve(records.size());  // push_back cannot throw once a pidfd is open
+  for (int r = 0; r < static_cast<int>(records.size()); ++r) {
+    if (r == rank) continue;
+    std::istringstream in(records[static_cast<size_t>(r)]);
+    std::string host, pid_text, hostname;
+    std::getline(in, host);
+    std::getline(in, pid_text);
+    std::getline(in, hostname);
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text.c_str(), &end, 10);
+    if (!in || pid_text.empty() || *end != '\0' || pid <= 0) {
+      throw Error("process group: malformed peer record of rank " + std::to_string(r));
+    }
+    if (host != here) continue;  // its pid means nothing here
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+    // ESRCH: it has exited already. Other failures (a kernel without pidfds): not watched.
+    if (fd < 0 && errno != ESRCH) continue;
+    peers_.push_back(Peer{r, static_cast<int>(pid), fd, fd < 0, hostname});
+  }
+}
+
+PeerWatch::~PeerWatch() { close_all(); }
+
+void PeerWatch::close_all() {
+  for (const Peer& p : peers_)
+    if (p.fd >= 0) ::close(p.fd);
+  peers_.clear();
+}
+
+int PeerWatch::dead_peer() const {
+  if (peers_.empty()) return -1;
+  std::vector<pollfd> fds;
+  fds.reserve(peers_.size());
+  for (const Peer& p : peers_) {
+    if (p.gone) return p.rank;
+    fds.push_back(pollfd{p.fd, POLLIN, 0});
+  }
+  if (::poll(fds.data(), fds.size(), 0) <= 0) return -1;
+  for (size_t i = 0; i < fds.size(); ++i)
+    if (fds[i].revents != 0) return peers_[i].rank;
+  return -1;
+}
+
+std::string PeerWatch::describe(int rank) const {
+  for (const Peer& p : peers_) {
+    if (p.rank == rank) return "rank " + std::to_string(rank) + " (pid " + std::to_string(p.pid) + " on " + p.hostname + ")";
+  }
+  return "rank " + std::to_string(rank);
+}
+
+std::shared_ptr<PeerWatch> PeerWatch::narrow(const std::vector<int>& ranks) const {
+  std::shared_ptr<PeerWatch> sub(new PeerWatch());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    for (const Peer& p : peers_) {
+      if (p.rank != ranks[i]) continue;
+      const int fd = p.fd >= 0 ? ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0) : -1;  // not inherited by exec
+      if (p.fd >= 0 && fd < 0) continue;  // out of descriptors: that peer goes unwatched
+      sub->peers_.push_back(Peer{static_cast<int>(i), p.pid, fd, p.gone, p.hostname});
+    }
+  }
+  return sub;
+}
+
+}  // namespace ddp::detail
