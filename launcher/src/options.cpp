@@ -140,7 +140,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node,
                  "Workers on this node: a number, gpu (one per visible GPU), cpu (one per usable CPU) "
                  "or auto (gpu if any, else cpu)")->default_str("1");
-  app.add_option("--nnodes", raw.nnodes, "Number of nodes (N or MIN:MAX); this version runs one node")->default_str("1");
+  app.add_option("--nnodes", raw.nnodes,
+                 "Number of nodes in the job, N (or N:N): one ddprun per node, each with its own --node_rank; "
+                 "elastic MIN:MAX ranges are refused")
+      ->default_str("1");
   app.add_option("--node_rank,--node-rank", raw.node_rank, "Rank of this node")->default_str("0");
   app.add_option("--master_addr,--master-addr", raw.master_addr, "Address of node 0, given to workers as MASTER_ADDR")
       ->default_str("127.0.0.1");

@@ -26,13 +26,16 @@
 #include <chrono>
 #include <cstdio>
 
-#include "rdzv/prefix_store.hpp"
-#include "rdzv/tcp_store.hpp"
 #include <ctime>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+
+#include "ddp/contract/worker_env.hpp"
+#include "rdzv/prefix_store.hpp"
+#include "rdzv/tcp_store.hpp"
 
 namespace {
 
@@ -179,14 +182,18 @@ int main(int argc, char** argv) {
   }
   if (mode == "store") {
     try {
+      // Read through the contract, as the worker runtime reads it (the env mode
+      // checks the raw variables).
+      const auto env = ddp::contract::WorkerEnv::from_environment();
+      if (!env.store) throw std::runtime_error("no DDPRUN_STORE_* variables");
       rdzv::TcpStoreOptions o;
-      o.host = std::getenv("DDPRUN_STORE_ADDR");
-      o.port = static_cast<uint16_t>(env_int("DDPRUN_STORE_PORT"));
-      o.token = std::getenv("DDPRUN_STORE_TOKEN");
-      o.ns = std::getenv("DDPRUN_STORE_NAMESPACE");
+      o.host = env.store->addr;
+      o.port = static_cast<uint16_t>(env.store->port);
+      o.token = env.store->token;
+      o.ns = env.store->ns;
       o.connect_timeout = std::chrono::seconds(10);
       rdzv::TcpStore base(o);
-      rdzv::PrefixStore store(std::getenv("DDPRUN_STORE_PREFIX"), base);
+      rdzv::PrefixStore store(env.store->prefix, base);
       if (rank == 0) store.set("hello", "from rank 0");
       std::string got = store.get("hello", std::chrono::seconds(10));
       int64_t arrived = store.add("count", 1);

@@ -1,0 +1,74 @@
+// contract::JobKeys and group_keys: the store's layout for a job, built in one place.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+
+#include "ddp/contract/store_keys.hpp"
+
+using ddp::contract::JobKeys;
+namespace group_keys = ddp::contract::group_keys;
+
+TEST_CASE("an attempt's keys live under attempt/<k>/ and never collide", "[store_keys]") {
+  const JobKeys k(3);
+  CHECK(k.attempt() == 3);
+  CHECK(k.node(0) == "attempt/3/node/0");
+  CHECK(k.master_port() == "attempt/3/master_port");
+  CHECK(k.failure() == "attempt/3/failure");
+  CHECK(k.done(2) == "attempt/3/done/2");
+  CHECK(k.left(2) == "attempt/3/left/2");
+  CHECK(k.worker_exit(7) == "attempt/3/exit/7");
+  CHECK(k.progress(7) == "attempt/3/progress/7");
+  CHECK(k.process_groups() == "attempt/3/pg/");
+  CHECK(JobKeys::run_id() == "run_id");
+
+  // Distinct across kinds, ranks and attempts.
+  std::set<std::string> all;
+  size_t made = 0;
+  for (int attempt : {0, 1, 10}) {
+    const JobKeys a(attempt);
+    for (int r : {0, 1, 12}) {
+      for (const auto& key : {a.node(r), a.done(r), a.left(r), a.worker_exit(r), a.progress(r)}) {
+        all.insert(key);
+        ++made;
+      }
+    }
+    all.insert(a.failure());
+    all.insert(a.master_port());
+    made += 2;
+  }
+  CHECK(all.size() == made);
+}
+
+TEST_CASE("a node rank is read back from its registration key, and only from one", "[store_keys]") {
+  const JobKeys k(1);
+  CHECK(k.node_rank_of(k.node(0)) == 0);
+  CHECK(k.node_rank_of(k.node(41)) == 41);
+  CHECK(k.node_rank_of(JobKeys(2).node(4)) == -1);  // another attempt
+  CHECK(k.node_rank_of(k.done(4)) == -1);
+  CHECK(k.node_rank_of("attempt/1/node/") == -1);
+  CHECK(k.node_rank_of("attempt/1/node/x") == -1);
+  CHECK(k.node_rank_of("attempt/1/node/-3") == -1);
+  CHECK(k.node_rank_of("attempt/1/node/99999999999999999999") == -1);
+}
+
+TEST_CASE("workers without ddprun keep their groups per run and restart", "[store_keys]") {
+  CHECK(JobKeys::standalone_process_groups("job7", 0) == "ddp/job7/0/pg/");
+  CHECK(JobKeys::standalone_process_groups("job7", 1) != JobKeys::standalone_process_groups("job7", 0));
+}
+
+TEST_CASE("a group's exchanges are <topic>/<rank> under the group's prefix", "[store_keys]") {
+  CHECK(group_keys::record(group_keys::kInfo, 3) == "info/3");
+  CHECK(group_keys::exchange(group_keys::kWatch) + "5" == group_keys::record(group_keys::kWatch, 5));
+  CHECK(group_keys::backend("cpu") == "cpu/");
+  CHECK(group_keys::subgroup(2) == "sub2/");
+  CHECK(group_keys::subgroup(2) != group_keys::subgroup(20));
+  std::set<std::string> topics;
+  for (auto t : {group_keys::kAutoNccl, group_keys::kInfo, group_keys::kShmReady, group_keys::kShmMapped,
+                 group_keys::kCma, group_keys::kWatch}) {
+    topics.insert(group_keys::record(t, 0));
+  }
+  topics.insert(group_keys::failure());
+  topics.insert(group_keys::nccl_unique_id());
+  CHECK(topics.size() == 8);
+}
