@@ -3,9 +3,7 @@
 // GPU: those tests carry [gpu] and say why they skip when there is none.
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "forked.hpp"
 #include "rdzv/memory_store.hpp"
 #include "server_fixture.hpp"
 
@@ -26,60 +25,6 @@ using namespace std::chrono_literals;
 using ddp::detail::exchange_nccl_unique_id;
 
 namespace {
-
-// ---------------------------------------------------------------------------------
-// Forked ranks: each child reports "<status byte><payload>" through a pipe.
-// ---------------------------------------------------------------------------------
-
-struct Child {
-  pid_t pid = -1;
-  int fd = -1;  // read end of the child's pipe
-};
-
-// Runs `body` in a child process; what it returns (or the error it throws) comes back
-// through the pipe. The child never returns into Catch2: it leaves with _exit().
-Child fork_rank(const std::function<std::string()>& body) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    char status = 0;
-    std::string payload;
-    try {
-      payload = body();
-    } catch (const std::exception& e) {
-      status = 1;
-      payload = e.what();
-    }
-    std::string message = std::string(1, status) + payload;
-    for (size_t done = 0; done < message.size();) {
-      ssize_t n = write(fds[1], message.data() + done, message.size() - done);
-      if (n <= 0) _exit(2);
-      done += static_cast<size_t>(n);
-    }
-    _exit(status);
-  }
-  REQUIRE(pid > 0);  // checked in the parent only
-  close(fds[1]);
-  return Child{pid, fds[0]};
-}
-
-// Everything the child wrote, until it closes the pipe or the deadline passes.
-std::string read_until_eof(int fd, std::chrono::steady_clock::time_point deadline) {
-  std::string out;
-  char chunk[512];
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) throw std::runtime_error("timed out reading from a child rank");
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    ssize_t n = read(fd, chunk, sizeof(chunk));
-    if (n < 0) throw std::runtime_error("read from a child rank failed");
-    if (n == 0) return out;
-    out.append(chunk, static_cast<size_t>(n));
-  }
-}
 
 // Bytes as hex, so that a failed comparison prints something readable.
 std::string hex(const std::string& bytes) {
@@ -177,32 +122,20 @@ TEST_CASE("every rank of 4 processes gets rank 0s real ncclUniqueId through the 
   auto keeper = server.client();
   const auto options = server.client_options();
 
-  std::vector<Child> children;
+  std::vector<testing::ForkedChild> children;
   for (int rank = 0; rank < kRanks; ++rank) {
-    children.push_back(fork_rank([rank, options] {
+    children.emplace_back([rank, options] {
       rdzv::TcpStore store(options);
       return exchange_nccl_unique_id(store, "job/nccl_unique_id", rank, 30s);
-    }));
+    });
   }
 
-  auto deadline = std::chrono::steady_clock::now() + 60s;
   std::vector<std::string> ids;
   for (auto& child : children) {
-    std::string message;
-    try {
-      message = read_until_eof(child.fd, deadline);
-    } catch (...) {
-      for (auto& c : children) kill(c.pid, SIGKILL);
-    }
-    close(child.fd);
-    int status = 0;
-    REQUIRE(waitpid(child.pid, &status, 0) == child.pid);
-    INFO("child output: " << message.substr(std::min<size_t>(1, message.size())));
-    REQUIRE(WIFEXITED(status));
-    REQUIRE(WEXITSTATUS(status) == 0);
-    REQUIRE(!message.empty());
-    REQUIRE(message[0] == 0);
-    ids.push_back(message.substr(1));
+    const auto r = child.wait(60s);  // the others are killed and reaped if this throws
+    INFO("child " << child.pid() << " exited with " << r.status << ": " << r.payload);
+    REQUIRE(r.ok);
+    ids.push_back(r.payload);
   }
 
   REQUIRE(ids[0].size() == sizeof(ncclUniqueId));

@@ -2,7 +2,6 @@
 // this host has died. Real processes and real pidfds; the peer records go through an
 // in-memory store as the group's store would carry them.
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +9,7 @@
 #include <thread>
 
 #include "ddp/types.hpp"
+#include "forked.hpp"
 #include "peer_watch.hpp"
 #include "rdzv/memory_store.hpp"
 
@@ -17,21 +17,6 @@ using namespace std::chrono_literals;
 using ddp::detail::PeerWatch;
 
 namespace {
-
-// A child that waits to be killed; reaped by the destructor.
-struct Sleeper {
-  pid_t pid;
-  Sleeper() : pid(fork()) {
-    if (pid == 0) {
-      for (;;) pause();
-    }
-    REQUIRE(pid > 0);
-  }
-  ~Sleeper() {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
-};
 
 // Forms a watch as rank 0 of `size` (only to see whether that throws).
 void form(rdzv::Store& store, int size, std::chrono::milliseconds timeout) { PeerWatch w(store, 0, size, timeout); }
@@ -49,15 +34,15 @@ int wait_for_dead(const PeerWatch& w, std::chrono::milliseconds limit) {
 }  // namespace
 
 TEST_CASE("peer watch: a peer on this host that dies is named at once", "[peer_watch]") {
-  Sleeper peer;
+  auto peer = testing::idle_child();
   rdzv::MemoryStore store;
-  store.set("watch/1", PeerWatch::record_of(peer.pid));
+  store.set("watch/1", PeerWatch::record_of(peer.pid()));
   PeerWatch w(store, 0, 2, 1000ms);
   CHECK(w.watched() == 1);
   CHECK(w.dead_peer() == -1);
-  CHECK_THAT(w.describe(1), Catch::Contains("rank 1 (pid " + std::to_string(peer.pid) + " on "));
+  CHECK_THAT(w.describe(1), Catch::Contains("rank 1 (pid " + std::to_string(peer.pid()) + " on "));
   const auto killed = std::chrono::steady_clock::now();
-  REQUIRE(kill(peer.pid, SIGKILL) == 0);
+  REQUIRE(kill(peer.pid(), SIGKILL) == 0);
   CHECK(wait_for_dead(w, 2000ms) == 1);
   // The issue's bound for naming a dead peer is 2 s; a pidfd fires within milliseconds.
   CHECK(std::chrono::steady_clock::now() - killed < 2s);
@@ -65,10 +50,9 @@ TEST_CASE("peer watch: a peer on this host that dies is named at once", "[peer_w
 }
 
 TEST_CASE("peer watch: a peer that exited before the watch began counts as dead", "[peer_watch]") {
-  pid_t pid = fork();
-  if (pid == 0) _exit(0);
-  REQUIRE(pid > 0);
-  REQUIRE(waitpid(pid, nullptr, 0) == pid);  // reaped: the pid no longer exists
+  testing::ForkedChild gone([] { return std::string(); });
+  REQUIRE(gone.wait(10s).ok);  // reaped: the pid no longer exists
+  const pid_t pid = gone.pid();
   rdzv::MemoryStore store;
   store.set("watch/1", PeerWatch::record_of(pid));
   PeerWatch w(store, 0, 2, 1000ms);
@@ -77,10 +61,10 @@ TEST_CASE("peer watch: a peer that exited before the watch began counts as dead"
 
 TEST_CASE("peer watch: peers on other hosts are not watched, and malformed or missing records are errors",
           "[peer_watch]") {
-  Sleeper peer;
+  auto peer = testing::idle_child();
   {
     rdzv::MemoryStore store;
-    store.set("watch/1", "another-boot-id/1/2/3\n" + std::to_string(peer.pid) + "\nnode-b");
+    store.set("watch/1", "another-boot-id/1/2/3\n" + std::to_string(peer.pid()) + "\nnode-b");
     PeerWatch w(store, 0, 2, 1000ms);
     CHECK(w.watched() == 0);
     CHECK(w.dead_peer() == -1);
@@ -92,23 +76,24 @@ TEST_CASE("peer watch: peers on other hosts are not watched, and malformed or mi
   }
   {
     rdzv::MemoryStore store;
-    store.set("watch/2", PeerWatch::record_of(peer.pid));
+    store.set("watch/2", PeerWatch::record_of(peer.pid()));
     CHECK_THROWS_WITH(form(store, 3, 50ms), Catch::Contains("ranks 1 did not join"));
   }
 }
 
 TEST_CASE("peer watch: a subgroup's watch uses the subgroup's ranks", "[peer_watch]") {
-  Sleeper a, b;
+  auto a = testing::idle_child();
+  auto b = testing::idle_child();
   rdzv::MemoryStore store;
-  store.set("watch/1", PeerWatch::record_of(a.pid));
-  store.set("watch/2", PeerWatch::record_of(b.pid));
+  store.set("watch/1", PeerWatch::record_of(a.pid()));
+  store.set("watch/2", PeerWatch::record_of(b.pid()));
   PeerWatch w(store, 0, 3, 1000ms);
   REQUIRE(w.watched() == 2);
   auto sub = w.narrow({2, 0});  // subgroup rank 0 is group rank 2
   CHECK(sub->watched() == 1);
-  REQUIRE(kill(a.pid, SIGKILL) == 0);  // group rank 1: not in the subgroup
+  REQUIRE(kill(a.pid(), SIGKILL) == 0);  // group rank 1: not in the subgroup
   CHECK(wait_for_dead(w, 2000ms) == 1);
   CHECK(sub->dead_peer() == -1);
-  REQUIRE(kill(b.pid, SIGKILL) == 0);
+  REQUIRE(kill(b.pid(), SIGKILL) == 0);
   CHECK(wait_for_dead(*sub, 2000ms) == 0);
 }

@@ -235,10 +235,8 @@ TEST_CASE("workers and ddprun signalled together (as by scancel) report a stop, 
           "[e2e][supervision]") {
   Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", e2e::kWorker, "trap", std::to_string(SIGUSR1)}));
   REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 3, "ready"); }, 20s));
-  std::ifstream children("/proc/" + std::to_string(p.pid()) + "/task/" + std::to_string(p.pid()) + "/children");
-  pid_t k;
-  while (children >> k) {
-    if (read_file("/proc/" + std::to_string(k) + "/comm").rfind("test_worker", 0) == 0) kill(k, SIGTERM);
+  for (pid_t k : testing::child_pids(p.pid())) {
+    if (testing::command_name(k) == "test_worker") kill(k, SIGTERM);
   }
   std::this_thread::sleep_for(50ms);
   p.send_signal(SIGTERM);

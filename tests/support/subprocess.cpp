@@ -148,6 +148,20 @@ bool process_alive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
+std::vector<pid_t> child_pids(pid_t pid) {
+  const std::string id = std::to_string(pid);
+  std::ifstream in("/proc/" + id + "/task/" + id + "/children");
+  std::vector<pid_t> out;
+  for (pid_t child; in >> child;) out.push_back(child);
+  return out;
+}
+
+std::string command_name(pid_t pid) {
+  std::string name = read_file("/proc/" + std::to_string(pid) + "/comm");
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -84,6 +84,12 @@ std::vector<std::string> lines_of(const std::string& text);
 // True while /proc/<pid> exists and is not a zombie.
 bool process_alive(pid_t pid);
 
+// The children of `pid` right now (from /proc/<pid>/task/<pid>/children).
+std::vector<pid_t> child_pids(pid_t pid);
+
+// The process's command name (/proc/<pid>/comm without the newline; empty once gone).
+std::string command_name(pid_t pid);
+
 std::string read_file(const std::filesystem::path& path);
 void write_file(const std::filesystem::path& path, const std::string& text, bool executable = false);
 

@@ -17,20 +17,11 @@
 #include "ddp/nn.hpp"
 #include "ddp/optim.hpp"
 #include "ddp/types.hpp"
+#include "subprocess.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
 
 std::vector<float> values(ddp::Module& m) {
   std::vector<float> v;
@@ -78,14 +69,14 @@ std::pair<std::string, std::string> save_sgd_checkpoint(const std::string& path)
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][checkpoint]") {
-  TempDir dir;
-  const std::string path = dir.path + "/model.ckpt";
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
   auto model = ddp::make_mlp({{6, 5, 3}, 1});
   ddp::AdamW opt(model->parameters(), {.lr = 0.01f});
   train(*model, opt, 3);
   ddp::save_checkpoint(path, *model, &opt, {.epoch = 2, .step = 3});
   // Only the checkpoint is left: the temporary file was renamed into place.
-  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator{}) == 1);
+  CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}) == 1);
 
   auto restored = ddp::make_mlp({{6, 5, 3}, 99});  // different init
   ddp::AdamW opt2(restored->parameters(), {.lr = 0.01f});
@@ -115,8 +106,8 @@ TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][
 }
 
 TEST_CASE("damaged checkpoints are refused and change nothing", "[train][checkpoint]") {
-  TempDir dir;
-  const std::string path = dir.path + "/model.ckpt";
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
   const std::string good = save_sgd_checkpoint(path).first;
 
   auto target = ddp::make_mlp({{6, 5, 3}, 2});
@@ -142,7 +133,7 @@ TEST_CASE("damaged checkpoints are refused and change nothing", "[train][checkpo
   refused(version, "version 9");
   refused("", "truncated header");
 
-  CHECK_THROWS_WITH(ddp::load_checkpoint(dir.path + "/missing.ckpt", *target, nullptr),
+  CHECK_THROWS_WITH(ddp::load_checkpoint((dir / "missing.ckpt").string(), *target, nullptr),
                     Catch::Contains("missing.ckpt"));
 }
 
@@ -151,8 +142,8 @@ TEST_CASE("bytes after a valid optimizer state are refused and leave the optimiz
   // The payload ends with the optimizer's state behind its u64 size: grow the size
   // by two, append two bytes, and fix the header's size and CRC-32 so that only
   // the optimizer state's end shows the damage (after the optimizer has read it).
-  TempDir dir;
-  const std::string path = dir.path + "/model.ckpt";
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
   const auto [bytes, state] = save_sgd_checkpoint(path);
   const size_t header = 24, state_size = state.size();
   std::string payload = bytes.substr(header);
@@ -183,8 +174,8 @@ TEST_CASE("bytes after a valid optimizer state are refused and leave the optimiz
 }
 
 TEST_CASE("a checkpoint of another model or optimizer is refused", "[train][checkpoint]") {
-  TempDir dir;
-  const std::string path = dir.path + "/model.ckpt";
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
   auto model = ddp::make_mlp({{6, 5, 3}, 1});
   ddp::AdamW opt(model->parameters(), {});
   train(*model, opt, 1);
@@ -208,6 +199,6 @@ TEST_CASE("a checkpoint of another model or optimizer is refused", "[train][chec
   ddp::AdamW fresh(same->parameters(), {});
   CHECK_THROWS_WITH(ddp::load_checkpoint(path, *same, &fresh), Catch::Contains("no optimizer state"));
 
-  CHECK_THROWS_WITH(ddp::save_checkpoint(dir.path + "/no/such/dir/x.ckpt", *model, nullptr, {}),
+  CHECK_THROWS_WITH(ddp::save_checkpoint((dir / "no/such/dir/x.ckpt").string(), *model, nullptr, {}),
                     Catch::Contains("no/such/dir"));
 }

@@ -13,21 +13,11 @@
 
 #include "ddp/fashion_mnist.hpp"
 #include "ddp/types.hpp"
+#include "subprocess.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_train_data_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-  std::string path;
-};
 
 using Bytes = std::vector<uint8_t>;
 
@@ -63,7 +53,7 @@ Bytes read_bytes(const std::string& path) {
 }
 
 // A small valid split of n images (pixel i of image k = k + i mod 256) and labels k % 10.
-void write_split(const TempDir& dir, const std::string& split, uint32_t n, bool gz = true) {
+void write_split(const testing::TempDir& dir, const std::string& split, uint32_t n, bool gz = true) {
   Bytes pixels(n * 784), labels(n);
   for (uint32_t k = 0; k < n; ++k) {
     for (uint32_t i = 0; i < 784; ++i) pixels[k * 784 + i] = static_cast<uint8_t>((k + i) % 256);
@@ -71,8 +61,8 @@ void write_split(const TempDir& dir, const std::string& split, uint32_t n, bool 
   }
   auto w = gz ? write_gz : write_plain;
   const std::string ext = gz ? ".gz" : "";
-  w(dir.file(split + "-images-idx3-ubyte" + ext), idx({n, 28, 28}, pixels));
-  w(dir.file(split + "-labels-idx1-ubyte" + ext), idx({n}, labels));
+  w((dir / (split + "-images-idx3-ubyte" + ext)).string(), idx({n, 28, 28}, pixels));
+  w((dir / (split + "-labels-idx1-ubyte" + ext)).string(), idx({n}, labels));
 }
 
 }  // namespace
@@ -115,31 +105,31 @@ TEST_CASE("the real Fashion-MNIST train and test splits load", "[train][data]") 
 }
 
 TEST_CASE("small valid splits load, gzip'ed or plain", "[train][data]") {
-  TempDir dir;
+  testing::TempDir dir;
   write_split(dir, "train", 12, true);
   write_split(dir, "t10k", 3, false);
-  const auto train = ddp::load_fashion_mnist(dir.path, "train");
+  const auto train = ddp::load_fashion_mnist(dir.path().string(), "train");
   REQUIRE(train.size() == 12);
   CHECK(train.labels[11] == 1);
   CHECK(train.images(2, 3) == Approx(5.0f / 255.0f));
-  const auto test = ddp::load_fashion_mnist(dir.path, "t10k");
+  const auto test = ddp::load_fashion_mnist(dir.path().string(), "t10k");
   REQUIRE(test.size() == 3);
   CHECK(test.images(1, 254) == Approx(255.0f / 255.0f));
-  CHECK_THROWS_AS(ddp::load_fashion_mnist(dir.path, "valid"), ddp::InvalidArgument);
+  CHECK_THROWS_AS(ddp::load_fashion_mnist(dir.path().string(), "valid"), ddp::InvalidArgument);
 }
 
 TEST_CASE("a missing directory or file says which and how to install it", "[train][data]") {
   CHECK_THROWS_WITH(ddp::load_fashion_mnist("/nonexistent/fashion", "train"),
                     Catch::Contains("/nonexistent/fashion") && Catch::Contains("apt install dataset-fashion-mnist"));
-  TempDir dir;
-  CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path, "train"),
+  testing::TempDir dir;
+  CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"),
                     Catch::Contains("train-images-idx3-ubyte") && Catch::Contains("apt install"));
-  CHECK_THROWS_WITH(ddp::read_idx(dir.file("nothing.gz")), Catch::Contains("nothing.gz"));
+  CHECK_THROWS_WITH(ddp::read_idx((dir / "nothing.gz").string()), Catch::Contains("nothing.gz"));
 }
 
 TEST_CASE("malformed IDX files are rejected with the file named", "[train][data]") {
-  TempDir dir;
-  const std::string p = dir.file("x-idx1-ubyte");
+  testing::TempDir dir;
+  const std::string p = (dir / "x-idx1-ubyte").string();
   auto rejects = [&](const Bytes& b, const std::string& why) {
     write_plain(p, b);
     CHECK_THROWS_WITH(ddp::read_idx(p), Catch::Contains(p) && Catch::Contains(why));
@@ -162,26 +152,26 @@ TEST_CASE("malformed IDX files are rejected with the file named", "[train][data]
 }
 
 TEST_CASE("corrupt and truncated gzip files are rejected", "[train][data]") {
-  TempDir dir;
-  const std::string good = dir.file("good.gz");
+  testing::TempDir dir;
+  const std::string good = (dir / "good.gz").string();
   Bytes data(5000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
   write_gz(good, idx({5000}, data));
   const Bytes gz = read_bytes(good);
   REQUIRE(ddp::read_idx(good).data == data);
 
-  const std::string cut = dir.file("cut.gz");
+  const std::string cut = (dir / "cut.gz").string();
   write_plain(cut, Bytes(gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)));
   CHECK_THROWS_WITH(ddp::read_idx(cut), Catch::Contains("cut.gz"));
 
-  const std::string flipped = dir.file("flipped.gz");
+  const std::string flipped = (dir / "flipped.gz").string();
   Bytes bad = gz;
   bad[gz.size() / 2] ^= 0xFF;
   bad[gz.size() / 2 + 1] ^= 0x55;
   write_plain(flipped, bad);
   CHECK_THROWS_WITH(ddp::read_idx(flipped), Catch::Contains("flipped.gz"));
 
-  const std::string crc = dir.file("crc.gz");  // data intact, trailer CRC wrong
+  const std::string crc = (dir / "crc.gz").string();  // data intact, trailer CRC wrong
   Bytes bad_crc = gz;
   bad_crc[gz.size() - 6] ^= 0x01;
   write_plain(crc, bad_crc);
@@ -191,22 +181,22 @@ TEST_CASE("corrupt and truncated gzip files are rejected", "[train][data]") {
 TEST_CASE("inconsistent splits are rejected", "[train][data]") {
   Bytes pixels(2 * 784, 0);
   SECTION("label count differs from image count") {
-    TempDir dir;
-    write_gz(dir.file("train-images-idx3-ubyte.gz"), idx({2, 28, 28}, pixels));
-    write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx({3}, {1, 2, 3}));
-    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path, "train"), Catch::Contains("3 labels for 2 images"));
+    testing::TempDir dir;
+    write_gz((dir / "train-images-idx3-ubyte.gz").string(), idx({2, 28, 28}, pixels));
+    write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx({3}, {1, 2, 3}));
+    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"), Catch::Contains("3 labels for 2 images"));
   }
   SECTION("label outside 0..9") {
-    TempDir dir;
-    write_gz(dir.file("train-images-idx3-ubyte.gz"), idx({2, 28, 28}, pixels));
-    write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx({2}, {1, 10}));
-    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path, "train"),
+    testing::TempDir dir;
+    write_gz((dir / "train-images-idx3-ubyte.gz").string(), idx({2, 28, 28}, pixels));
+    write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx({2}, {1, 10}));
+    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"),
                       Catch::Contains("label 10") && Catch::Contains("train-labels-idx1-ubyte.gz"));
   }
   SECTION("images are not 28 x 28") {
-    TempDir dir;
-    write_gz(dir.file("train-images-idx3-ubyte.gz"), idx({2, 28, 27}, Bytes(2 * 28 * 27, 0)));
-    write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx({2}, {1, 2}));
-    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path, "train"), Catch::Contains("expected N x 28 x 28"));
+    testing::TempDir dir;
+    write_gz((dir / "train-images-idx3-ubyte.gz").string(), idx({2, 28, 27}, Bytes(2 * 28 * 27, 0)));
+    write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx({2}, {1, 2}));
+    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"), Catch::Contains("expected N x 28 x 28"));
   }
 }
