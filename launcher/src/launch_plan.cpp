@@ -141,7 +141,8 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
 
   plan.run_id = options.run_id.empty() ? generate_run_id() : options.run_id;
   plan.hostname = local_hostname();
-  plan.set_omp_num_threads = plan.nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
+  plan.set_omp_num_threads =
+      ddp::contract::WorkerEnv::wants_single_omp_thread(ddp::contract::Variables::from_process(), plan.nproc);
 
   // torchrun keeps logs when asked for a log dir, and makes a temporary one when
   // --redirects/--tee need files but no dir was given.

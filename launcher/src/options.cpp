@@ -259,14 +259,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   if (raw.rdzv_backend != "static" && raw.rdzv_backend != "c10d" && raw.rdzv_backend != "ddprun") {
     invalid("--rdzv_backend", raw.rdzv_backend, "expected static, c10d or ddprun");
   }
-  if (!raw.token_file.empty()) {
-    try {
-      opts.token = rdzv::read_token_file(raw.token_file);
-    } catch (const rdzv::StoreError& e) {
-      throw LaunchError(e.what());
-    }
-  } else if (const char* t = std::getenv("DDPRUN_TOKEN"); t != nullptr && *t != '\0') {
-    opts.token = t;
+  try {
+    opts.token = rdzv::configured_token(raw.token_file);
+  } catch (const rdzv::StoreError& e) {
+    throw LaunchError(e.what());
   }
   opts.join_timeout = seconds_in("--join_timeout", raw.join_timeout, false);
   opts.heartbeat_timeout = seconds_in("--heartbeat_timeout", raw.heartbeat_timeout, false);

@@ -65,11 +65,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = rdzv::Millis(static_cast<int64_t>(heartbeat * 1000));
 
   try {
-    if (!token_file.empty()) {
-      options.token = rdzv::read_token_file(token_file);
-    } else if (const char* t = std::getenv("DDPRUN_TOKEN"); t != nullptr && *t != '\0') {
-      options.token = t;
-    }
+    options.token = rdzv::configured_token(token_file);
     raise_fd_limit();
     boost::asio::io_context io;
     rdzv::StoreServer server(io, options);

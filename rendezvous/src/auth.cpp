@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -79,6 +80,12 @@ std::string read_token_file(const std::string& path) {
   auto end = line.find_last_not_of(" \t\r");
   if (begin == std::string::npos) throw StoreError("token file '" + path + "' is empty");
   return line.substr(begin, end - begin + 1);
+}
+
+std::string configured_token(const std::string& token_file) {
+  if (!token_file.empty()) return read_token_file(token_file);
+  const char* t = std::getenv(kTokenVariable);
+  return t != nullptr ? std::string(t) : std::string();
 }
 
 }  // namespace rdzv

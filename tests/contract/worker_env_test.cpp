@@ -202,3 +202,10 @@ TEST_CASE("the shared parsers take whole numbers and plain durations only", "[pa
   CHECK_THROWS_WITH(v.integer("C", 0, 10, "start it with ddprun"), Catch::Contains("C is not set: start it with ddprun"));
   CHECK_THROWS_WITH(v.integer("B", 0, 5), Catch::Contains("B='7' is not an integer in [0, 5]"));
 }
+
+TEST_CASE("OMP_NUM_THREADS=1 is chosen for several workers only when the user left it unset", "[worker_env]") {
+  CHECK(WorkerEnv::wants_single_omp_thread(Variables(Vars{}), 2));
+  CHECK_FALSE(WorkerEnv::wants_single_omp_thread(Variables(Vars{}), 1));
+  CHECK_FALSE(WorkerEnv::wants_single_omp_thread(Variables(Vars{{"OMP_NUM_THREADS", "4"}}), 8));
+  CHECK(WorkerEnv::wants_single_omp_thread(Variables(Vars{{"OMP_NUM_THREADS", ""}}), 2));  // empty counts as unset
+}

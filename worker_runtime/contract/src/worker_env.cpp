@@ -111,6 +111,10 @@ int WorkerEnv::store_port() const {
   return port == master_port ? port + 1 : port;
 }
 
+bool WorkerEnv::wants_single_omp_thread(const Variables& launcher_env, int local_world_size) {
+  return local_world_size > 1 && !launcher_env.has("OMP_NUM_THREADS");
+}
+
 std::map<std::string, std::string> WorkerEnv::to_env() const {
   std::map<std::string, std::string> env = {
       {"RANK", std::to_string(rank)},

@@ -57,6 +57,9 @@ struct WorkerEnv {
   std::optional<StoreEndpoint> store;  // ddprun's job store (Launcher::Ddprun only)
   // OMP_NUM_THREADS=1, which ddprun sets for several workers when the user did not.
   bool single_omp_thread = false;
+  // The rule for single_omp_thread, as torchrun has it: more than one worker on the
+  // node and no OMP_NUM_THREADS in the launcher's own environment.
+  static bool wants_single_omp_thread(const Variables& launcher_env, int local_world_size);
 
   // Where init() has rank 0 host its store when no launcher store is given:
   // MASTER_PORT, except under torchrun's agent, whose store already listens there;
