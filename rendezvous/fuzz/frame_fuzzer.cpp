@@ -1,6 +1,7 @@
-// libFuzzer target: arbitrary bytes through the server's frame parsing (header,
-// then the request body of the type the header names). Malformed input must end
-// in ProtocolError, never a crash, an over-read or an oversized allocation.
+// libFuzzer target: arbitrary bytes through the store's frame parsing (header, then
+// the body of the type the header names: a request, as the server parses it, or a
+// TIMEOUT reply, as the client parses it). Malformed input must end in ProtocolError,
+// never a crash, an over-read or an oversized allocation.
 #include <cstddef>
 #include <cstdint>
 
@@ -16,10 +17,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Header h = decode_header(bytes, limits);
       size_t available = size - kHeaderSize;
       size_t body = h.body_size <= available ? h.body_size : available;
-      Request q = decode_request(h.type, std::string_view(bytes + kHeaderSize, body), limits);
+      std::string_view text(bytes + kHeaderSize, body);
       // Round trip: what decodes must encode back to the same body.
-      std::string again = encode_request(q);
-      if (body == h.body_size && again != std::string_view(bytes + kHeaderSize, body)) __builtin_trap();
+      std::string again = h.type == Type::kTimeout ? encode_timeout(decode_timeout(text, limits))
+                                                   : encode_request(decode_request(h.type, text, limits));
+      if (body == h.body_size && again != text) __builtin_trap();
       bytes += kHeaderSize + body;
       size -= kHeaderSize + body;
     } catch (const ProtocolError&) {

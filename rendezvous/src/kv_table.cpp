@@ -70,6 +70,20 @@ bool KvTable::contains_all(const std::vector<std::string>& keys) const {
   return true;
 }
 
+std::vector<std::string> KvTable::missing(const std::vector<std::string>& keys) const {
+  std::vector<std::string> out;
+  for (const auto& k : keys) {
+    if (map_.count(k) == 0) out.push_back(k);
+  }
+  return out;
+}
+
+std::string quoted_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
+  return out;
+}
+
 int64_t KvTable::growth_if_set(const std::string& key, size_t value_size) const {
   const std::string* v = find(key);
   return v == nullptr ? static_cast<int64_t>(key.size() + value_size)

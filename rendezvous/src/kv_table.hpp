@@ -19,6 +19,8 @@ class KvTable {
   bool erase(const std::string& key);
   void append(const std::string& key, const std::string& value);
   bool contains_all(const std::vector<std::string>& keys) const;
+  // The keys of `keys` that do not exist, in their order (what a timeout reports).
+  std::vector<std::string> missing(const std::vector<std::string>& keys) const;
   int64_t size() const { return static_cast<int64_t>(map_.size()); }
 
   // Bytes held by keys and values; the server's memory limit applies to it.
@@ -30,5 +32,8 @@ class KvTable {
   std::unordered_map<std::string, std::string> map_;
   size_t bytes_ = 0;
 };
+
+// "'a', 'b'": keys as a timeout's message names them.
+std::string quoted_keys(const std::vector<std::string>& keys);
 
 }  // namespace rdzv

@@ -5,14 +5,6 @@
 namespace rdzv {
 namespace {
 
-std::string missing_keys(const KvTable& table, const std::vector<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) {
-    if (table.find(k) == nullptr) out += (out.empty() ? "'" : ", '") + k + "'";
-  }
-  return out;
-}
-
 void check_same_length(const std::vector<std::string>& keys, const std::vector<std::string>& values) {
   if (keys.size() != values.size()) throw StoreError("multi_set: " + std::to_string(keys.size()) + " keys but " +
                                                      std::to_string(values.size()) + " values");
@@ -58,8 +50,10 @@ void MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock, const std::vec
                               Millis timeout) {
   bool ok = changed_.wait_for(lock, timeout, [&] { return table_->contains_all(keys); });
   if (!ok) {
-    throw StoreTimeout("timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
-                       missing_keys(*table_, keys));
+    std::vector<std::string> missing = table_->missing(keys);
+    std::string message =
+        "timed out after " + std::to_string(timeout.count()) + " ms waiting for " + quoted_keys(missing);
+    throw StoreTimeout(message, std::move(missing));
   }
 }
 

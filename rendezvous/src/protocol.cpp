@@ -237,6 +237,24 @@ Request decode_request(Type type, std::string_view body, const Limits& limits) {
   return q;
 }
 
+std::string encode_timeout(const TimeoutReply& t) {
+  BodyWriter w;
+  w.bytes(t.message).u32(static_cast<uint32_t>(t.missing_keys.size()));
+  for (const auto& k : t.missing_keys) w.bytes(k);
+  return w.take();
+}
+
+TimeoutReply decode_timeout(std::string_view body, const Limits& limits) {
+  BodyReader r(body, limits);
+  TimeoutReply t;
+  t.message = r.bytes();
+  uint32_t n = r.count();
+  t.missing_keys.reserve(n);  // bounded by count(): at most body_size / 4
+  for (uint32_t i = 0; i < n; ++i) t.missing_keys.push_back(r.key());
+  r.finish();
+  return t;
+}
+
 const char* type_name(Type t) {
   switch (t) {
     case Type::kChallenge: return "CHALLENGE";

@@ -130,6 +130,17 @@ std::string encode_request(const Request& q);
 // parser, and the fuzzer's target.
 Request decode_request(Type type, std::string_view body, const Limits& limits);
 
+// A TIMEOUT reply body: a message for people, then the keys still missing as data
+// (what StoreTimeout::missing_keys() reports).
+struct TimeoutReply {
+  std::string message;
+  std::vector<std::string> missing_keys;
+};
+std::string encode_timeout(const TimeoutReply& t);
+// Decodes a TIMEOUT body completely, throwing ProtocolError on any defect. The
+// client's only parser of it, and the fuzzer's second target.
+TimeoutReply decode_timeout(std::string_view body, const Limits& limits);
+
 const char* type_name(Type t);
 
 }  // namespace rdzv::wire

@@ -138,11 +138,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Answers a GET / WAIT / MULTI_GET: the values once all keys exist, or TIMEOUT.
   void reply_wait(uint32_t request_id, Type type, const std::vector<std::string>& keys, bool timed_out) {
     if (timed_out) {
-      std::string missing;
-      for (const auto& k : keys) {
-        if (ns_->table.find(k) == nullptr) missing += (missing.empty() ? "'" : ", '") + k + "'";
-      }
-      send(Type::kTimeout, request_id, wire::BodyWriter().bytes("timed out waiting for " + missing).take());
+      wire::TimeoutReply t;
+      t.missing_keys = ns_->table.missing(keys);
+      t.message = "timed out waiting for " + quoted_keys(t.missing_keys);
+      send(Type::kTimeout, request_id, wire::encode_timeout(t));
       return;
     }
     size_t reply = 4;

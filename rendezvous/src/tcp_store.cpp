@@ -199,10 +199,18 @@ std::string TcpStore::call(const wire::Request& q, Millis server_wait) {
     throw;
   }
   if (f.header.type == Type::kOk) return std::move(f.body);
+  if (f.header.type == Type::kTimeout) {
+    wire::TimeoutReply t;
+    try {
+      t = wire::decode_timeout(f.body, wire::Limits{});
+    } catch (const wire::ProtocolError&) {
+      broken_ = true;
+      throw;
+    }
+    throw StoreTimeout(t.message, std::move(t.missing_keys));
+  }
   wire::BodyReader r(f.body, wire::Limits{});
-  std::string message = r.bytes();
-  if (f.header.type == Type::kTimeout) throw StoreTimeout(message);
-  throw StoreError("store: " + message);
+  throw StoreError("store: " + r.bytes());
 }
 
 namespace {

@@ -302,3 +302,21 @@ TEST_CASE("a connection that never authenticates cannot make the server allocate
   raw.send_bytes(header);
   CHECK_THAT(error_text(raw.read_until_closed()), Catch::Contains("exceeds the limit of 1024"));
 }
+
+TEST_CASE("a TIMEOUT reply carries the missing keys as a list checked like a request's", "[server][protocol]") {
+  using namespace rdzv::wire;
+  TimeoutReply sent{"timed out waiting for 'a', 'b/c'", {"a", "b/c"}};
+  std::string body = encode_timeout(sent);
+  TimeoutReply got = decode_timeout(body, {});
+  CHECK(got.message == sent.message);
+  CHECK(got.missing_keys == sent.missing_keys);
+  CHECK(decode_timeout(encode_timeout({"", {}}), {}).missing_keys.empty());
+
+  CHECK_THROWS_AS(decode_timeout(body.substr(0, body.size() - 1), {}), ProtocolError);  // truncated
+  CHECK_THROWS_AS(decode_timeout(body + "x", {}), ProtocolError);                       // trailing bytes
+  CHECK_THROWS_AS(decode_timeout(BodyWriter().bytes("m").take(), {}), ProtocolError);   // no key list
+  CHECK_THROWS_WITH(decode_timeout(BodyWriter().bytes("m").u32(0x7fffffff).take(), {}),
+                    Catch::Contains("key count"));
+  CHECK_THROWS_WITH(decode_timeout(BodyWriter().bytes("m").u32(1).bytes(std::string(5000, 'k')).take(), {}),
+                    Catch::Contains("key of 5000 bytes"));
+}

@@ -1,8 +1,9 @@
 // Every Store operation, on the in-memory store and on the TCP store against a real
-// server, plus the PrefixStore view.
+// server, plus the PrefixStore view; what a timeout reports on each.
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "rdzv/memory_store.hpp"
@@ -160,4 +161,53 @@ TEST_CASE("a prefix store keeps its keys apart", "[store]") {
   CHECK(b.get("k", 1s) == "from b");
   CHECK(base.get("job/a/k", 1s) == "from a");
   CHECK(a.full_key("x") == "job/a/x");
+}
+
+namespace {
+
+// The keys a StoreTimeout reported, or {"<no timeout>"} when `call` did not time out.
+template <typename Fn>
+std::vector<std::string> missing_after_timeout(Fn&& call) {
+  try {
+    call();
+  } catch (const rdzv::StoreTimeout& e) {
+    return e.missing_keys();
+  }
+  return {"<no timeout>"};
+}
+
+}  // namespace
+
+TEST_CASE("a timeout names the keys still missing as data on every store kind", "[store]") {
+  const std::string kind = GENERATE("memory", "tcp", "prefix over memory", "prefix over tcp");
+  INFO("store: " << kind);
+  rdzv::MemoryStore memory;
+  std::unique_ptr<testing::ServerThread> server;
+  std::unique_ptr<rdzv::Store> tcp;
+  rdzv::Store* base = &memory;
+  if (kind.find("tcp") != std::string::npos) {
+    server = std::make_unique<testing::ServerThread>();
+    tcp = server->client();
+    base = tcp.get();
+  }
+  std::optional<rdzv::PrefixStore> view;
+  if (kind.rfind("prefix", 0) == 0) view.emplace("job/attempt/0", *base);
+  rdzv::Store& st = view ? static_cast<rdzv::Store&>(*view) : *base;
+
+  st.set("present", "1");
+  st.set("also/present", "2");
+  CHECK(missing_after_timeout([&] { st.get("never", 50ms); }) == std::vector<std::string>{"never"});
+  CHECK(missing_after_timeout([&] { st.wait({"b/2", "present", "a/1", "also/present"}, 50ms); }) ==
+        std::vector<std::string>{"b/2", "a/1"});
+  CHECK(missing_after_timeout([&] { st.multi_get({"present", "z", "y"}, 0ms); }) ==
+        std::vector<std::string>{"z", "y"});
+  // The message, for people, still names them too.
+  CHECK_THROWS_WITH(st.get("never", 0ms), Catch::Contains("never'"));
+  if (view) {
+    // The base store reports the keys as it holds them.
+    CHECK(missing_after_timeout([&] { base->wait({"job/attempt/0/present", "job/attempt/0/q"}, 0ms); }) ==
+          std::vector<std::string>{"job/attempt/0/q"});
+  }
+  st.set("after", "ok");  // the store still works after timeouts
+  CHECK(st.get("after", 1s) == "ok");
 }

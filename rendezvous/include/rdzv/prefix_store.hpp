@@ -1,5 +1,6 @@
 // A view of another store with every key put under a prefix ("<prefix>/<key>"),
 // so separate runs, attempts or subsystems share one store without clashing.
+// A StoreTimeout from it names the missing keys without the prefix, as they were asked.
 #pragma once
 
 #include "rdzv/store.hpp"

@@ -2,7 +2,8 @@
 // each other (node info, rank offsets, NCCL unique ids, failure notices).
 //
 // Keys are text; values are bytes (a std::string may hold any bytes, NUL included).
-// Every call that can block takes a timeout and throws StoreTimeout when it passes.
+// Every call that can block takes a timeout and throws StoreTimeout when it passes;
+// the keys still missing then are a field of the exception, not only words in it.
 // Implementations: MemoryStore (one process, for tests), TcpStore (client of a
 // StoreServer), PrefixStore (a view of another store under a key prefix).
 #pragma once
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rdzv {
@@ -25,7 +27,15 @@ class StoreError : public std::runtime_error {
 // A blocking call's timeout passed.
 class StoreTimeout : public StoreError {
  public:
-  using StoreError::StoreError;
+  explicit StoreTimeout(const std::string& what, std::vector<std::string> missing_keys = {})
+      : StoreError(what), missing_keys_(std::move(missing_keys)) {}
+
+  // The keys a get, wait or multi_get was still waiting for, in the order asked, as
+  // the caller named them. Empty when the store itself did not answer in time.
+  const std::vector<std::string>& missing_keys() const { return missing_keys_; }
+
+ private:
+  std::vector<std::string> missing_keys_;
 };
 // The connection to the server failed or dropped.
 class StoreConnectionError : public StoreError {
