@@ -167,15 +167,13 @@ JobLayout RendezvousAgent::join(int attempt) {
     try {
       values = patient_multi_get(keys, to_ms(o.join_timeout));
     } catch (const rdzv::StoreTimeout& e) {
-      // The server's message names the keys still missing ("... 'attempt/0/node/2'"): read the
-      // node ranks from it rather than asking again (node 0 may already be gone with its store).
+      // The timeout names the keys still missing: take the node ranks from it rather than
+      // asking again (node 0 may already be gone with its store).
       std::string missing;
-      std::string text = e.what();
-      std::string tag = contract::JobKeys(attempt).node(0);
-      tag.pop_back();
-      for (size_t at = text.find(tag); at != std::string::npos; at = text.find(tag, at + 1)) {
-        size_t begin = at + tag.size(), end = text.find('\'', begin);
-        missing += (missing.empty() ? "" : ", ") + text.substr(begin, end - begin);
+      for (const auto& key : e.missing_keys()) {
+        if (int r = contract::JobKeys(attempt).node_rank_of(key); r >= 0) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
       }
       if (missing.empty()) missing = "?";
       // Let the nodes that did join read their own timeout before node 0 takes the store away.
