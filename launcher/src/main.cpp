@@ -1,5 +1,6 @@
 // ddprun: launch one worker per GPU/CPU slot with torchrun's environment, supervise
-// them, and exit with the root cause's status.
+// them, and exit with the root cause's status. This file parses, logs, builds the
+// plan and the job's pieces; the job policy (job_policy.hpp) runs the attempts.
 #include <signal.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
@@ -7,21 +8,17 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <iostream>
 #include <memory>
-#include <optional>
 #include <string.h>
 
 #include "console.hpp"
-#include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
+#include "job_adapters.hpp"
 #include "launch_plan.hpp"
 #include "options.hpp"
-#include "output.hpp"
 #include "rdzv/token.hpp"
 #include "rendezvous_agent.hpp"
 #include "store_host.hpp"
-#include "summary.hpp"
 #include "supervisor.hpp"
 
 namespace {
@@ -112,18 +109,6 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   return job;
 }
 
-ddprun::JobLayout single_node_layout(const ddprun::LaunchPlan& plan, const Job& job, int attempt) {
-  ddprun::JobLayout layout;
-  layout.world_size = plan.nproc;
-  layout.master_addr = plan.options.master_addr;
-  layout.master_port = plan.master_port;
-  layout.store.addr = "127.0.0.1";
-  layout.store.port = job.store_host->port();
-  layout.store.token = job.store_token;
-  layout.store.prefix = ddp::contract::JobKeys(attempt).process_groups();
-  return layout;
-}
-
 int launch(ddprun::LaunchPlan& plan) {
   // Orphans of the workers are re-parented to ddprun, so none escapes supervision.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -140,63 +125,21 @@ int launch(ddprun::LaunchPlan& plan) {
   }
   const auto& o = plan.options;
   if (o.verbose) print_plan(plan);
-  ddprun::RendezvousAgent* agent = job.agent.get();
 
-  for (int attempt = 0;; ++attempt) {
-    if (plan.log_root && (attempt > 0 || agent != nullptr)) ddprun::create_log_dirs(plan, attempt);
-    ddprun::JobLayout layout;
-    try {
-      layout = agent ? agent->join(attempt) : single_node_layout(plan, job, attempt);
-    } catch (const ddprun::Interrupted& stop) {
-      std::string sig = std::string("SIG") + sigabbrev_np(stop.signal);
-      agent->publish_failure(attempt, {o.node_rank, -1, 128 + stop.signal, plan.hostname,
-                                       "ddprun received " + sig + " while joining the rendezvous"});
-      agent->leave(attempt, std::chrono::seconds(0));
-      spdlog::error("received {} while joining the rendezvous; no worker was started", sig);
-      return 128 + stop.signal;
-    }
-
-    ddprun::AttemptHooks hooks;
-    std::optional<ddprun::FailureNotice> winner;  // the job's root cause, when this node published first or later
-    if (agent != nullptr) {
-      agent->start_watch(attempt, [&supervisor, attempt](const ddprun::FailureNotice& n) {
-        supervisor.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0});
-      });
-      hooks.on_local_failure = [&](const ddprun::WorkerOutcome& w) {
-        winner = agent->publish_failure(attempt, {o.node_rank, w.rank, w.exit_status(), plan.hostname, w.describe()});
-      };
-    }
-    ddprun::AttemptResult result = supervisor.run_attempt(attempt, layout, hooks);
-
-    if (agent != nullptr) {
-      if (result.stop_signal != 0 && !result.root_cause) {
-        std::string sig = std::string("SIG") + sigabbrev_np(result.stop_signal);
-        winner = agent->publish_failure(attempt, {o.node_rank, -1, 128 + result.stop_signal, plan.hostname,
-                                                  "ddprun received " + sig + " and stopped its workers"});
-      } else if (result.succeeded()) {
-        winner = agent->exit_barrier(attempt);
-      }
-      agent->stop_watch();
-      // The job's root cause is whatever was published first, wherever that was.
-      if (winner && !(result.root_cause && winner->node == o.node_rank && winner->rank >= 0)) {
-        if (!result.remote) result.remote = ddprun::RemoteCause{winner->describe(), winner->status, winner->rank >= 0};
-      }
-    }
-    if (result.succeeded()) {
-      if (agent) agent->leave(attempt, job.store_host ? std::chrono::seconds(5) : std::chrono::seconds(0));
-      return 0;
-    }
-    ddprun::Console::err().write(ddprun::format_failure_summary(plan, result, attempt));
-    // A restart helps after a worker failure; not when a node was lost or told to stop
-    // (it will not rejoin, and the others would wait out the join timeout for it).
-    bool worker_failure = result.remote ? result.remote->worker_failure : result.root_cause.has_value();
-    if (result.stop_signal == 0 && worker_failure && attempt < o.max_restarts) {
-      spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, o.max_restarts);
-      continue;
-    }
-    if (agent) agent->leave(attempt, job.store_host ? std::chrono::seconds(1) : std::chrono::seconds(0));
-    return result.exit_status();
+  ddprun::SupervisorWorkers workers(supervisor, plan, job.agent != nullptr);
+  std::unique_ptr<ddprun::Membership> membership;
+  if (job.agent) {
+    membership = std::make_unique<ddprun::AgentMembership>(*job.agent);
+  } else {
+    membership = std::make_unique<ddprun::SingleNodeMembership>(plan, job.store_host->port(), job.store_token);
   }
+  ddprun::JobPolicyOptions policy;
+  policy.node_rank = o.node_rank;
+  policy.hostname = plan.hostname;
+  policy.max_restarts = o.max_restarts;
+  policy.hosts_store = job.store_host != nullptr;
+  policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
+  return ddprun::JobPolicy(plan, workers, *membership, std::move(policy)).run();
 }
 
 }  // namespace

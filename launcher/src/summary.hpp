@@ -6,7 +6,7 @@
 #include <string>
 
 #include "launch_plan.hpp"
-#include "supervisor.hpp"
+#include "attempt_result.hpp"
 
 namespace ddprun {
 

@@ -24,50 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "attempt_result.hpp"
 #include "launch_plan.hpp"
 #include "orphan_guard.hpp"
 #include "output.hpp"
 
 namespace ddprun {
-
-struct WorkerOutcome {
-  int local_rank = 0;
-  int rank = 0;
-  pid_t pid = -1;
-  bool reaped = false;
-  int wait_status = 0;                            // as from waitpid()
-  std::chrono::system_clock::time_point ended;    // when ddprun reaped it
-  bool ended_after_stop = false;                  // ddprun had already begun stopping the group
-  std::vector<std::string> stderr_tail;           // last lines of its stderr
-  std::string stderr_log;                         // its stderr log file, when kept
-
-  bool failed() const;
-  int exit_status() const;        // exit code, or 128+signal
-  std::string describe() const;   // "exited with code 3", "killed by signal 9 (SIGKILL)"
-};
-
-// The job's root cause when it was not one of this node's workers (multi-node).
-struct RemoteCause {
-  std::string description;  // "rank 5 on node 1 (hostb): exited with code 3"
-  int status = 1;           // the status every node exits with
-  bool worker_failure = true;  // a worker failed (a restart may help), not a node lost or stopped
-};
-
-struct AttemptResult {
-  std::vector<WorkerOutcome> workers;
-  std::optional<size_t> root_cause;  // index of this node's first worker to fail
-  std::optional<RemoteCause> remote; // the job's first failure, when it happened elsewhere
-  int stop_signal = 0;               // signal ddprun received that stopped the attempt, or 0
-
-  bool succeeded() const { return !root_cause && !remote && stop_signal == 0; }
-  // The remote root cause's status, else the local root cause's, else 128+stop_signal, else 0.
-  int exit_status() const;
-};
-
-// What an attempt tells the rest of the job (multi-node), called on ddprun's main thread.
-struct AttemptHooks {
-  std::function<void(const WorkerOutcome&)> on_local_failure;  // this node's first failure
-};
 
 class WorkerGroup;
 

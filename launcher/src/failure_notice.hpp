@@ -1,0 +1,28 @@
+// How a failure travels between the nodes of a job: the notice the first failing
+// node publishes (and every agent leaves as its will), and the stop signal that
+// ends a wait on the other nodes.
+#pragma once
+
+#include <string>
+
+namespace ddprun {
+
+// Who failed and how, as published in the store.
+struct FailureNotice {
+  int node = -1;         // node rank that reported (or that was lost)
+  int rank = -1;         // global rank of the failed worker; -1 when a whole node was lost
+  int status = 1;        // the exit status every ddprun then exits with
+  std::string host;
+  std::string what;      // one line: "exited with code 3", "ddprun ... was lost"
+
+  std::string encode() const;
+  static FailureNotice decode(const std::string& text);
+  std::string describe() const;  // "rank 3 on node 1 (host): exited with code 3"
+};
+
+// Thrown when a stop signal arrives while the agent waits on the other nodes.
+struct Interrupted {
+  int signal;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,24 @@
+// The job policy's interfaces over the Supervisor and the store (job_adapters.hpp).
+#include "job_adapters.hpp"
+
+#include "ddp/contract/store_keys.hpp"
+
+namespace ddprun {
+
+void SupervisorWorkers::prepare(int attempt) {
+  if (plan_.log_root && (attempt > 0 || joins_others_)) create_log_dirs(plan_, attempt);
+}
+
+JobLayout SingleNodeMembership::join(int attempt) {
+  JobLayout layout;
+  layout.world_size = plan_.nproc;
+  layout.master_addr = plan_.options.master_addr;
+  layout.master_port = plan_.master_port;
+  layout.store.addr = "127.0.0.1";
+  layout.store.port = store_port_;
+  layout.store.token = store_token_;
+  layout.store.prefix = contract::JobKeys(attempt).process_groups();
+  return layout;
+}
+
+}  // namespace ddprun

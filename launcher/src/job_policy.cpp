@@ -1,0 +1,92 @@
+// The job policy (job_policy.hpp): the attempt loop, the root-cause choice, the
+// restart rule and the exit status.
+#include "job_policy.hpp"
+
+#include <spdlog/spdlog.h>
+#include <string.h>
+
+#include "summary.hpp"
+
+namespace ddprun {
+
+using std::chrono::seconds;
+
+namespace {
+
+std::string signal_text(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
+
+}  // namespace
+
+JobPolicy::JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options)
+    : plan_(plan), workers_(workers), membership_(membership), options_(std::move(options)) {}
+
+FailureNotice JobPolicy::notice(int rank, int status, std::string what) const {
+  return {options_.node_rank, rank, status, options_.hostname, std::move(what)};
+}
+
+int JobPolicy::run() {
+  for (int attempt = 0;; ++attempt) {
+    if (std::optional<int> status = run_attempt(attempt)) return *status;
+  }
+}
+
+std::optional<int> JobPolicy::run_attempt(int attempt) {
+  workers_.prepare(attempt);
+  JobLayout layout;
+  try {
+    layout = membership_.join(attempt);
+  } catch (const Interrupted& stop) {
+    std::string sig = signal_text(stop.signal);
+    membership_.publish_failure(attempt, notice(-1, 128 + stop.signal, "ddprun received " + sig +
+                                                                          " while joining the rendezvous"));
+    membership_.leave(attempt, seconds(0));
+    spdlog::error("received {} while joining the rendezvous; no worker was started", sig);
+    return 128 + stop.signal;
+  }
+
+  std::optional<FailureNotice> winner;  // the job's first failure, once this node published one
+  membership_.start_watch(attempt, [this, attempt](const FailureNotice& n) {
+    workers_.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0});
+  });
+  AttemptHooks hooks;
+  hooks.on_local_failure = [&](const WorkerOutcome& w) {
+    winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), w.describe()));
+  };
+  AttemptResult result = workers_.run(attempt, layout, hooks);
+
+  if (result.stop_signal != 0 && !result.root_cause) {
+    winner = membership_.publish_failure(
+        attempt, notice(-1, 128 + result.stop_signal,
+                        "ddprun received " + signal_text(result.stop_signal) + " and stopped its workers"));
+  } else if (result.succeeded()) {
+    winner = membership_.exit_barrier(attempt);
+  }
+  membership_.stop_watch();
+  settle_root_cause(result, winner);
+
+  if (result.succeeded()) {
+    membership_.leave(attempt, options_.hosts_store ? seconds(5) : seconds(0));
+    return 0;
+  }
+  if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
+  // A restart helps after a worker failure; not when a node was lost or told to stop
+  // (it will not rejoin, and the others would wait out the join timeout for it).
+  bool worker_failure = result.remote ? result.remote->worker_failure : result.root_cause.has_value();
+  if (result.stop_signal == 0 && worker_failure && attempt < options_.max_restarts) {
+    spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, options_.max_restarts);
+    return std::nullopt;
+  }
+  membership_.leave(attempt, options_.hosts_store ? seconds(1) : seconds(0));
+  return result.exit_status();
+}
+
+void JobPolicy::settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner) {
+  // The job's root cause is whatever was published first, wherever that was: another
+  // node's failure, or this node's own notice when it was not a worker of this node.
+  bool local_worker_won = winner && result.root_cause && winner->node == options_.node_rank && winner->rank >= 0;
+  if (winner && !local_worker_won && !result.remote) {
+    result.remote = RemoteCause{winner->describe(), winner->status, winner->rank >= 0};
+  }
+}
+
+}  // namespace ddprun

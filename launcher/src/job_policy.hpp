@@ -1,0 +1,99 @@
+// The job policy: how this node's ddprun runs a job from attempt to attempt. It
+// joins an attempt, runs the workers, tells the other nodes about a local failure
+// and hears of theirs, picks the job's root cause, decides whether to restart, and
+// returns the status ddprun exits with.
+//
+// It sees the rest of ddprun through two small interfaces, so tests drive it with
+// fakes: Workers (this node's worker processes: the Supervisor) and Membership (the
+// other nodes: the RendezvousAgent, or a single node on its own).
+//
+// Rules:
+//   - The job's root cause is the first failure published anywhere; on one node, the
+//     first worker to fail (or the stop signal).
+//   - A restart follows a worker failure (here or elsewhere) while restarts are left
+//     (--max_restarts); never a lost node or a stop signal.
+//   - Exit status: the root cause's (a worker's code or 128+signal), 128+signal for a
+//     stop signal, 0 when every node's workers succeeded.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "attempt_result.hpp"
+#include "failure_notice.hpp"
+#include "launch_plan.hpp"
+
+namespace ddprun {
+
+// This node's workers.
+class Workers {
+ public:
+  virtual ~Workers() = default;
+  // Readies attempt `attempt` before this node joins it (its log folders). Throws LaunchError.
+  virtual void prepare(int attempt) = 0;
+  // Runs this node's workers for `attempt` until they and everything they started are
+  // gone. hooks.on_local_failure runs on the calling thread for the first worker to fail.
+  // Throws LaunchError when the workers cannot be started.
+  virtual AttemptResult run(int attempt, const JobLayout& layout, const AttemptHooks& hooks) = 0;
+  // Stops `attempt` because the job failed elsewhere. Safe from any thread; ignored
+  // unless that attempt is running and not already stopping.
+  virtual void stop_for_remote(int attempt, RemoteCause cause) = 0;
+};
+
+// The job's nodes, as this node takes part in them.
+class Membership {
+ public:
+  virtual ~Membership() = default;
+  // Joins `attempt` with every node and returns this node's view of it. Throws
+  // Interrupted when a stop signal arrives meanwhile, LaunchError when nodes do not come.
+  virtual JobLayout join(int attempt) = 0;
+  // Until stop_watch(): calls `on_failure` (from any thread) once a failure anywhere
+  // else ends `attempt`.
+  virtual void start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure) = 0;
+  virtual void stop_watch() = 0;
+  // Publishes this node's failure. Returns the job's first failure as every node sees
+  // it (maybe another node's), or nothing when no other node takes part in the job.
+  virtual std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) = 0;
+  // After this node's workers all succeeded: waits for every node's. Returns the
+  // failure that ended the job instead, if any.
+  virtual std::optional<FailureNotice> exit_barrier(int attempt) = 0;
+  // Leaves the job; first waits up to `linger` for the others to leave too.
+  virtual void leave(int attempt, std::chrono::milliseconds linger) = 0;
+};
+
+struct JobPolicyOptions {
+  int node_rank = 0;
+  std::string hostname;
+  int max_restarts = 0;
+  // This node hosts the store the others use: it lingers when leaving, so their last
+  // answers get out before the store goes.
+  bool hosts_store = false;
+  // Where failure summaries go (ddprun: the console's stderr).
+  std::function<void(const std::string&)> print;
+};
+
+class JobPolicy {
+ public:
+  // `plan` names the job in summaries; all three must outlive the policy.
+  JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options);
+
+  // Runs attempts until one ends the job; returns ddprun's exit status. Throws
+  // LaunchError when an attempt cannot be joined or its workers cannot start.
+  int run();
+
+ private:
+  // One attempt; its status, or nothing when a restart follows.
+  std::optional<int> run_attempt(int attempt);
+  // After the workers: the job's root cause, as the other nodes agreed on it.
+  void settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner);
+  FailureNotice notice(int rank, int status, std::string what) const;
+
+  const LaunchPlan& plan_;
+  Workers& workers_;
+  Membership& membership_;
+  JobPolicyOptions options_;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,325 @@
+// The job policy driven with fakes, no processes: which failure becomes the root
+// cause, when a restart follows, what a stop signal does, and the exit status.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <map>
+
+#include "job_adapters.hpp"
+#include "job_policy.hpp"
+
+using namespace std::chrono_literals;
+using ddprun::AttemptHooks;
+using ddprun::AttemptResult;
+using ddprun::FailureNotice;
+
+namespace {
+
+constexpr int kMe = 0;  // this node's rank in every test
+
+// Workers whose attempts the test scripts: each gets the hooks and returns what the
+// Supervisor would. A cause from stop_for_remote() ends the attempt as the
+// Supervisor's does: in result.remote.
+class FakeWorkers : public ddprun::Workers {
+ public:
+  using Script = std::function<AttemptResult(FakeWorkers&, const AttemptHooks&)>;
+  std::vector<Script> attempts;  // attempt k runs attempts[min(k, size-1)]
+  std::vector<int> prepared, ran;
+  std::optional<ddprun::RemoteCause> told_to_stop;
+
+  void prepare(int attempt) override { prepared.push_back(attempt); }
+  AttemptResult run(int attempt, const ddprun::JobLayout&, const AttemptHooks& hooks) override {
+    ran.push_back(attempt);
+    told_to_stop.reset();
+    return attempts.at(std::min(static_cast<size_t>(attempt), attempts.size() - 1))(*this, hooks);
+  }
+  void stop_for_remote(int, ddprun::RemoteCause cause) override {
+    if (!told_to_stop) told_to_stop = std::move(cause);
+  }
+};
+
+// The other nodes as a store would show them: the first failure published for an
+// attempt wins (it may be preset, as if another node had published first).
+class FakeMembership : public ddprun::Membership {
+ public:
+  int signal_during_join = 0;
+  std::map<int, FailureNotice> first_failure;            // per attempt
+  std::vector<FailureNotice> published;                  // by this node
+  std::optional<FailureNotice> barrier_result;           // what exit_barrier() returns
+  std::vector<int> barriers;
+  std::vector<std::pair<int, std::chrono::milliseconds>> left;
+  std::function<void(const FailureNotice&)> watcher;     // set between start_watch and stop_watch
+  int watches = 0, unwatches = 0;
+
+  ddprun::JobLayout join(int) override {
+    if (signal_during_join != 0) throw ddprun::Interrupted{signal_during_join};
+    return {};
+  }
+  void start_watch(int, std::function<void(const FailureNotice&)> on_failure) override {
+    ++watches;
+    watcher = std::move(on_failure);
+  }
+  void stop_watch() override {
+    ++unwatches;
+    watcher = nullptr;
+  }
+  std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) override {
+    published.push_back(notice);
+    return first_failure.emplace(attempt, notice).first->second;
+  }
+  std::optional<FailureNotice> exit_barrier(int attempt) override {
+    barriers.push_back(attempt);
+    return barrier_result;
+  }
+  void leave(int attempt, std::chrono::milliseconds linger) override { left.emplace_back(attempt, linger); }
+};
+
+ddprun::WorkerOutcome worker(int rank, int exit_code) {
+  ddprun::WorkerOutcome w;
+  w.local_rank = w.rank = rank;
+  w.pid = 1000 + rank;
+  w.reaped = true;
+  w.wait_status = W_EXITCODE(exit_code, 0);
+  return w;
+}
+
+// Scripts for FakeWorkers.
+FakeWorkers::Script succeed() {
+  return [](FakeWorkers&, const AttemptHooks&) {
+    AttemptResult r;
+    r.workers = {worker(0, 0), worker(1, 0)};
+    return r;
+  };
+}
+FakeWorkers::Script fail(int rank, int code) {
+  return [=](FakeWorkers&, const AttemptHooks& hooks) {
+    AttemptResult r;
+    r.workers = {worker(0, 0), worker(1, 0)};
+    r.workers[static_cast<size_t>(rank)] = worker(rank, code);
+    r.root_cause = static_cast<size_t>(rank);
+    if (hooks.on_local_failure) hooks.on_local_failure(r.workers[*r.root_cause]);
+    return r;
+  };
+}
+FakeWorkers::Script stopped_by(int sig) {
+  return [=](FakeWorkers&, const AttemptHooks&) {
+    AttemptResult r;
+    r.workers = {worker(0, 128 + sig), worker(1, 128 + sig)};
+    r.stop_signal = sig;
+    return r;
+  };
+}
+// A failure elsewhere reaches the watcher while the workers run.
+FakeWorkers::Script stopped_by_remote(FakeMembership& m, FailureNotice notice) {
+  return [&m, notice](FakeWorkers& w, const AttemptHooks&) {
+    REQUIRE(m.watcher);
+    m.watcher(notice);
+    AttemptResult r;
+    r.workers = {worker(0, 128 + SIGTERM), worker(1, 128 + SIGTERM)};
+    r.remote = w.told_to_stop;
+    return r;
+  };
+}
+
+struct Job {
+  ddprun::LaunchPlan plan;
+  FakeWorkers workers;
+  FakeMembership membership;
+  std::vector<std::string> summaries;
+
+  Job() {
+    plan.run_id = "run-7";
+    plan.hostname = "hosta";
+    plan.nproc = 2;
+  }
+  ddprun::JobPolicyOptions options(int max_restarts, bool hosts_store = true) {
+    ddprun::JobPolicyOptions o;
+    o.node_rank = kMe;
+    o.hostname = plan.hostname;
+    o.max_restarts = max_restarts;
+    o.hosts_store = hosts_store;
+    o.print = [this](const std::string& text) { summaries.push_back(text); };
+    return o;
+  }
+  int run(int max_restarts, bool hosts_store = true) {
+    return ddprun::JobPolicy(plan, workers, membership, options(max_restarts, hosts_store)).run();
+  }
+};
+
+FailureNotice other_node_worker(int rank, int status) {
+  return {1, rank, status, "hostb", "exited with code " + std::to_string(status)};
+}
+
+}  // namespace
+
+TEST_CASE("a worker failure with restarts left starts a new attempt", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {fail(1, 3), succeed()};
+  CHECK(job.run(1) == 0);
+  CHECK(job.workers.ran == std::vector<int>{0, 1});
+  CHECK(job.workers.prepared == std::vector<int>{0, 1});
+  REQUIRE(job.membership.published.size() == 1);
+  CHECK(job.membership.published[0].node == kMe);
+  CHECK(job.membership.published[0].rank == 1);
+  CHECK(job.membership.published[0].status == 3);
+  CHECK(job.membership.published[0].what == "exited with code 3");
+  REQUIRE(job.summaries.size() == 1);
+  CHECK_THAT(job.summaries[0], Catch::Contains("job run-7 (attempt 0) failed") &&
+                                   Catch::Contains("Root cause (first worker to fail):") &&
+                                   Catch::Contains("rank 1 (local_rank 1) on hosta"));
+  CHECK(job.membership.barriers == std::vector<int>{1});  // the failed attempt never reached it
+  // Left once, after the attempt that ended the job, lingering as the store's host.
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{1, 5s}});
+  CHECK(job.membership.watches == 2);
+  CHECK(job.membership.unwatches == 2);
+}
+
+TEST_CASE("a worker failure without restarts left ends the job with its status", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {fail(0, 3)};
+  CHECK(job.run(0, /*hosts_store=*/true) == 3);
+  CHECK(job.workers.ran == std::vector<int>{0});
+  CHECK(job.summaries.size() == 1);
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{0, 1s}});
+  CHECK(job.membership.barriers.empty());
+
+  Job guest;  // a node that does not host the store leaves at once
+  guest.workers.attempts = {fail(0, 3)};
+  CHECK(guest.run(0, /*hosts_store=*/false) == 3);
+  CHECK(guest.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{0, 0s}});
+}
+
+TEST_CASE("the restart budget ends the job after max_restarts restarts", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {fail(1, 5)};  // every attempt fails
+  CHECK(job.run(2) == 5);
+  CHECK(job.workers.ran == std::vector<int>{0, 1, 2});
+  REQUIRE(job.summaries.size() == 3);
+  CHECK_THAT(job.summaries[2], Catch::Contains("(attempt 2) failed"));
+  CHECK(job.membership.published.size() == 3);
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{2, 1s}});
+}
+
+TEST_CASE("a lost node is not a worker failure: no restart", "[job_policy]") {
+  Job job;
+  FailureNotice lost{1, -1, 1, "hostb", "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
+  job.workers.attempts = {stopped_by_remote(job.membership, lost)};
+  CHECK(job.run(3) == 1);
+  CHECK(job.workers.ran == std::vector<int>{0});
+  REQUIRE(job.workers.told_to_stop);
+  CHECK_FALSE(job.workers.told_to_stop->worker_failure);
+  CHECK(job.membership.published.empty());  // the cause was not ours to publish
+  REQUIRE(job.summaries.size() == 1);
+  CHECK_THAT(job.summaries[0], Catch::Contains("Root cause (first failure in the job, on another node") &&
+                                   Catch::Contains("node 1 (hostb): ddprun was lost") &&
+                                   Catch::Contains("every node exits with status 1"));
+}
+
+TEST_CASE("a worker failure on another node restarts like a local one", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {stopped_by_remote(job.membership, other_node_worker(5, 7)), succeed()};
+  CHECK(job.run(1) == 0);
+  CHECK(job.workers.ran == std::vector<int>{0, 1});
+  REQUIRE(job.summaries.size() == 1);
+  CHECK_THAT(job.summaries[0], Catch::Contains("rank 5 on node 1 (hostb): exited with code 7"));
+
+  Job spent;
+  spent.workers.attempts = {stopped_by_remote(spent.membership, other_node_worker(5, 7))};
+  CHECK(spent.run(0) == 7);  // the remote root cause's status
+}
+
+TEST_CASE("a stop signal during the join publishes it and starts no worker", "[job_policy]") {
+  Job job;
+  job.membership.signal_during_join = SIGTERM;
+  CHECK(job.run(3) == 128 + SIGTERM);
+  CHECK(job.workers.ran.empty());
+  CHECK(job.workers.prepared == std::vector<int>{0});
+  REQUIRE(job.membership.published.size() == 1);
+  const FailureNotice& n = job.membership.published[0];
+  CHECK(n.node == kMe);
+  CHECK(n.rank == -1);
+  CHECK(n.status == 128 + SIGTERM);
+  CHECK(n.host == "hosta");
+  CHECK(n.what == "ddprun received SIGTERM while joining the rendezvous");
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{0, 0s}});
+  CHECK(job.membership.watches == 0);
+  CHECK(job.summaries.empty());
+}
+
+TEST_CASE("a stop signal during the attempt ends the job without a restart", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {stopped_by(SIGINT), succeed()};
+  CHECK(job.run(3) == 128 + SIGINT);
+  CHECK(job.workers.ran == std::vector<int>{0});
+  REQUIRE(job.membership.published.size() == 1);
+  CHECK(job.membership.published[0].rank == -1);
+  CHECK(job.membership.published[0].status == 128 + SIGINT);
+  CHECK(job.membership.published[0].what == "ddprun received SIGINT and stopped its workers");
+  REQUIRE(job.summaries.size() == 1);
+  // With other nodes, the published stop is the job's root cause.
+  CHECK_THAT(job.summaries[0], Catch::Contains("stopped by SIGINT (signal 2) sent to ddprun") &&
+                                   Catch::Contains("node 0 (hosta): ddprun received SIGINT and stopped its workers"));
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{0, 1s}});
+}
+
+TEST_CASE("on one node a stop signal is no remote root cause", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {stopped_by(SIGTERM)};
+  ddprun::SingleNodeMembership alone(job.plan, 29500, "token");
+  CHECK(ddprun::JobPolicy(job.plan, job.workers, alone, job.options(3)).run() == 128 + SIGTERM);
+  REQUIRE(job.summaries.size() == 1);
+  CHECK_THAT(job.summaries[0], Catch::Contains("stopped by SIGTERM") && !Catch::Contains("Root cause") &&
+                                   Catch::Contains("Workers:"));
+  CHECK(alone.join(2).store.prefix == "attempt/2/pg/");
+  CHECK(alone.join(0).world_size == 2);
+}
+
+TEST_CASE("the exit barrier passes: status 0 and no summary", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {succeed()};
+  CHECK(job.run(2) == 0);
+  CHECK(job.membership.barriers == std::vector<int>{0});
+  CHECK(job.membership.published.empty());
+  CHECK(job.summaries.empty());
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{0, 5s}});
+}
+
+TEST_CASE("the exit barrier reports a failure elsewhere: it becomes the root cause", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {succeed()};
+  job.membership.barrier_result = other_node_worker(9, 4);
+  CHECK(job.run(0) == 4);
+  REQUIRE(job.summaries.size() == 1);
+  CHECK_THAT(job.summaries[0], Catch::Contains("rank 9 on node 1 (hostb): exited with code 4") &&
+                                   Catch::Contains("This node's workers:"));
+  CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{0, 1s}});
+
+  Job lost;  // a node that never finished is no worker failure: no restart
+  lost.workers.attempts = {succeed()};
+  lost.membership.barrier_result = FailureNotice{kMe, -1, 1, "hosta", "exit barrier: node rank(s) 1 did not finish"};
+  CHECK(lost.run(2) == 1);
+  CHECK(lost.workers.ran == std::vector<int>{0});
+}
+
+TEST_CASE("the root cause is the first failure published, here or on another node", "[job_policy]") {
+  SECTION("this node published first: its worker is the root cause") {
+    Job job;
+    job.workers.attempts = {fail(1, 3)};
+    CHECK(job.run(0) == 3);
+    REQUIRE(job.summaries.size() == 1);
+    CHECK_THAT(job.summaries[0], Catch::Contains("Root cause (first worker to fail):") &&
+                                     Catch::Contains("rank 1 (local_rank 1) on hosta, pid 1001: exited with code 3"));
+  }
+  SECTION("another node published first: its failure is the root cause and status") {
+    Job job;
+    job.membership.first_failure[0] = other_node_worker(4, 9);
+    job.workers.attempts = {fail(1, 3)};
+    CHECK(job.run(0) == 9);
+    CHECK(job.membership.published.size() == 1);  // this node tried
+    REQUIRE(job.summaries.size() == 1);
+    CHECK_THAT(job.summaries[0], Catch::Contains("Root cause (first failure in the job, on another node") &&
+                                     Catch::Contains("rank 4 on node 1 (hostb): exited with code 9") &&
+                                     Catch::Contains("every node exits with status 9"));
+  }
+}
