@@ -248,6 +248,7 @@ TimeoutReply decode_timeout(std::string_view body, const Limits& limits) {
   BodyReader r(body, limits);
   TimeoutReply t;
   t.message = r.bytes();
+  if (r.done()) return t;  // a server older than the key list: no keys to report
   uint32_t n = r.count();
   t.missing_keys.reserve(n);  // bounded by count(): at most body_size / 4
   for (uint32_t i = 0; i < n; ++i) t.missing_keys.push_back(r.key());

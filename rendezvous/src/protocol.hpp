@@ -96,6 +96,8 @@ class BodyReader {
   std::string bytes();       // a value: bounded by what is left in the body
   std::string key();         // a key: also bounded by limits.max_key
   uint32_t count();          // a key count: bounded by limits.max_keys and what is left
+  // True when the whole body was read.
+  bool done() const { return rest_.empty(); }
   // Throws unless the whole body was read.
   void finish() const;
 
