@@ -460,31 +460,6 @@ ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Mi
 // The process group.
 // ---------------------------------------------------------------------------------
 
-// Memory a collective touches must be on the GPU. Empty buffers are never touched,
-// so a default-made Buffer{} is fine where the contract allows "an empty one".
-void need_gpu(const Buffer& b, const char* what, const char* name) {
-  if (b.count == 0) return;
-  if (b.device != Device::Cuda) {
-    throw InvalidArgument(std::string("NCCL ") + what + ": " + name +
-                          " is host memory; the nccl backend needs GPU buffers (Device::Cuda)");
-  }
-  if (b.data == nullptr) throw InvalidArgument(std::string("NCCL ") + what + ": " + name + " has no data");
-}
-
-void need_same_dtype(const Buffer& a, const Buffer& b, const char* what) {
-  if (a.dtype != b.dtype) {
-    throw InvalidArgument(std::string("NCCL ") + what + ": input is " + dtype_name(a.dtype) + " but output is " +
-                          dtype_name(b.dtype));
-  }
-}
-
-void need_count(size_t have, size_t want, const char* what, const char* name) {
-  if (have != want) {
-    throw InvalidArgument(std::string("NCCL ") + what + ": " + name + " has " + std::to_string(have) +
-                          " elements, expected " + std::to_string(want));
-  }
-}
-
 // ncclGroupStart/End around `body`, ending the group even when body failed.
 template <typename Body>
 ncclResult_t grouped(Body&& body) {
@@ -498,60 +473,81 @@ ncclResult_t grouped(Body&& body) {
 class NcclProcessGroup final : public ProcessGroup {
  public:
   NcclProcessGroup(int rank, int size, std::shared_ptr<Communicator> comm, Millis timeout, Millis connect_timeout)
-      : ProcessGroup(rank, size), comm_(std::move(comm)), timeout_(timeout), connect_timeout_(connect_timeout) {}
+      : ProcessGroup(rank, size, Reach::Gpu), comm_(std::move(comm)), timeout_(timeout),
+        connect_timeout_(connect_timeout) {}
 
   std::string backend() const override { return "nccl"; }
 
-  Work all_reduce(Buffer buf, ReduceOp op, CollectiveOptions o) override {
-    need_gpu(buf, "all_reduce", "buf");
-    if (buf.count == 0) return barrier(o);
-    return run("all_reduce", o, [=](ncclComm_t c, cudaStream_t s) {
+  void abort(const std::string& reason) override {
+    comm_->fail(std::make_exception_ptr(Error("process group aborted: " + reason)));
+  }
+
+ protected:
+  Work run(const Op& op) override {
+    const CollectiveOptions& o = op.options;
+    switch (op.kind) {
+      case OpKind::AllReduce: return all_reduce_on_gpu(op.input, op.reduce, o);
+      case OpKind::Broadcast: return broadcast_on_gpu(op.input, op.peer, o);
+      case OpKind::Reduce: return reduce_on_gpu(op.input, op.peer, op.reduce, o);
+      case OpKind::AllGather: return all_gather_on_gpu(op.input, op.output, o);
+      case OpKind::Gather: return gather_on_gpu(op.input, op.output, op.peer, o);
+      case OpKind::Scatter: return scatter_on_gpu(op.input, op.output, op.peer, o);
+      case OpKind::ReduceScatter: return reduce_scatter_on_gpu(op.input, op.output, op.reduce, o);
+      case OpKind::AllToAll: return all_to_all_on_gpu(op.input, op.output, o);
+      case OpKind::Barrier: return barrier_on_gpu(o);
+      case OpKind::Send: return send_on_gpu(op.input, op.peer, o);
+      case OpKind::Recv: return recv_on_gpu(op.output, op.peer, o);
+    }
+    throw InvalidArgument(std::string("NCCL: unknown operation ") + op_kind_name(op.kind));
+  }
+
+  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
+    auto it = std::find(ranks.begin(), ranks.end(), rank());
+    const bool member = it != ranks.end();
+    const int position = member ? static_cast<int>(it - ranks.begin()) : -1;
+    // Every rank takes part in the split; the key orders members as `ranks` lists them.
+    ncclComm_t child = comm_->split(member ? 0 : NCCL_SPLIT_NOCOLOR, member ? position : rank(), connect_timeout_);
+    if (!member) return nullptr;
+    auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_, comm_->watch()->narrow(ranks));
+    return std::make_shared<NcclProcessGroup>(position, static_cast<int>(ranks.size()), std::move(comm), timeout_,
+                                              connect_timeout_);
+  }
+
+ private:
+  Work all_reduce_on_gpu(Buffer buf, ReduceOp op, const CollectiveOptions& o) {
+    if (buf.count == 0) return barrier_on_gpu(o);
+    return enqueue("all_reduce", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(buf.data, buf.data, buf.count, nccl_dtype(buf.dtype), nccl_op(op), c, s);
     });
   }
 
-  Work broadcast(Buffer buf, int root, CollectiveOptions o) override {
-    need_rank(root, "broadcast", "root");
-    need_gpu(buf, "broadcast", "buf");
-    if (buf.count == 0) return barrier(o);
-    return run("broadcast", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work broadcast_on_gpu(Buffer buf, int root, const CollectiveOptions& o) {
+    if (buf.count == 0) return barrier_on_gpu(o);
+    return enqueue("broadcast", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(buf.data, buf.data, buf.count, nccl_dtype(buf.dtype), root, c, s);
     });
   }
 
-  Work reduce(Buffer buf, int root, ReduceOp op, CollectiveOptions o) override {
-    need_rank(root, "reduce", "root");
-    need_gpu(buf, "reduce", "buf");
-    if (buf.count == 0) return barrier(o);
+  Work reduce_on_gpu(Buffer buf, int root, ReduceOp op, const CollectiveOptions& o) {
+    if (buf.count == 0) return barrier_on_gpu(o);
     // recvbuff is only written on root, so the other ranks' buf stays as it was.
-    return run("reduce", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("reduce", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduce(buf.data, buf.data, buf.count, nccl_dtype(buf.dtype), nccl_op(op), root, c, s);
     });
   }
 
-  Work all_gather(Buffer input, Buffer output, CollectiveOptions o) override {
-    need_gpu(input, "all_gather", "input");
-    need_gpu(output, "all_gather", "output");
-    need_same_dtype(input, output, "all_gather");
-    need_count(output.count, input.count * size(), "all_gather", "output");
-    if (input.count == 0) return barrier(o);
-    return run("all_gather", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work all_gather_on_gpu(Buffer input, Buffer output, const CollectiveOptions& o) {
+    if (input.count == 0) return barrier_on_gpu(o);
+    return enqueue("all_gather", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(input.data, output.data, input.count, nccl_dtype(input.dtype), c, s);
     });
   }
 
-  Work gather(Buffer input, Buffer output, int root, CollectiveOptions o) override {
-    need_rank(root, "gather", "root");
-    need_gpu(input, "gather", "input");
-    bool is_root = rank() == root;
-    if (is_root) {
-      need_gpu(output, "gather", "output");
-      need_same_dtype(input, output, "gather");
-      need_count(output.count, input.count * size(), "gather", "output");
-    }
-    if (input.count == 0) return barrier(o);
+  Work gather_on_gpu(Buffer input, Buffer output, int root, const CollectiveOptions& o) {
+    if (input.count == 0) return barrier_on_gpu(o);
+    const bool is_root = rank() == root;
     const int n = size();
-    return run("gather", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("gather", o, [=](ncclComm_t c, cudaStream_t s) {
       return grouped([&] {
         ncclDataType_t t = nccl_dtype(input.dtype);
         ncclResult_t r = ncclSend(input.data, input.count, t, root, c, s);
@@ -563,18 +559,11 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  Work scatter(Buffer input, Buffer output, int root, CollectiveOptions o) override {
-    need_rank(root, "scatter", "root");
-    need_gpu(output, "scatter", "output");
-    bool is_root = rank() == root;
-    if (is_root) {
-      need_gpu(input, "scatter", "input");
-      need_same_dtype(input, output, "scatter");
-      need_count(input.count, output.count * size(), "scatter", "input");
-    }
-    if (output.count == 0) return barrier(o);
+  Work scatter_on_gpu(Buffer input, Buffer output, int root, const CollectiveOptions& o) {
+    if (output.count == 0) return barrier_on_gpu(o);
+    const bool is_root = rank() == root;
     const int n = size();
-    return run("scatter", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("scatter", o, [=](ncclComm_t c, cudaStream_t s) {
       return grouped([&] {
         ncclDataType_t t = nccl_dtype(output.dtype);
         ncclResult_t r = ncclSuccess;
@@ -587,30 +576,18 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  Work reduce_scatter(Buffer input, Buffer output, ReduceOp op, CollectiveOptions o) override {
-    need_gpu(input, "reduce_scatter", "input");
-    need_gpu(output, "reduce_scatter", "output");
-    need_same_dtype(input, output, "reduce_scatter");
-    need_count(input.count, output.count * size(), "reduce_scatter", "input");
-    if (output.count == 0) return barrier(o);
-    return run("reduce_scatter", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work reduce_scatter_on_gpu(Buffer input, Buffer output, ReduceOp op, const CollectiveOptions& o) {
+    if (output.count == 0) return barrier_on_gpu(o);
+    return enqueue("reduce_scatter", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(input.data, output.data, output.count, nccl_dtype(output.dtype), nccl_op(op), c, s);
     });
   }
 
-  Work all_to_all(Buffer input, Buffer output, CollectiveOptions o) override {
-    need_gpu(input, "all_to_all", "input");
-    need_gpu(output, "all_to_all", "output");
-    need_same_dtype(input, output, "all_to_all");
-    need_count(output.count, input.count, "all_to_all", "output");
-    if (input.count % size() != 0) {
-      throw InvalidArgument("NCCL all_to_all: " + std::to_string(input.count) + " elements do not split into " +
-                            std::to_string(size()) + " blocks");
-    }
-    if (input.count == 0) return barrier(o);
+  Work all_to_all_on_gpu(Buffer input, Buffer output, const CollectiveOptions& o) {
+    if (input.count == 0) return barrier_on_gpu(o);
     const size_t block = input.count / size();
     const int n = size();
-    return run("all_to_all", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("all_to_all", o, [=](ncclComm_t c, cudaStream_t s) {
       return grouped([&] {
         ncclDataType_t t = nccl_dtype(input.dtype);
         ncclResult_t r = ncclSuccess;
@@ -623,72 +600,33 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  Work barrier(CollectiveOptions o) override {
+  Work barrier_on_gpu(const CollectiveOptions& o) {
     int32_t* scratch = comm_->scratch();
-    return run("barrier", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("barrier", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, s);
     });
   }
 
-  Work send(Buffer buf, int dst, CollectiveOptions o) override {
-    need_peer(dst, "send", "dst");
-    need_gpu(buf, "send", "buf");
-    return run("send", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work send_on_gpu(Buffer buf, int dst, const CollectiveOptions& o) {
+    return enqueue("send", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclSend(buf.data, buf.count, nccl_dtype(buf.dtype), dst, c, s);
     });
   }
 
-  Work recv(Buffer buf, int src, CollectiveOptions o) override {
-    need_peer(src, "recv", "src");
-    need_gpu(buf, "recv", "buf");
-    return run("recv", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work recv_on_gpu(Buffer buf, int src, const CollectiveOptions& o) {
+    return enqueue("recv", o, [=](ncclComm_t c, cudaStream_t s) {
       return ncclRecv(buf.data, buf.count, nccl_dtype(buf.dtype), src, c, s);
     });
   }
 
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
-    if (ranks.empty()) throw InvalidArgument("new_group: no ranks given");
-    std::vector<bool> seen(size(), false);
-    for (int r : ranks) {
-      need_rank(r, "new_group", "rank");
-      if (seen[r]) throw InvalidArgument("new_group: rank " + std::to_string(r) + " is listed twice");
-      seen[r] = true;
-    }
-    auto it = std::find(ranks.begin(), ranks.end(), rank());
-    const bool member = it != ranks.end();
-    const int position = member ? static_cast<int>(it - ranks.begin()) : -1;
-    // Every rank takes part in the split; the key orders members as `ranks` lists them.
-    ncclComm_t child = comm_->split(member ? 0 : NCCL_SPLIT_NOCOLOR, member ? position : rank(), connect_timeout_);
-    if (!member) return nullptr;
-    auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_, comm_->watch()->narrow(ranks));
-    return std::make_shared<NcclProcessGroup>(position, static_cast<int>(ranks.size()), std::move(comm), timeout_,
-                                              connect_timeout_);
-  }
-
-  void abort(const std::string& reason) override {
-    comm_->fail(std::make_exception_ptr(Error("process group aborted: " + reason)));
-  }
-
- private:
   // Enqueues on the group's stream; a blocking call then waits for the Work (bounded
   // by the operation's timeout, which aborts the communicator when it passes).
   template <typename Enqueue>
-  Work run(const char* what, const CollectiveOptions& o, Enqueue&& enqueue) {
+  Work enqueue(const char* what, const CollectiveOptions& o, Enqueue&& body) {
     Millis timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
-    Work work(comm_->launch(what, timeout, std::forward<Enqueue>(enqueue)));
+    Work work(comm_->launch(what, timeout, std::forward<Enqueue>(body)));
     if (!o.async_op) work.wait();
     return work;
-  }
-
-  void need_rank(int r, const char* what, const char* name) const {
-    if (r < 0 || r >= size()) {
-      throw InvalidArgument(std::string(what) + ": " + name + " " + std::to_string(r) + " is not a rank of this group (size " +
-                            std::to_string(size()) + ")");
-    }
-  }
-  void need_peer(int r, const char* what, const char* name) const {
-    need_rank(r, what, name);
-    if (r == rank()) throw InvalidArgument(std::string(what) + ": " + name + " is this rank itself");
   }
 
   std::shared_ptr<Communicator> comm_;
