@@ -16,34 +16,25 @@ using ddp::Device;
 // Records the name of every operation it is asked to run.
 class RecordingGroup final : public ddp::ProcessGroup {
  public:
-  RecordingGroup(std::string name, int rank = 1, int size = 4) : ProcessGroup(rank, size), name_(std::move(name)) {}
+  RecordingGroup(std::string name, int rank = 1, int size = 4, ddp::Reach reach = ddp::Reach::HostAndGpu)
+      : ProcessGroup(rank, size, reach), name_(std::move(name)) {}
   std::vector<std::string> calls;
 
   std::string backend() const override { return name_; }
-  ddp::Work all_reduce(Buffer, ddp::ReduceOp, ddp::CollectiveOptions) override { return note("all_reduce"); }
-  ddp::Work broadcast(Buffer, int, ddp::CollectiveOptions) override { return note("broadcast"); }
-  ddp::Work reduce(Buffer, int, ddp::ReduceOp, ddp::CollectiveOptions) override { return note("reduce"); }
-  ddp::Work all_gather(Buffer, Buffer, ddp::CollectiveOptions) override { return note("all_gather"); }
-  ddp::Work gather(Buffer, Buffer, int, ddp::CollectiveOptions) override { return note("gather"); }
-  ddp::Work scatter(Buffer, Buffer, int, ddp::CollectiveOptions) override { return note("scatter"); }
-  ddp::Work reduce_scatter(Buffer, Buffer, ddp::ReduceOp, ddp::CollectiveOptions) override {
-    return note("reduce_scatter");
-  }
-  ddp::Work all_to_all(Buffer, Buffer, ddp::CollectiveOptions) override { return note("all_to_all"); }
-  ddp::Work barrier(ddp::CollectiveOptions) override { return note("barrier"); }
-  ddp::Work send(Buffer, int, ddp::CollectiveOptions) override { return note("send"); }
-  ddp::Work recv(Buffer, int, ddp::CollectiveOptions) override { return note("recv"); }
-  std::shared_ptr<ddp::ProcessGroup> new_group(const std::vector<int>& ranks) override {
+  void abort(const std::string&) override { note("abort"); }
+
+ protected:
+  ddp::Work run(const ddp::Op& op) override { return note(ddp::op_kind_name(op.kind)); }
+  std::shared_ptr<ddp::ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
     note("new_group");
     bool member = false;
     for (int r : ranks) member |= r == rank();
     return member ? std::make_shared<RecordingGroup>(name_ + "-sub", 0, static_cast<int>(ranks.size())) : nullptr;
   }
-  std::unique_ptr<ddp::GroupMemory> allocate(size_t bytes) override {
+  std::unique_ptr<ddp::GroupMemory> allocate_memory(size_t bytes) override {
     note("allocate");
-    return ProcessGroup::allocate(bytes);
+    return ProcessGroup::allocate_memory(bytes);
   }
-  void abort(const std::string&) override { note("abort"); }
 
  private:
   ddp::Work note(const std::string& what) {

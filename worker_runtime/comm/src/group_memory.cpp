@@ -31,7 +31,7 @@ MappedMemory::~MappedMemory() {
 }  // namespace detail
 
 // Backends without memory of their own to offer hand out plain pages.
-std::unique_ptr<GroupMemory> ProcessGroup::allocate(size_t bytes) {
+std::unique_ptr<GroupMemory> ProcessGroup::allocate_memory(size_t bytes) {
   const size_t mapped = detail::page_rounded(bytes);
   return std::make_unique<detail::MappedMemory>(detail::map_private(mapped), mapped, bytes, false);
 }

@@ -16,7 +16,7 @@ namespace {
 class RoutedProcessGroup final : public ProcessGroup {
  public:
   RoutedProcessGroup(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu)
-      : ProcessGroup(host->rank(), host->size()), host_(std::move(host)), gpu_(std::move(gpu)) {
+      : ProcessGroup(host->rank(), host->size(), Reach::HostAndGpu), host_(std::move(host)), gpu_(std::move(gpu)) {
     if (gpu_->rank() != rank() || gpu_->size() != size()) {
       throw InvalidArgument("routed group: the host and GPU groups disagree on rank or size");
     }
@@ -24,65 +24,37 @@ class RoutedProcessGroup final : public ProcessGroup {
 
   std::string backend() const override { return host_->backend() + "+" + gpu_->backend(); }
 
-  Work all_reduce(Buffer buf, ReduceOp op, CollectiveOptions o) override {
-    return pick(buf, "all_reduce").all_reduce(buf, op, o);
+  void abort(const std::string& reason) override {
+    host_->abort(reason);
+    gpu_->abort(reason);
   }
-  Work broadcast(Buffer buf, int root, CollectiveOptions o) override {
-    return pick(buf, "broadcast").broadcast(buf, root, o);
-  }
-  Work reduce(Buffer buf, int root, ReduceOp op, CollectiveOptions o) override {
-    return pick(buf, "reduce").reduce(buf, root, op, o);
-  }
-  Work all_gather(Buffer input, Buffer output, CollectiveOptions o) override {
-    return pick(input, output, "all_gather").all_gather(input, output, o);
-  }
-  Work gather(Buffer input, Buffer output, int root, CollectiveOptions o) override {
-    return pick(input, output, "gather").gather(input, output, root, o);
-  }
-  Work scatter(Buffer input, Buffer output, int root, CollectiveOptions o) override {
-    return pick(input, output, "scatter").scatter(input, output, root, o);
-  }
-  Work reduce_scatter(Buffer input, Buffer output, ReduceOp op, CollectiveOptions o) override {
-    return pick(input, output, "reduce_scatter").reduce_scatter(input, output, op, o);
-  }
-  Work all_to_all(Buffer input, Buffer output, CollectiveOptions o) override {
-    return pick(input, output, "all_to_all").all_to_all(input, output, o);
-  }
-  // Entering the barrier is what every rank must have done; the host group is the
-  // cheaper place to meet (a device-side barrier would also wait for queued GPU work,
-  // which Work::wait on those operations already does).
-  Work barrier(CollectiveOptions o) override { return host_->barrier(o); }
-  Work send(Buffer buf, int dst, CollectiveOptions o) override { return pick(buf, "send").send(buf, dst, o); }
-  Work recv(Buffer buf, int src, CollectiveOptions o) override { return pick(buf, "recv").recv(buf, src, o); }
 
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
+ protected:
+  // The call was checked here already (input and output on one side): the member
+  // runs it as is.
+  Work run(const Op& op) override { return run_on(member_for(op), op); }
+
+  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
     // Both members take part, in the same order on every rank.
-    auto host = host_->new_group(ranks);
-    auto gpu = gpu_->new_group(ranks);
+    auto host = make_subgroup_on(*host_, ranks);
+    auto gpu = make_subgroup_on(*gpu_, ranks);
     if (!host != !gpu) throw Error("routed group: new_group: the host and GPU groups disagree on membership");
     if (!host) return nullptr;
     return std::make_shared<RoutedProcessGroup>(std::move(host), std::move(gpu));
   }
 
   // Group memory is host memory: the host group's, shared between a host's ranks.
-  std::unique_ptr<GroupMemory> allocate(size_t bytes) override { return host_->allocate(bytes); }
-
-  void abort(const std::string& reason) override {
-    host_->abort(reason);
-    gpu_->abort(reason);
-  }
+  std::unique_ptr<GroupMemory> allocate_memory(size_t bytes) override { return allocate_memory_on(*host_, bytes); }
 
  private:
-  ProcessGroup& pick(const Buffer& b, const char*) { return b.device == Device::Cuda ? *gpu_ : *host_; }
-  // Two buffers must live on the same side. An empty one (the non-root side of
-  // gather and scatter may pass Buffer{}) does not decide.
-  ProcessGroup& pick(const Buffer& in, const Buffer& out, const char* what) {
-    if (in.count == 0) return pick(out, what);
-    if (out.count == 0) return pick(in, what);
-    if (in.device != out.device) {
-      throw InvalidArgument(std::string(what) + ": input and output must both be host memory or both GPU memory");
-    }
-    return pick(in, what);
+  ProcessGroup& member_for(const Op& op) {
+    // Entering the barrier is what every rank must have done; the host group is the
+    // cheaper place to meet (a device-side barrier would also wait for queued GPU
+    // work, which Work::wait on those operations already does).
+    if (op.kind == OpKind::Barrier) return *host_;
+    // An empty input (the non-root side of scatter may pass Buffer{}) does not decide.
+    const Device d = op.input.count == 0 ? op.output.device : op.input.device;
+    return d == Device::Cuda ? *gpu_ : *host_;
   }
 
   std::shared_ptr<ProcessGroup> host_;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,29 @@ struct CollectiveOptions {
   Millis timeout{0};      // 0: the group's timeout (InitOptions::timeout)
 };
 
+// The collectives and point-to-point operations a backend runs.
+enum class OpKind : uint8_t {
+  AllReduce, Broadcast, Reduce, AllGather, Gather, Scatter, ReduceScatter, AllToAll, Barrier, Send, Recv
+};
+const char* op_kind_name(OpKind k);  // "all_reduce", "broadcast", ...
+
+// One call of a ProcessGroup operation as its backend receives it, after the checks.
+// `input` is what the call reads and `output` what it writes: both are the one buffer
+// of all_reduce, broadcast, reduce, send and recv; the side a rank does not use (a
+// non-root's gather output or scatter input) may be empty. `peer` is the root, dst
+// or src (-1 where there is none).
+struct Op {
+  OpKind kind = OpKind::Barrier;
+  Buffer input;
+  Buffer output;
+  int peer = -1;
+  ReduceOp reduce = ReduceOp::Sum;
+  CollectiveOptions options;
+};
+
+// The memory a backend's collectives can reach.
+enum class Reach : uint8_t { Host, Gpu, HostAndGpu };
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -61,64 +85,87 @@ class ProcessGroup {
   int size() const { return size_; }        // number of ranks in the group
   virtual std::string backend() const = 0;  // "cpu", "nccl" or "cpu+nccl" (see InitOptions)
 
+  // Every operation below checks its arguments on the calling rank before anything
+  // is queued (counts, dtypes, roots, peers, the memory the backend reaches) and
+  // throws InvalidArgument on a violation; the group stays usable.
+
   // buf = op over every rank's buf (in place).
-  virtual Work all_reduce(Buffer buf, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {}) = 0;
+  Work all_reduce(Buffer buf, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {});
   // Every rank's buf = root's buf.
-  virtual Work broadcast(Buffer buf, int root, CollectiveOptions o = {}) = 0;
+  Work broadcast(Buffer buf, int root, CollectiveOptions o = {});
   // root's buf = op over every rank's buf; other ranks' buf is left unchanged.
-  virtual Work reduce(Buffer buf, int root, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {}) = 0;
+  Work reduce(Buffer buf, int root, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {});
   // output (size() * input.count elements) = every rank's input, in rank order.
-  virtual Work all_gather(Buffer input, Buffer output, CollectiveOptions o = {}) = 0;
+  Work all_gather(Buffer input, Buffer output, CollectiveOptions o = {});
   // As all_gather, but only root's output is written (others may pass an empty one).
-  virtual Work gather(Buffer input, Buffer output, int root, CollectiveOptions o = {}) = 0;
+  Work gather(Buffer input, Buffer output, int root, CollectiveOptions o = {});
   // Rank r's output = block r of root's input (size() * output.count elements; only
   // root's input is read, others may pass an empty one).
-  virtual Work scatter(Buffer input, Buffer output, int root, CollectiveOptions o = {}) = 0;
+  Work scatter(Buffer input, Buffer output, int root, CollectiveOptions o = {});
   // input holds size() blocks of output.count elements; rank r's output = op over
   // every rank's block r.
-  virtual Work reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::Sum,
-                              CollectiveOptions o = {}) = 0;
+  Work reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {});
   // input and output hold size() blocks each; block j of rank i's input lands in
   // block i of rank j's output.
-  virtual Work all_to_all(Buffer input, Buffer output, CollectiveOptions o = {}) = 0;
+  Work all_to_all(Buffer input, Buffer output, CollectiveOptions o = {});
   // Returns (or completes) once every rank has entered the barrier.
-  virtual Work barrier(CollectiveOptions o = {}) = 0;
+  Work barrier(CollectiveOptions o = {});
   // Point to point. Messages between two ranks arrive in the order sent; send and
   // recv run in issue order with the collectives, so a large send completes only
   // once the peer has issued the matching recv (count and dtype must match).
-  virtual Work send(Buffer buf, int dst, CollectiveOptions o = {}) = 0;
-  virtual Work recv(Buffer buf, int src, CollectiveOptions o = {}) = 0;
+  Work send(Buffer buf, int dst, CollectiveOptions o = {});
+  Work recv(Buffer buf, int src, CollectiveOptions o = {});
 
-  // A subgroup of `ranks` (ranks of this group, distinct, any order: the subgroup's
-  // rank i is ranks[i]). Every rank of this group must call it, in the same order
-  // as its other new_group calls; ranks outside `ranks` get nullptr.
-  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
+  // A subgroup of `ranks` (ranks of this group, distinct, any order, at least one:
+  // the subgroup's rank i is ranks[i]). Every rank of this group must call it, in
+  // the same order as its other new_group calls; ranks outside `ranks` get nullptr.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
 
   // Memory this group's collectives reach without copying, in the spirit of NCCL's
-  // ncclMemAlloc + ncclCommRegister or MPI_Win_allocate_shared. On the CPU backend it
-  // is mapped by every rank of this host, so an all-reduce whose buffers lie in such
-  // memory on every rank reads and writes the peers' buffers directly (no system call,
-  // no staging copy): what DDP's gradient buckets use. A collective: every rank calls
-  // it, in order with its other operations (sizes may differ). Where sharing is not
-  // possible (one rank per host, DDP_DISABLE_CMA=1, no ptrace permission between the
-  // ranks, a kernel before 5.6 or a seccomp policy without memfd_create or
-  // pidfd_getfd) it is plain memory with shared() false; every collective accepts
-  // either. Throws Error when this rank cannot get the memory at all (the group
-  // stays usable).
-  // The group must outlive it. Local peers keep their mapping of freed memory until
-  // the next allocate (or the end of the group), so freeing returns the pages then.
-  virtual std::unique_ptr<GroupMemory> allocate(size_t bytes);
+  // ncclMemAlloc + ncclCommRegister or MPI_Win_allocate_shared: on the CPU backend,
+  // an all-reduce whose buffers lie in such memory on every rank of a host works on
+  // the peers' buffers in place. A collective: every rank calls it, in order with its
+  // other operations (sizes may differ). Where the backend cannot share it, it is
+  // plain memory with shared() false; every collective accepts either. Throws Error
+  // when this rank cannot get the memory at all (the group stays usable). The group
+  // must outlive it; freed memory may stay mapped by local peers until the group's
+  // next allocate (or its end).
+  std::unique_ptr<GroupMemory> allocate(size_t bytes);
 
   // Fails every pending operation with `reason` and breaks the group (idempotent;
   // safe from any thread).
   virtual void abort(const std::string& reason) = 0;
 
  protected:
-  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  ProcessGroup(int rank, int size, Reach reach) : rank_(rank), size_(size), reach_(reach) {}
+
+  // What a backend implements. Each is called only with arguments that passed the
+  // checks, so a backend checks nothing the contract above states.
+  // Runs (or queues, with op.options.async_op) one operation.
+  virtual Work run(const Op& op) = 0;
+  // new_group for a member (`ranks` valid and holding rank()) or, with nullptr as
+  // the answer, for a rank outside `ranks` (which must still take part).
+  virtual std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) = 0;
+  // allocate; by default plain private pages.
+  virtual std::unique_ptr<GroupMemory> allocate_memory(size_t bytes);
+
+  // For groups made of other groups: hands a checked call to `member` as is.
+  static Work run_on(ProcessGroup& member, const Op& op) { return member.run(op); }
+  static std::shared_ptr<ProcessGroup> make_subgroup_on(ProcessGroup& member, const std::vector<int>& ranks) {
+    return member.make_subgroup(ranks);
+  }
+  static std::unique_ptr<GroupMemory> allocate_memory_on(ProcessGroup& member, size_t bytes) {
+    return member.allocate_memory(bytes);
+  }
 
  private:
+  // Every operation passes here: the argument check, then the backend.
+  Work issue(const Op& op);
+  void check(const Op& op) const;
+
   int rank_;
   int size_;
+  Reach reach_;
 };
 
 }  // namespace ddp

@@ -328,13 +328,6 @@ void all_reduce_hierarchical(Team& t, Buffer buf, ReduceOp op) {
   if (op == ReduceOp::Avg) divide_chunk(buf, 0, buf.count, t.size());
 }
 
-void check_count(const char* what, size_t got, size_t want) {
-  if (got != want) {
-    throw InvalidArgument(std::string(what) + ": expected " + std::to_string(want) + " elements, got " +
-                          std::to_string(got));
-  }
-}
-
 }  // namespace
 
 const Tuning& Tuning::get() {
@@ -410,7 +403,6 @@ void reduce(Team& t, Buffer buf, int root, ReduceOp op) {
 
 void all_gather(Team& t, Buffer input, Buffer output) {
   const int n = t.size();
-  check_count("all_gather output", output.count, input.count * static_cast<size_t>(n));
   const size_t esz = dtype_size(input.dtype);
   std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.count * esz);
   if (n == 1 || input.count == 0) return;
@@ -424,7 +416,6 @@ void gather(Team& t, Buffer input, Buffer output, int root) {
   const size_t bytes = input.bytes();
   std::vector<Xfer> xs;
   if (t.me == root) {
-    check_count("gather output", output.count, input.count * static_cast<size_t>(n));
     std::memmove(at(output, input.count * static_cast<size_t>(root)), input.data, bytes);
     for (int i = 0; i < n; ++i)
       if (i != root) xs.push_back(Xfer::recv(t.members[i], at(output, input.count * static_cast<size_t>(i)), bytes));
@@ -439,7 +430,6 @@ void scatter(Team& t, Buffer input, Buffer output, int root) {
   const size_t bytes = output.bytes();
   std::vector<Xfer> xs;
   if (t.me == root) {
-    check_count("scatter input", input.count, output.count * static_cast<size_t>(n));
     std::memmove(output.data, at(input, output.count * static_cast<size_t>(root)), bytes);
     for (int i = 0; i < n; ++i)
       if (i != root) xs.push_back(Xfer::send(t.members[i], at(input, output.count * static_cast<size_t>(i)), bytes));
@@ -451,7 +441,6 @@ void scatter(Team& t, Buffer input, Buffer output, int root) {
 
 void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
   const int n = t.size();
-  check_count("reduce_scatter input", input.count, output.count * static_cast<size_t>(n));
   const size_t esz = dtype_size(input.dtype);
   if (n == 1) {
     std::memmove(output.data, input.data, output.bytes());
@@ -471,11 +460,6 @@ void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
 
 void all_to_all(Team& t, Buffer input, Buffer output) {
   const int n = t.size();
-  check_count("all_to_all output", output.count, input.count);
-  if (input.count % static_cast<size_t>(n) != 0) {
-    throw InvalidArgument("all_to_all: " + std::to_string(input.count) + " elements do not split into " +
-                          std::to_string(n) + " equal blocks");
-  }
   const size_t block = input.count / static_cast<size_t>(n);
   const size_t bytes = block * dtype_size(input.dtype);
   std::memmove(at(output, block * static_cast<size_t>(t.me)), at(input, block * static_cast<size_t>(t.me)), bytes);

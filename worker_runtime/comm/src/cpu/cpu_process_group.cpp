@@ -6,10 +6,18 @@
 // a blocking one behind queued work, goes to the group's progress thread, started
 // on first use.
 //
+// Group memory (allocate): a memfd per rank that the host's other ranks duplicate
+// with pidfd_getfd and map, so an all-reduce whose buffers all lie in it reads and
+// writes the peers' buffers directly (no system call, no staging copy): what DDP's
+// gradient buckets use. It is plain memory (shared() false) where sharing is not
+// possible: one rank per host, DDP_DISABLE_CMA=1, no ptrace permission between the
+// ranks, a kernel before 5.6, or a seccomp policy without memfd_create or pidfd_getfd.
+//
 // Failure: the first PeerLost or StuckTimeout breaks the group. The rank that saw
 // it first records the root cause in the store (key "failure"), marks its shared
 // memory and shuts its sockets, so every peer notices at once and names the same
 // dead rank; every later call fails with the same error.
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -30,7 +38,7 @@ using cpu::Clock;
 class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this<CpuProcessGroup> {
  public:
   CpuProcessGroup(const GroupSetup& setup, const cpu::TransportOptions& topts)
-      : ProcessGroup(setup.rank, setup.size),
+      : ProcessGroup(setup.rank, setup.size, Reach::Host),
         setup_(setup),
         transport_options_(topts),
         transport_(*setup.store, setup.rank, setup.size, topts) {
@@ -48,106 +56,6 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 
   std::string backend() const override { return "cpu"; }
 
-  Work all_reduce(Buffer buf, ReduceOp op, CollectiveOptions o) override {
-    check_cpu(buf, "all_reduce");
-    return submit("all_reduce", o, [=](cpu::Team& t) { cpu::all_reduce(t, buf, op); });
-  }
-  Work broadcast(Buffer buf, int root, CollectiveOptions o) override {
-    check_cpu(buf, "broadcast");
-    check_rank(root, "broadcast root");
-    return submit("broadcast", o, [=](cpu::Team& t) { cpu::broadcast(t, buf, root); });
-  }
-  Work reduce(Buffer buf, int root, ReduceOp op, CollectiveOptions o) override {
-    check_cpu(buf, "reduce");
-    check_rank(root, "reduce root");
-    return submit("reduce", o, [=](cpu::Team& t) { cpu::reduce(t, buf, root, op); });
-  }
-  Work all_gather(Buffer in, Buffer out, CollectiveOptions o) override {
-    check_pair(in, out, "all_gather");
-    check_blocks(out.count, in.count, "all_gather: output");
-    return submit("all_gather", o, [=](cpu::Team& t) { cpu::all_gather(t, in, out); });
-  }
-  Work gather(Buffer in, Buffer out, int root, CollectiveOptions o) override {
-    check_rank(root, "gather root");
-    if (rank() == root) {
-      check_pair(in, out, "gather");
-      check_blocks(out.count, in.count, "gather: the root's output");
-    }
-    else check_cpu(in, "gather");
-    return submit("gather", o, [=](cpu::Team& t) { cpu::gather(t, in, out, root); });
-  }
-  Work scatter(Buffer in, Buffer out, int root, CollectiveOptions o) override {
-    check_rank(root, "scatter root");
-    if (rank() == root) {
-      check_pair(in, out, "scatter");
-      check_blocks(in.count, out.count, "scatter: the root's input");
-    }
-    else check_cpu(out, "scatter");
-    return submit("scatter", o, [=](cpu::Team& t) { cpu::scatter(t, in, out, root); });
-  }
-  Work reduce_scatter(Buffer in, Buffer out, ReduceOp op, CollectiveOptions o) override {
-    check_pair(in, out, "reduce_scatter");
-    check_blocks(in.count, out.count, "reduce_scatter: input");
-    return submit("reduce_scatter", o, [=](cpu::Team& t) { cpu::reduce_scatter(t, in, out, op); });
-  }
-  Work all_to_all(Buffer in, Buffer out, CollectiveOptions o) override {
-    check_pair(in, out, "all_to_all");
-    if (in.count != out.count || in.count % static_cast<size_t>(size()) != 0) {
-      throw InvalidArgument("all_to_all: input and output need the same count, a multiple of " +
-                            std::to_string(size()) + " (got " + std::to_string(in.count) + " and " +
-                            std::to_string(out.count) + ")");
-    }
-    return submit("all_to_all", o, [=](cpu::Team& t) { cpu::all_to_all(t, in, out); });
-  }
-  Work barrier(CollectiveOptions o) override {
-    return submit("barrier", o, [](cpu::Team& t) { cpu::barrier(t); });
-  }
-  Work send(Buffer buf, int dst, CollectiveOptions o) override {
-    check_cpu(buf, "send");
-    check_peer(dst, "send");
-    return submit("send", o, [=](cpu::Team& t) { cpu::send(t, buf, dst); });
-  }
-  Work recv(Buffer buf, int src, CollectiveOptions o) override {
-    check_cpu(buf, "recv");
-    check_peer(src, "recv");
-    return submit("recv", o, [=](cpu::Team& t) { cpu::recv(t, buf, src); });
-  }
-
-  std::unique_ptr<GroupMemory> allocate(size_t bytes) override {
-    detail::page_rounded(bytes);  // a size no system could map is refused here, not in the group
-    std::unique_ptr<GroupMemory> memory;
-    std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
-    submit("allocate", {}, [&](cpu::Team& t) {
-      try {
-        memory = t.transport.share_memory(bytes, t.deadline);
-      } catch (const Error&) {
-        out_of_memory = std::current_exception();
-      }
-    });
-    if (out_of_memory) std::rethrow_exception(out_of_memory);
-    return memory;
-  }
-
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
-    const int id = next_subgroup_++;
-    std::vector<bool> seen(static_cast<size_t>(size()), false);
-    int my_index = -1;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      const int r = ranks[i];
-      if (r < 0 || r >= size() || seen[static_cast<size_t>(r)]) {
-        throw InvalidArgument("new_group: rank " + std::to_string(r) + " is out of range or listed twice");
-      }
-      seen[static_cast<size_t>(r)] = true;
-      if (r == rank()) my_index = static_cast<int>(i);
-    }
-    if (my_index < 0) return nullptr;
-    // The subgroup's keys live under its own prefix.
-    GroupSetup sub = with_store_prefix(setup_, contract::group_keys::subgroup(id));
-    sub.rank = my_index;
-    sub.size = static_cast<int>(ranks.size());
-    return std::make_shared<CpuProcessGroup>(sub, transport_options_);
-  }
-
   void abort(const std::string& reason) override {
     std::exception_ptr e = std::make_exception_ptr(Error("process group aborted: " + reason));
     std::deque<Task> dropped;
@@ -161,6 +69,37 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     cv_.notify_all();
   }
 
+ protected:
+  Work run(const Op& op) override {
+    return submit(op_kind_name(op.kind), op.options, [op](cpu::Team& t) { run_algorithm(t, op); });
+  }
+
+  // Group memory: every rank of this host maps it (see Transport::share_memory).
+  std::unique_ptr<GroupMemory> allocate_memory(size_t bytes) override {
+    std::unique_ptr<GroupMemory> memory;
+    std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
+    submit("allocate", {}, [&](cpu::Team& t) {
+      try {
+        memory = t.transport.share_memory(bytes, t.deadline);
+      } catch (const Error&) {
+        out_of_memory = std::current_exception();
+      }
+    });
+    if (out_of_memory) std::rethrow_exception(out_of_memory);
+    return memory;
+  }
+
+  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
+    const int id = next_subgroup_++;  // counted on every rank, members or not
+    const auto it = std::find(ranks.begin(), ranks.end(), rank());
+    if (it == ranks.end()) return nullptr;
+    // The subgroup's keys live under its own prefix.
+    GroupSetup sub = with_store_prefix(setup_, contract::group_keys::subgroup(id));
+    sub.rank = static_cast<int>(it - ranks.begin());
+    sub.size = static_cast<int>(ranks.size());
+    return std::make_shared<CpuProcessGroup>(sub, transport_options_);
+  }
+
  private:
   struct Task {
     const char* name;
@@ -169,35 +108,21 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     std::shared_ptr<Work::State> state;
   };
 
-  // ---- argument checks (before anything is queued) --------------------------
-  static void check_cpu(const Buffer& b, const char* what) {
-    if (b.device != Device::Cpu) throw InvalidArgument(std::string(what) + ": the cpu backend needs host memory");
-    if (b.count > 0 && !b.data) throw InvalidArgument(std::string(what) + ": null buffer");
-  }
-  static void check_pair(const Buffer& in, const Buffer& out, const char* what) {
-    check_cpu(in, what);
-    check_cpu(out, what);
-    if (in.dtype != out.dtype) {
-      throw InvalidArgument(std::string(what) + ": input is " + dtype_name(in.dtype) + " but output is " +
-                            dtype_name(out.dtype));
+  // One checked operation on the algorithms.
+  static void run_algorithm(cpu::Team& t, const Op& op) {
+    switch (op.kind) {
+      case OpKind::AllReduce: return cpu::all_reduce(t, op.input, op.reduce);
+      case OpKind::Broadcast: return cpu::broadcast(t, op.input, op.peer);
+      case OpKind::Reduce: return cpu::reduce(t, op.input, op.peer, op.reduce);
+      case OpKind::AllGather: return cpu::all_gather(t, op.input, op.output);
+      case OpKind::Gather: return cpu::gather(t, op.input, op.output, op.peer);
+      case OpKind::Scatter: return cpu::scatter(t, op.input, op.output, op.peer);
+      case OpKind::ReduceScatter: return cpu::reduce_scatter(t, op.input, op.output, op.reduce);
+      case OpKind::AllToAll: return cpu::all_to_all(t, op.input, op.output);
+      case OpKind::Barrier: return cpu::barrier(t);
+      case OpKind::Send: return cpu::send(t, op.input, op.peer);
+      case OpKind::Recv: return cpu::recv(t, op.output, op.peer);
     }
-  }
-  // `whole` must hold size() blocks of `block` elements.
-  void check_blocks(size_t whole, size_t block, const char* what) const {
-    if (whole != block * static_cast<size_t>(size())) {
-      throw InvalidArgument(std::string(what) + " holds " + std::to_string(whole) + " elements, expected " +
-                            std::to_string(size()) + " x " + std::to_string(block));
-    }
-  }
-  void check_rank(int r, const char* what) const {
-    if (r < 0 || r >= size()) {
-      throw InvalidArgument(std::string(what) + " " + std::to_string(r) + " is not a rank of this group of " +
-                            std::to_string(size()));
-    }
-  }
-  void check_peer(int r, const char* what) const {
-    check_rank(r, what);
-    if (r == rank()) throw InvalidArgument(std::string(what) + ": a rank cannot address itself");
   }
 
   // ---- execution ------------------------------------------------------------

@@ -16,8 +16,7 @@
 // backward has nothing left to do, runs on the calling thread). Buckets start in the same
 // order on every rank; backward() returns once all of them are reduced, so every
 // rank then holds bit-identical gradients. Host buckets come from
-// ProcessGroup::allocate: on one host they are shared memory, and each rank reduces
-// its slice of every peer's bucket in place, with no staging copy.
+// ProcessGroup::allocate: memory the group's collectives reach without copying.
 //
 // On the GPU (a model moved with Module::to(Device::Cuda) before wrapping it) the
 // buckets are device memory and the group must have an NCCL member (backend "nccl"

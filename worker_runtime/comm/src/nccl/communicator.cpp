@@ -1,0 +1,386 @@
+// The NCCL backend's communicator: forming it, enqueueing on it with a timeout,
+// and breaking it (see communicator.hpp).
+//
+// Terms used below:
+//  - communicator: the ncclComm_t. It is created non-blocking (ncclConfig_t::blocking
+//    = 0) so that forming and splitting it can be bounded by a timeout: NCCL answers
+//    ncclInProgress and we poll ncclCommGetAsyncError until it settles.
+//  - stream: a CUDA stream of the group. Every operation is enqueued on it, after
+//    the work the caller queued on the legacy default stream, and is followed by a
+//    completion event.
+//  - completion event: a CUDA event recorded after the operation; the Work polls it.
+//    Events are pooled per communicator, so the hot path creates none.
+//  - broken: after a timeout, an asynchronous NCCL error, the death of a peer process
+//    on this host (PeerWatch: its pidfd fires; the error names it) or abort() the
+//    communicator is aborted (ncclCommAbort) and every pending and later operation
+//    fails with the first error, as the ProcessGroup contract asks. A peer on another
+//    host that dies is seen by NCCL's own transport (an asynchronous error) or, at
+//    worst, by the operation's timeout.
+#include "communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "ddp/types.hpp"
+
+namespace ddp::nccl {
+
+Clock::time_point deadline_after(Millis timeout) {
+  auto now = Clock::now();
+  // Millis::max() would overflow the clock's representation.
+  if (timeout >= std::chrono::duration_cast<Millis>(Clock::time_point::max() - now)) return Clock::time_point::max();
+  return now + timeout;
+}
+
+std::string ms_text(Millis t) { return std::to_string(t.count()) + " ms"; }
+
+// "unhandled system error (run with NCCL_DEBUG=INFO for details): <last error>"
+std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
+  std::string text = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') text += std::string(": ") + last;
+  return text;
+}
+
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw Error("NCCL backend: " + what + ": " + cudaGetErrorString(e));
+}
+
+namespace {
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// A CUDA event cannot be waited on with a timeout (cudaEventSynchronize blocks for
+// good) and a non-blocking NCCL call signals nothing, so both are polled: yield a few
+// times (short collectives finish within microseconds), then sleep in growing steps
+// up to 1 ms so that a long wait costs little CPU.
+class Backoff {
+ public:
+  void pause() {
+    if (spins_ < 64) {
+      ++spins_;
+      std::this_thread::yield();
+      return;
+    }
+    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
+    std::this_thread::sleep_for(sleep_);
+  }
+
+ private:
+  int spins_ = 0;
+  std::chrono::microseconds sleep_{8};
+};
+
+// Makes `device` current for a scope and restores the caller's device: the caller
+// may drive another GPU, and NCCL and event calls must run on the communicator's.
+// `quiet` (destructors, abort paths) ignores a failure instead of throwing.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device, bool quiet = false) : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ == device_) return;
+    cudaError_t e = cudaSetDevice(device_);
+    if (!quiet) check_cuda(e, "cudaSetDevice(" + std::to_string(device_) + ")");
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int previous_ = -1;
+};
+
+// Polls `comm` while a non-blocking call is in progress. Returns the settled result,
+// or ncclInProgress when `deadline` passed or `stop` was raised first.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, const std::atomic<bool>* stop) {
+  Backoff backoff;
+  while (r == ncclInProgress) {
+    if (Clock::now() >= deadline || (stop != nullptr && stop->load())) return ncclInProgress;
+    backoff.pause();
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
+  }
+  return r;
+}
+
+// Caller errors NCCL reports itself (a bad count or root): the communicator stays usable.
+bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == ncclInvalidUsage; }
+
+// ---------------------------------------------------------------------------------
+// NcclWork: completes when its event fires; fails on the communicator's error or
+// when the operation's own deadline passes (which aborts the communicator).
+// ---------------------------------------------------------------------------------
+class NcclWork final : public Work::State {
+ public:
+  NcclWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, Clock::time_point deadline, std::string what,
+           Millis timeout)
+      : comm_(std::move(comm)), event_(event), deadline_(deadline), what_(std::move(what)), timeout_(timeout) {}
+  ~NcclWork() override { comm_->give_event(event_); }
+
+  bool finished() override { return poll(); }
+
+  bool wait_for(Millis timeout) override {
+    auto until = deadline_after(timeout);
+    Backoff backoff;
+    while (!poll()) {
+      if (Clock::now() >= until) return false;
+      backoff.pause();
+    }
+    return true;
+  }
+
+ private:
+  // One look at the operation; true once it is complete (with or without an error).
+  bool poll() {
+    {
+      std::lock_guard lock(mu);
+      if (done) return true;
+    }
+    cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaSuccess) {
+      // ncclCommAbort ends the kernels early, which fires the event too: an operation
+      // seen finishing after the communicator broke is not trusted.
+      complete(comm_->broken());
+      return true;
+    }
+    if (e != cudaErrorNotReady) {
+      comm_->fail(std::make_exception_ptr(Error("NCCL " + what_ + ": CUDA error: " + cudaGetErrorString(e))));
+      complete(comm_->broken());
+      return true;
+    }
+    if (auto error = comm_->check()) {
+      complete(error);
+      return true;
+    }
+    if (Clock::now() >= deadline_) {
+      comm_->fail(std::make_exception_ptr(Timeout("NCCL " + what_ + " did not finish within " + ms_text(timeout_) +
+                                                  " (a peer is stuck or gone); the communicator was aborted")));
+      complete(comm_->broken());
+      return true;
+    }
+    return false;
+  }
+
+  std::shared_ptr<Communicator> comm_;
+  cudaEvent_t event_;                // recorded after the operation on the group's stream
+  Clock::time_point deadline_;       // the operation's timeout, from when it was issued
+  std::string what_;                 // "all_reduce", for messages
+  Millis timeout_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Communicator
+// ---------------------------------------------------------------------------------
+Communicator::Communicator(ncclComm_t comm, int device, Millis timeout,
+                           std::shared_ptr<const detail::PeerWatch> watch)
+    : comm_(comm), device_(device), timeout_(timeout), watch_(std::move(watch)) {
+  try {
+    DeviceGuard guard(device_);
+    // Non-blocking stream: later work on the default stream must not wait for our
+    // collectives (that would undo any overlap); launch() orders us after it instead.
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check_cuda(cudaMalloc(&scratch_, sizeof(int32_t)), "cudaMalloc");
+    check_cuda(cudaMemset(scratch_, 0, sizeof(int32_t)), "cudaMemset");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Communicator::~Communicator() {
+  DeviceGuard guard(device_, /*quiet=*/true);
+  // Let operations still queued (async ones nobody waited for) finish, within the
+  // group's timeout, rather than cutting them off.
+  if (stream_ != nullptr && !stop_.load()) {
+    auto deadline = deadline_after(timeout_);
+    Backoff backoff;
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() < deadline) backoff.pause();
+  }
+  release();
+}
+
+std::exception_ptr Communicator::check() {
+  if (auto e = broken()) return e;
+  if (const int dead = watch_->dead_peer(); dead >= 0) {
+    fail(std::make_exception_ptr(PeerError(dead, "NCCL: peer " + watch_->describe(dead) +
+                                                     " exited; the communicator was aborted")));
+    return broken();
+  }
+  ncclResult_t state = ncclSuccess;
+  std::string text;
+  {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) return broken();
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+    if (state == ncclSuccess || state == ncclInProgress) return nullptr;
+    text = nccl_text(state, comm_);
+  }
+  fail(std::make_exception_ptr(Error("NCCL communicator failed: " + text)));
+  return broken();
+}
+
+void Communicator::fail(std::exception_ptr reason) {
+  {
+    std::lock_guard lock(broken_mu_);
+    if (!broken_) broken_ = std::move(reason);
+  }
+  stop_.store(true);  // a launch() polling NCCL under mu_ gives up and releases it
+  std::lock_guard lock(mu_);
+  if (comm_ != nullptr) {
+    DeviceGuard guard(device_, /*quiet=*/true);
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+std::exception_ptr Communicator::broken() {
+  std::lock_guard lock(broken_mu_);
+  return broken_;
+}
+
+cudaEvent_t Communicator::take_event() {
+  {
+    std::lock_guard lock(events_mu_);
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  DeviceGuard guard(device_);
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  return e;
+}
+
+void Communicator::give_event(cudaEvent_t e) {
+  std::lock_guard lock(events_mu_);
+  free_events_.push_back(e);
+}
+
+// Frees what exists; aborting rather than ncclCommDestroy never waits for peers
+// (which may have exited already) at shutdown.
+void Communicator::release() {
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  free_events_.clear();
+  if (ready_ != nullptr) cudaEventDestroy(ready_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+}
+
+std::shared_ptr<Work::State> Communicator::launch_erased(const std::string& what, Millis timeout, void* enqueue,
+                                                        EnqueueFn fn) {
+  if (auto e = broken()) std::rethrow_exception(e);
+  auto deadline = deadline_after(timeout);
+  cudaEvent_t event = take_event();
+  std::exception_ptr error;
+  bool breaks = true;  // whether `error` breaks the communicator
+  {
+    std::lock_guard lock(mu_);
+    try {
+      if (comm_ == nullptr) {
+        error = broken();
+      } else {
+        DeviceGuard guard(device_);
+        // Plain kernel launches and cudaMemcpy go to the legacy default stream: run
+        // after what the caller queued there, without making its later work wait for us.
+        check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
+        check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+        ncclResult_t r = settle(comm_, fn(enqueue, comm_, stream_), deadline, &stop_);
+        if (r == ncclSuccess) {
+          check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
+        } else if (r == ncclInProgress) {
+          error = stop_.load() ? broken()
+                               : std::make_exception_ptr(Timeout("NCCL " + what + " could not be enqueued within " +
+                                                                 ms_text(timeout) + "; the communicator was aborted"));
+        } else if (is_usage_error(r)) {
+          breaks = false;
+          error = std::make_exception_ptr(InvalidArgument("NCCL " + what + ": " + nccl_text(r, comm_)));
+        } else {
+          error = std::make_exception_ptr(Error("NCCL " + what + " failed: " + nccl_text(r, comm_)));
+        }
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    give_event(event);
+    if (!breaks) std::rethrow_exception(error);
+    fail(error);
+    std::rethrow_exception(broken());
+  }
+  return std::make_shared<NcclWork>(shared_from_this(), event, deadline, what, timeout);
+}
+
+ncclComm_t Communicator::split(int color, int key, Millis timeout) {
+  if (auto e = broken()) std::rethrow_exception(e);
+  auto deadline = deadline_after(timeout);
+  ncclComm_t child = nullptr;
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) std::rethrow_exception(broken());
+    DeviceGuard guard(device_);
+    ncclConfig_t config = nonblocking_config();
+    ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
+    // The new communicator reports the split's progress; a rank left out has none, so
+    // it watches the parent (which must be quiet again before its next call anyway).
+    if (child != nullptr) r = settle(child, r, deadline, &stop_);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      ncclResult_t parent = ncclInProgress;
+      if (ncclCommGetAsyncError(comm_, &parent) != ncclSuccess) parent = ncclInternalError;
+      parent = settle(comm_, parent, deadline, &stop_);
+      if (r == ncclSuccess) r = parent;
+    }
+    if (r != ncclSuccess) {
+      std::string text = r == ncclInProgress ? "did not finish within " + ms_text(timeout)
+                                              : "failed: " + nccl_text(r, child != nullptr ? child : comm_);
+      if (child != nullptr) ncclCommAbort(child);
+      child = nullptr;
+      if (r == ncclInProgress) {
+        error = std::make_exception_ptr(Timeout("NCCL new_group: ncclCommSplit " + text));
+      } else {
+        error = std::make_exception_ptr(Error("NCCL new_group: ncclCommSplit " + text));
+      }
+    }
+  }
+  if (error) {
+    // The ranks now disagree about the parent's state: it is broken like after a timeout.
+    fail(error);
+    std::rethrow_exception(broken());
+  }
+  return child;
+}
+
+// Rank 0's id is already known to all; forms the communicator within `timeout`.
+ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout) {
+  ncclUniqueId id;
+  std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t comm = nullptr;
+  auto deadline = deadline_after(timeout);
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (comm != nullptr) r = settle(comm, r, deadline, nullptr);
+  if (r == ncclSuccess) return comm;
+  std::string text = r == ncclInProgress ? "rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                                               ": not every rank joined within " + ms_text(timeout)
+                                         : nccl_text(r, comm);
+  if (comm != nullptr) ncclCommAbort(comm);
+  if (r == ncclInProgress) throw Timeout("NCCL init: " + text);
+  throw Error("NCCL init (ncclCommInitRankConfig) failed: " + text);
+}
+
+}  // namespace ddp::nccl

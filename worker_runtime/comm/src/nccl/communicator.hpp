@@ -1,0 +1,101 @@
+// The NCCL backend's communicator (internal): one ncclComm_t with its stream,
+// completion events and broken state, and how operations are enqueued on it with a
+// timeout. The process group (nccl_process_group.cpp) says what to enqueue.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "peer_watch.hpp"
+#include "work_state.hpp"
+
+namespace ddp::nccl {
+
+using Clock = std::chrono::steady_clock;
+
+// now + timeout, saturating at the clock's end.
+Clock::time_point deadline_after(Millis timeout);
+std::string ms_text(Millis t);  // "1500 ms"
+// "unhandled system error (run with NCCL_DEBUG=INFO for details): <last error>"
+std::string nccl_text(ncclResult_t r, ncclComm_t comm);
+// Throws Error("NCCL backend: <what>: <CUDA's text>") unless `e` is cudaSuccess.
+void check_cuda(cudaError_t e, const std::string& what);
+
+// Forms the communicator of rank `rank` of `size` from rank 0's unique id within
+// `timeout`. Throws Timeout when not every rank joined in time, Error otherwise.
+ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout);
+
+// The group and every Work it returned hold it, so it lives while operations are
+// pending. After a timeout, an asynchronous NCCL error, the death of a peer on this
+// host or fail(), the ncclComm_t is aborted and every later call fails with the
+// first error.
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  // Takes ownership of `comm` (formed on `device`); `timeout` bounds the drain at
+  // destruction; `watch` tells when a peer on this host died.
+  Communicator(ncclComm_t comm, int device, Millis timeout, std::shared_ptr<const detail::PeerWatch> watch);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int device() const { return device_; }
+  const std::shared_ptr<const detail::PeerWatch>& watch() const { return watch_; }
+  int32_t* scratch() const { return scratch_; }
+
+  // Enqueues one operation: `enqueue(comm, stream)` issues its NCCL calls and returns
+  // NCCL's result. Returns the Work state that completes with it. Throws the error
+  // the communicator broke with, or InvalidArgument when NCCL refused the call
+  // (the communicator stays usable then).
+  template <typename Enqueue>
+  std::shared_ptr<Work::State> launch(const std::string& what, Millis timeout, Enqueue&& enqueue) {
+    return launch_erased(what, timeout, &enqueue, [](void* e, ncclComm_t c, cudaStream_t s) {
+      return (*static_cast<std::remove_reference_t<Enqueue>*>(e))(c, s);
+    });
+  }
+
+  // Splits this communicator (collective over all its ranks). Returns the new
+  // communicator, or nullptr for color NCCL_SPLIT_NOCOLOR.
+  ncclComm_t split(int color, int key, Millis timeout);
+
+  // The error this communicator broke with, after checking the local peers and NCCL's
+  // asynchronous error state (either breaks it). nullptr while healthy.
+  std::exception_ptr check();
+  // Breaks the communicator with `reason` (the first reason is kept) and aborts it.
+  void fail(std::exception_ptr reason);
+  std::exception_ptr broken();
+
+  cudaEvent_t take_event();
+  void give_event(cudaEvent_t e);
+
+ private:
+  using EnqueueFn = ncclResult_t (*)(void* enqueue, ncclComm_t comm, cudaStream_t stream);
+  std::shared_ptr<Work::State> launch_erased(const std::string& what, Millis timeout, void* enqueue, EnqueueFn fn);
+  void release();
+
+  std::mutex mu_;                   // serialises every NCCL call on comm_ (not thread-safe)
+  ncclComm_t comm_ = nullptr;       // nullptr once aborted
+  const int device_;                // the GPU the communicator was formed on
+  const Millis timeout_;            // bounds the drain in the destructor
+  const std::shared_ptr<const detail::PeerWatch> watch_;  // this host's peers, by pidfd
+  cudaStream_t stream_ = nullptr;   // every operation runs here, in issue order
+  cudaEvent_t ready_ = nullptr;     // orders each operation after the default stream's work
+  int32_t* scratch_ = nullptr;      // one device int for barrier()
+  std::atomic<bool> stop_{false};   // raised by fail()
+
+  std::mutex broken_mu_;
+  std::exception_ptr broken_;       // the first error; set once
+
+  std::mutex events_mu_;
+  std::vector<cudaEvent_t> free_events_;  // completion events ready for reuse
+};
+
+}  // namespace ddp::nccl

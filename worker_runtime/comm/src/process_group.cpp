@@ -1,0 +1,220 @@
+// ProcessGroup's public operations: the one place where a call's arguments are
+// checked against the contract in process_group.hpp before any backend sees it.
+//
+// Every operation builds an Op and passes through issue(): check it, then hand it to
+// the backend's run(). A step that must see every operation of a group in issue order
+// (a sequence number, a record of it, comparing it across ranks) belongs in issue().
+#include <string>
+
+#include "ddp/process_group.hpp"
+#include "group_memory.hpp"
+
+namespace ddp {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Reduce: return "reduce";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::Gather: return "gather";
+    case OpKind::Scatter: return "scatter";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::Barrier: return "barrier";
+    case OpKind::Send: return "send";
+    case OpKind::Recv: return "recv";
+  }
+  return "?";
+}
+
+Work ProcessGroup::all_reduce(Buffer buf, ReduceOp op, CollectiveOptions o) {
+  return issue(Op{OpKind::AllReduce, buf, buf, -1, op, o});
+}
+Work ProcessGroup::broadcast(Buffer buf, int root, CollectiveOptions o) {
+  return issue(Op{OpKind::Broadcast, buf, buf, root, ReduceOp::Sum, o});
+}
+Work ProcessGroup::reduce(Buffer buf, int root, ReduceOp op, CollectiveOptions o) {
+  return issue(Op{OpKind::Reduce, buf, buf, root, op, o});
+}
+Work ProcessGroup::all_gather(Buffer input, Buffer output, CollectiveOptions o) {
+  return issue(Op{OpKind::AllGather, input, output, -1, ReduceOp::Sum, o});
+}
+Work ProcessGroup::gather(Buffer input, Buffer output, int root, CollectiveOptions o) {
+  return issue(Op{OpKind::Gather, input, output, root, ReduceOp::Sum, o});
+}
+Work ProcessGroup::scatter(Buffer input, Buffer output, int root, CollectiveOptions o) {
+  return issue(Op{OpKind::Scatter, input, output, root, ReduceOp::Sum, o});
+}
+Work ProcessGroup::reduce_scatter(Buffer input, Buffer output, ReduceOp op, CollectiveOptions o) {
+  return issue(Op{OpKind::ReduceScatter, input, output, -1, op, o});
+}
+Work ProcessGroup::all_to_all(Buffer input, Buffer output, CollectiveOptions o) {
+  return issue(Op{OpKind::AllToAll, input, output, -1, ReduceOp::Sum, o});
+}
+Work ProcessGroup::barrier(CollectiveOptions o) { return issue(Op{OpKind::Barrier, {}, {}, -1, ReduceOp::Sum, o}); }
+Work ProcessGroup::send(Buffer buf, int dst, CollectiveOptions o) {
+  return issue(Op{OpKind::Send, buf, buf, dst, ReduceOp::Sum, o});
+}
+Work ProcessGroup::recv(Buffer buf, int src, CollectiveOptions o) {
+  return issue(Op{OpKind::Recv, buf, buf, src, ReduceOp::Sum, o});
+}
+
+Work ProcessGroup::issue(const Op& op) {
+  check(op);
+  return run(op);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  if (ranks.empty()) throw InvalidArgument("new_group: no ranks given");
+  std::vector<bool> seen(static_cast<size_t>(size()), false);
+  for (int r : ranks) {
+    if (r < 0 || r >= size()) {
+      throw InvalidArgument("new_group: rank " + std::to_string(r) + " is not a rank of this group of " +
+                            std::to_string(size()));
+    }
+    if (seen[static_cast<size_t>(r)]) throw InvalidArgument("new_group: rank " + std::to_string(r) + " is listed twice");
+    seen[static_cast<size_t>(r)] = true;
+  }
+  return make_subgroup(ranks);
+}
+
+std::unique_ptr<GroupMemory> ProcessGroup::allocate(size_t bytes) {
+  detail::page_rounded(bytes);  // a size no system could map is refused here, not in the group
+  return allocate_memory(bytes);
+}
+
+// ---- the argument check ---------------------------------------------------------
+namespace {
+
+const char* memory_name(Device d) { return d == Device::Cuda ? "GPU memory" : "host memory"; }
+
+bool reaches(Reach reach, Device d) {
+  switch (reach) {
+    case Reach::Host: return d == Device::Cpu;
+    case Reach::Gpu: return d == Device::Cuda;
+    case Reach::HostAndGpu: return true;
+  }
+  return false;
+}
+
+// What one operation's checks need to know about the group and the call.
+struct Checker {
+  const char* what;  // "all_reduce", ...
+  int rank;
+  int size;
+  Reach reach;
+  const ProcessGroup& group;  // for backend(), on the error path only
+
+  [[noreturn]] void fail(const std::string& text) const { throw InvalidArgument(std::string(what) + ": " + text); }
+
+  // A buffer the operation reads or writes. An empty one is never touched, so only
+  // its dtype matters (a default-made Buffer{} is fine wherever the count is 0).
+  void buffer(const Buffer& b, const char* name) const {
+    if (static_cast<unsigned>(b.dtype) > static_cast<unsigned>(DType::U8)) {
+      fail(std::string(name) + " has an unknown dtype (" + std::to_string(static_cast<unsigned>(b.dtype)) + ")");
+    }
+    if (b.count == 0) return;
+    if (b.data == nullptr) fail(std::string(name) + " is a null buffer of " + std::to_string(b.count) + " elements");
+    if (!reaches(reach, b.device)) {
+      fail(std::string(name) + " is " + memory_name(b.device) + "; the " + group.backend() + " backend needs " +
+           memory_name(b.device == Device::Cuda ? Device::Cpu : Device::Cuda) +
+           (b.device == Device::Cuda ? "" : " (Device::Cuda)"));
+    }
+  }
+  // An input and an output used together.
+  void pair(const Buffer& in, const Buffer& out) const {
+    buffer(in, "input");
+    buffer(out, "output");
+    if (in.count > 0 && out.count > 0 && in.device != out.device) {
+      fail("input and output must both be host memory or both GPU memory");
+    }
+    if (in.dtype != out.dtype) {
+      fail(std::string("input is ") + dtype_name(in.dtype) + " but output is " + dtype_name(out.dtype));
+    }
+  }
+  // `name` must hold size blocks of `block` elements.
+  void blocks(size_t whole, size_t block, const char* name) const {
+    if (whole != block * static_cast<size_t>(size)) {
+      fail(std::string(name) + " holds " + std::to_string(whole) + " elements, expected " + std::to_string(size) +
+           " x " + std::to_string(block));
+    }
+  }
+  void member(int r, const char* name) const {
+    if (r < 0 || r >= size) {
+      fail(std::string(name) + " " + std::to_string(r) + " is not a rank of this group of " + std::to_string(size));
+    }
+  }
+  void peer(int r, const char* name) const {
+    member(r, name);
+    if (r == rank) fail(std::string(name) + " " + std::to_string(r) + " is this rank: a rank cannot address itself");
+  }
+  void reduce_op(ReduceOp op) const {
+    if (static_cast<unsigned>(op) > static_cast<unsigned>(ReduceOp::Prod)) {
+      fail("unknown reduce op (" + std::to_string(static_cast<unsigned>(op)) + ")");
+    }
+  }
+};
+
+}  // namespace
+
+void ProcessGroup::check(const Op& op) const {
+  const Checker c{op_kind_name(op.kind), rank_, size_, reach_, *this};
+  const Buffer& in = op.input;
+  const Buffer& out = op.output;
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      c.buffer(in, "buf");
+      c.reduce_op(op.reduce);
+      return;
+    case OpKind::Broadcast:
+      c.member(op.peer, "root");
+      c.buffer(in, "buf");
+      return;
+    case OpKind::Reduce:
+      c.member(op.peer, "root");
+      c.buffer(in, "buf");
+      c.reduce_op(op.reduce);
+      return;
+    case OpKind::AllGather:
+      c.pair(in, out);
+      c.blocks(out.count, in.count, "output");
+      return;
+    case OpKind::Gather:  // only the root's output is written
+      c.member(op.peer, "root");
+      if (rank_ != op.peer) return c.buffer(in, "input");
+      c.pair(in, out);
+      c.blocks(out.count, in.count, "the root's output");
+      return;
+    case OpKind::Scatter:  // only the root's input is read
+      c.member(op.peer, "root");
+      if (rank_ != op.peer) return c.buffer(out, "output");
+      c.pair(in, out);
+      c.blocks(in.count, out.count, "the root's input");
+      return;
+    case OpKind::ReduceScatter:
+      c.pair(in, out);
+      c.blocks(in.count, out.count, "input");
+      c.reduce_op(op.reduce);
+      return;
+    case OpKind::AllToAll:
+      c.pair(in, out);
+      if (in.count != out.count || in.count % static_cast<size_t>(size_) != 0) {
+        c.fail("input and output need the same count, a multiple of " + std::to_string(size_) + " (got " +
+               std::to_string(in.count) + " and " + std::to_string(out.count) + ")");
+      }
+      return;
+    case OpKind::Barrier: return;
+    case OpKind::Send:
+      c.peer(op.peer, "dst");
+      c.buffer(in, "buf");
+      return;
+    case OpKind::Recv:
+      c.peer(op.peer, "src");
+      c.buffer(out, "buf");
+      return;
+  }
+  c.fail("unknown operation");
+}
+
+}  // namespace ddp
