@@ -22,7 +22,7 @@ std::vector<size_t> split(size_t count, int n) {
   return off;
 }
 
-void run(Team& t, std::vector<Xfer>& xs) { t.transport.run(std::span<Xfer>(xs), t.deadline); }
+void run(Team& t, std::vector<Xfer>& xs) { t.progress.run(std::span<Xfer>(xs), t.deadline); }
 
 // Reduce-scatter around the ring, in place: afterwards chunk `me` of buf holds
 // the reduction over the team (other chunks hold partial sums).
@@ -133,7 +133,7 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     uint64_t count;   // checked: ranks that disagree must not write into each other
     uint64_t dtype;
   };
-  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.transport.shared_region_of(buf.data, buf.bytes()),
+  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.regions.shared_region_of(buf.data, buf.bytes()),
                    buf.count, static_cast<uint64_t>(buf.dtype)};
   std::vector<Where> where(static_cast<size_t>(n), Where{0, 0, 0, 0});
   std::vector<Xfer> xs;
@@ -160,11 +160,11 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   for (int i = 0; i < n && mapped; ++i) {
     const Where& w = where[static_cast<size_t>(i)];
     views[static_cast<size_t>(i)] =
-        i == t.me ? static_cast<std::byte*>(buf.data) : t.transport.peer_view(t.members[i], w.region, w.address, buf.bytes());
+        i == t.me ? static_cast<std::byte*>(buf.data) : t.regions.peer_view(t.members[i], w.region, w.address, buf.bytes());
     mapped = views[static_cast<size_t>(i)] != nullptr;
   }
   if (mapped) return all_reduce_mapped(t, buf, op, views);
-  if (t.transport.can_read_peers()) {
+  if (t.mesh.peer_memory().permitted()) {
     std::vector<uint64_t> address(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) address[static_cast<size_t>(i)] = where[static_cast<size_t>(i)].address;
     return all_reduce_push(t, buf, op, address);
@@ -180,16 +180,17 @@ void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_
   constexpr size_t kPiece = 256 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
   Bytes scratch = t.scratch_bytes(piece_elems * esz);
+  const PeerMemory& peers = t.mesh.peer_memory();
   for (size_t from = off[t.me]; from < off[t.me + 1]; from += piece_elems) {
     const size_t count = std::min(piece_elems, off[t.me + 1] - from);
     for (int i = 0; i < n; ++i) {
       if (i == t.me) continue;
-      t.transport.read_peer(t.members[i], address[static_cast<size_t>(i)] + from * esz, scratch, count * esz);
+      peers.read(t.members[i], address[static_cast<size_t>(i)] + from * esz, scratch, count * esz);
       reduce_inplace(buf.dtype, op, at(buf, from), scratch, count);
     }
     if (op == ReduceOp::Avg) divide_chunk(buf, from, from + count, n);
     for (int i = 0; i < n; ++i)
-      if (i != t.me) t.transport.write_peer(t.members[i], address[static_cast<size_t>(i)] + from * esz, at(buf, from), count * esz);
+      if (i != t.me) peers.write(t.members[i], address[static_cast<size_t>(i)] + from * esz, at(buf, from), count * esz);
   }
   dissemination_barrier(t);
 }
@@ -230,9 +231,9 @@ void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::
 void all_reduce_staged(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
   const size_t esz = dtype_size(buf.dtype);
-  const size_t piece = std::max<size_t>(1, Transport::staging_bytes() / esz);
+  const size_t piece = std::max<size_t>(1, Mesh::staging_bytes() / esz);
   std::vector<std::byte*> views(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) views[static_cast<size_t>(i)] = t.transport.staging(t.members[i]);
+  for (int i = 0; i < n; ++i) views[static_cast<size_t>(i)] = t.mesh.staging(t.members[i]);
   for (size_t from = 0; from < buf.count; from += piece) {
     const size_t count = std::min(piece, buf.count - from);
     std::memcpy(views[static_cast<size_t>(t.me)], at(buf, from), count * esz);
@@ -248,7 +249,7 @@ void all_reduce_flat(Team& t, Buffer buf, ReduceOp op) {
   if (t.size() == 1 || buf.count == 0) return;
   if (buf.bytes() <= Tuning::get().small_allreduce_bytes) return all_reduce_exchange(t, buf, op);
   bool one_host = true;
-  for (int r : t.members) one_host &= t.transport.host_of(r) == t.transport.host_of(t.members[0]);
+  for (int r : t.members) one_host &= t.mesh.host_of(r) == t.mesh.host_of(t.members[0]);
   const Tuning& tune = Tuning::get();
   if (one_host && buf.bytes() >= tune.direct_allreduce_bytes) return all_reduce_direct(t, buf, op);
   all_reduce_ring(t, buf, op);
@@ -284,7 +285,7 @@ Team sub_team(Team& t, std::vector<int> members) {
   int me = 0;
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i] == t.members[t.me]) me = static_cast<int>(i);
-  return Team{t.transport, std::move(members), me, t.scratch, t.deadline};
+  return Team{t.progress, t.mesh, t.regions, std::move(members), me, t.scratch, t.deadline};
 }
 
 // Several hosts, several ranks on some: reduce to each host's first rank (ring
@@ -292,13 +293,13 @@ Team sub_team(Team& t, std::vector<int> members) {
 // broadcast within each host.
 void all_reduce_hierarchical(Team& t, Buffer buf, ReduceOp op) {
   const ReduceOp fold = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-  const auto& tr = t.transport;
+  const Mesh& mesh = t.mesh;
   std::vector<int> local, leaders;
   std::vector<int> seen_hosts;
   for (int r : t.members) {
-    if (tr.host_of(r) == tr.host_of(t.members[t.me])) local.push_back(r);
-    if (std::find(seen_hosts.begin(), seen_hosts.end(), tr.host_of(r)) == seen_hosts.end()) {
-      seen_hosts.push_back(tr.host_of(r));
+    if (mesh.host_of(r) == mesh.host_of(t.members[t.me])) local.push_back(r);
+    if (std::find(seen_hosts.begin(), seen_hosts.end(), mesh.host_of(r)) == seen_hosts.end()) {
+      seen_hosts.push_back(mesh.host_of(r));
       leaders.push_back(r);
     }
   }
@@ -341,13 +342,13 @@ const Tuning& Tuning::get() {
 
 void all_reduce(Team& t, Buffer buf, ReduceOp op) {
   if (t.size() == 1 || buf.count == 0) return;
-  const auto& tr = t.transport;
+  const Mesh& mesh = t.mesh;
   bool many_hosts = false, shared_host = false;
   std::vector<int> counted;
   for (int r : t.members) {
-    many_hosts |= tr.host_of(r) != tr.host_of(t.members[0]);
-    if (std::find(counted.begin(), counted.end(), tr.host_of(r)) != counted.end()) shared_host = true;
-    counted.push_back(tr.host_of(r));
+    many_hosts |= mesh.host_of(r) != mesh.host_of(t.members[0]);
+    if (std::find(counted.begin(), counted.end(), mesh.host_of(r)) != counted.end()) shared_host = true;
+    counted.push_back(mesh.host_of(r));
   }
   if (many_hosts && shared_host) all_reduce_hierarchical(t, buf, op);
   else all_reduce_flat(t, buf, op);

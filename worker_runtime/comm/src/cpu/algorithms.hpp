@@ -1,5 +1,5 @@
-// Collective algorithms of the CPU backend, written once over the Transport's
-// point-to-point transfers (shared memory or TCP underneath).
+// Collective algorithms of the CPU backend, written once over the transport's
+// point-to-point transfers (shared memory or TCP underneath; see transport.hpp).
 //
 // Terms:
 //  - team: the ranks taking part, in order; `me` is this rank's index in it. A
@@ -21,12 +21,16 @@
 #include <vector>
 
 #include "ddp/types.hpp"
-#include "transport.hpp"
+#include "mesh.hpp"
+#include "progress.hpp"
+#include "shared_regions.hpp"
 
 namespace ddp::cpu {
 
 struct Team {
-  Transport& transport;
+  Progress& progress;            // moves the transfers
+  const Mesh& mesh;              // who shares a host; staging areas; peer memory
+  const RegionRegistry& regions; // which buffers local peers have mapped
   std::vector<int> members;  // group ranks
   int me = 0;                // index of this rank in members
   std::vector<std::byte>& scratch;

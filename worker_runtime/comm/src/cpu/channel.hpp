@@ -1,6 +1,6 @@
 // A byte stream to one peer rank: shared memory (same host) or TCP (other hosts).
 //
-// Every call is non-blocking; the Transport's progress loop drives many channels
+// Every call is non-blocking; the progress engine (progress.hpp) drives many channels
 // at once and sleeps when none can move. A lost peer makes a call throw PeerLost.
 #pragma once
 

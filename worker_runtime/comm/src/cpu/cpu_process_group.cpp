@@ -28,6 +28,7 @@
 #include "../group_memory.hpp"
 #include "algorithms.hpp"
 #include "backend.hpp"
+#include "transport.hpp"
 #include "work_state.hpp"
 
 namespace ddp::detail {
@@ -80,7 +81,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
     submit("allocate", {}, [&](cpu::Team& t) {
       try {
-        memory = t.transport.share_memory(bytes, t.deadline);
+        memory = transport_.share_memory(bytes, t.deadline);
       } catch (const Error&) {
         out_of_memory = std::current_exception();
       }
@@ -181,7 +182,8 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     }
     const auto start = Clock::now();
     if (!error) {
-      cpu::Team team{transport_, all_, rank(), scratch_, cpu::deadline_after(task.timeout)};
+      cpu::Team team{transport_.progress(), transport_.mesh(), transport_.regions(), all_, rank(), scratch_,
+                     cpu::deadline_after(task.timeout)};
       try {
         std::lock_guard lock(transport_mu_);
         task.fn(team);

@@ -1,0 +1,190 @@
+// The CPU transport's progress engine (see progress.hpp): steps every transfer
+// over its channel, spins, then sleeps on the doorbell or the sockets, and looks
+// for failed peers and the deadline while it waits.
+#include "progress.hpp"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "ddp/contract/worker_env.hpp"
+#include "mesh.hpp"
+#include "reduce.hpp"
+
+namespace ddp::cpu {
+namespace {
+
+constexpr auto kHealthEvery = std::chrono::milliseconds(10);
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+
+int online_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+}  // namespace
+
+Progress::Progress(const Mesh& mesh, long spin_us) : mesh_(mesh), my_header_(mesh.segment(mesh.rank())) {
+  channels_.reserve(static_cast<size_t>(mesh.size()));
+  for (int r = 0; r < mesh.size(); ++r) channels_.push_back(mesh.channel(r));
+  if (spin_us < 0) spin_us = contract::CommSettings::from_environment().spin_us;
+  if (spin_us < 0) spin_us = static_cast<int>(mesh.local().size()) <= online_cpus() ? 50 : 0;
+  spin_ns_ = spin_us * 1000;
+}
+
+bool Progress::step(Xfer& x) {
+  Channel& ch = *channels_[x.peer];
+  bool moved = false;
+  // Pieces of at most a quarter ring let both sides work at once on a big message.
+  constexpr size_t kPiece = 256 * 1024;
+  switch (x.kind) {
+    case Xfer::Kind::Send: {
+      size_t n = ch.write_some(x.src + x.done, std::min(kPiece, x.bytes - x.done));
+      x.done += n;
+      moved = n > 0;
+      break;
+    }
+    case Xfer::Kind::Recv: {
+      size_t n = ch.read_some(x.dst + x.done, std::min(kPiece, x.bytes - x.done));
+      x.done += n;
+      moved = n > 0;
+      break;
+    }
+    case Xfer::Kind::RecvReduce: {
+      const size_t esz = dtype_size(x.dtype);
+      auto span = ch.peek(std::min(kPiece, x.bytes - x.done));
+      const size_t whole = span.size() / esz * esz;
+      if (whole > 0) {
+        reduce_inplace(x.dtype, x.op, x.dst + x.done, span.data(), whole / esz);
+        ch.consume(whole);
+        x.done += whole;
+        moved = true;
+      }
+      break;
+    }
+  }
+  if (x.done == x.bytes && !x.closed) {
+    if (x.kind == Xfer::Kind::Send) ch.end_send();
+    else ch.end_recv();
+    x.closed = true;
+    moved = true;
+  }
+  return moved;
+}
+
+void Progress::run(std::span<Xfer> xfers, Clock::time_point deadline) {
+  if (poisoned_) throw PeerLost{-1, "the group is broken"};
+  bool spinning = false;
+  Clock::time_point spin_until{};
+  for (;;) {
+    const uint32_t bell = my_header_ ? my_header_->doorbell.load(std::memory_order_acquire) : 0;
+    bool progressed = false;
+    bool all_done = true;
+    for (auto& x : xfers) {
+      if (x.closed) continue;
+      progressed |= step(x);
+      all_done &= x.closed;
+    }
+    if (all_done) return;
+    if (progressed) {
+      spinning = false;
+      continue;
+    }
+    const auto now = Clock::now();
+    if (!spinning) {
+      spinning = true;
+      spin_until = now + std::chrono::nanoseconds(spin_ns_);
+    }
+    if (now < spin_until) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield");
+#endif
+      continue;
+    }
+    if (now >= next_health_check_) {
+      check_health(xfers, deadline);
+      next_health_check_ = now + kHealthEvery;
+    }
+    sleep(xfers, bell);
+  }
+}
+
+void Progress::sleep(std::span<Xfer> xfers, uint32_t bell) {
+  bool shm = false;
+  std::vector<pollfd> fds;
+  for (auto& x : xfers) {
+    if (x.closed) continue;
+    const int fd = channels_[x.peer]->fd();
+    if (fd < 0) {
+      shm = true;
+    } else {
+      fds.push_back(pollfd{fd, static_cast<short>(x.kind == Xfer::Kind::Send ? POLLOUT : POLLIN), 0});
+    }
+  }
+  if (shm) {
+    // Sleep on our doorbell; with sockets pending too, only briefly, then poll them.
+    const auto slice = fds.empty() ? kSleepSlice : std::chrono::milliseconds(1);
+    timespec ts{0, static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count())};
+    my_header_->sleeping.store(1, std::memory_order_seq_cst);
+    if (my_header_->doorbell.load(std::memory_order_seq_cst) == bell) {
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&my_header_->doorbell), FUTEX_WAIT, bell, &ts, nullptr, 0);
+    }
+    my_header_->sleeping.store(0, std::memory_order_relaxed);
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 0);
+  } else if (!fds.empty()) {
+    ::poll(fds.data(), fds.size(), static_cast<int>(kSleepSlice.count()));
+  }
+}
+
+void Progress::interrupt() {
+  interrupted_.store(true);
+  if (my_header_) ring_doorbell(my_header_);
+}
+
+void Progress::check_health(std::span<Xfer> xfers, Clock::time_point deadline) {
+  if (interrupted_.load()) throw PeerLost{-1, "aborted"};
+  // A local peer that saw a failure first says whom it blames.
+  for (int r = 0; r < mesh_.size(); ++r) {
+    const SegmentHeader* peer = mesh_.segment(r);
+    if (r == mesh_.rank() || !peer) continue;
+    const int blamed = peer->failed.load(std::memory_order_acquire);
+    if (blamed != 0) throw PeerLost{blamed - 1, "reported by " + mesh_.describe(r)};
+  }
+  // The peers we wait on: has one died or hung up?
+  for (auto& x : xfers) {
+    if (x.closed) continue;
+    if (channels_[x.peer]->peer_gone()) {
+      throw PeerLost{x.peer, channels_[x.peer]->fd() < 0 ? "process exited" : "connection closed"};
+    }
+  }
+  if (Clock::now() >= deadline) {
+    StuckTimeout t;
+    for (auto& x : xfers)
+      if (!x.closed && std::find(t.waiting_for.begin(), t.waiting_for.end(), x.peer) == t.waiting_for.end())
+        t.waiting_for.push_back(x.peer);
+    throw t;
+  }
+}
+
+void Progress::poison(int blamed) {
+  if (poisoned_) return;
+  poisoned_ = true;
+  if (my_header_ && blamed >= 0) {
+    int expected = 0;
+    my_header_->failed.compare_exchange_strong(expected, blamed + 1);
+    for (int r = 0; r < mesh_.size(); ++r)
+      if (r != mesh_.rank() && mesh_.segment(r)) ring_doorbell(mesh_.segment(r));
+  }
+  for (Channel* ch : channels_)
+    if (ch && ch->fd() >= 0) ::shutdown(ch->fd(), SHUT_RDWR);
+}
+
+}  // namespace ddp::cpu
