@@ -1,5 +1,7 @@
 // Helpers for forming groups (backend.hpp): the all-ranks exchange through the
 // store, and narrowing a group's store to a key prefix.
+#include <unordered_set>
+
 #include "backend.hpp"
 #include "rdzv/prefix_store.hpp"
 
@@ -12,10 +14,16 @@ std::vector<std::string> exchange_all(rdzv::Store& store, const std::string& pre
   store.set(keys[static_cast<size_t>(rank)], mine);
   try {
     return store.multi_get(keys, timeout);
-  } catch (const rdzv::StoreTimeout&) {
+  } catch (const rdzv::StoreTimeout& e) {
+    // The timeout names the keys still missing (a store server older than that list
+    // names none: then ask the store).
+    const std::unordered_set<std::string> absent(e.missing_keys().begin(), e.missing_keys().end());
     std::string missing;
-    for (int r = 0; r < size; ++r)
-      if (!store.check({keys[static_cast<size_t>(r)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    for (int r = 0; r < size; ++r) {
+      const std::string& key = keys[static_cast<size_t>(r)];
+      if (absent.empty() ? !store.check({key}) : absent.count(key) != 0)
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
     throw Timeout("process group: ranks " + missing + " did not join within " + std::to_string(timeout.count()) + " ms");
   }
 }
