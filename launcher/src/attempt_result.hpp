@@ -47,6 +47,9 @@ struct AttemptResult {
   int exit_status() const;
 };
 
+// "SIGTERM", or "signal N" for a signal without a name.
+std::string signal_name(int sig);
+
 // What an attempt tells the rest of the job (multi-node), called on ddprun's main thread.
 struct AttemptHooks {
   std::function<void(const WorkerOutcome&)> on_local_failure;  // this node's first failure
