@@ -179,14 +179,18 @@ std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int l
   const LaunchPlan& plan = sup_.plan_;
   const LaunchOptions& o = plan.options;
   WorkerStream::Options opts;
-  opts.prefix = "[rank" + std::to_string(layout_.rank_offset + local_rank) + "]:";
+  std::string rank = std::to_string(layout_.rank_offset + local_rank);
+  opts.prefix = "[rank" + rank + "]:";
   // --tee wins over --redirects: a teed stream is on the console as well.
   bool redirected = (o.redirects.for_rank(local_rank) & which) != 0 && (o.tee.for_rank(local_rank) & which) == 0;
   bool filtered_out = o.local_ranks_filter && o.local_ranks_filter->count(local_rank) == 0;
-  opts.console = redirected || filtered_out ? nullptr : (which == kStdout ? &Console::out() : &Console::err());
+  opts.fallback = which == kStdout ? &Console::out() : &Console::err();
+  opts.console = redirected || filtered_out ? nullptr : opts.fallback;
   opts.keep_tail = which == kStderr;
   if (plan.log_root) {
     auto path = worker_log_dir(plan, attempt_, local_rank) / (which == kStdout ? "stdout.log" : "stderr.log");
+    opts.log_path = path.string();
+    opts.label = "rank " + rank + (which == kStdout ? "'s stdout" : "'s stderr");
     opts.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (opts.log_fd < 0) {
       int err = errno;
@@ -463,6 +467,9 @@ AttemptResult WorkerGroup::finish() {
   AttemptResult result;
   for (auto& w : workers_) {
     w->outcome.stderr_tail.assign(w->err->sink.tail().lines().begin(), w->err->sink.tail().lines().end());
+    for (Stream* s : {w->out.get(), w->err.get()}) {
+      if (s->sink.log_failure()) w->outcome.incomplete_logs.push_back(*s->sink.log_failure());
+    }
     if (!w->group_gone) sup_.guard_.forget(w->outcome.pid);
   }
   // Let the handlers of the cancelled timers and signal wait run (as aborted) while
