@@ -130,7 +130,7 @@ TEST_CASE("a last line without a newline still arrives whole", "[e2e][output]") 
   CHECK(e2e::by_rank(r.err)[0] == std::vector<std::string>{"c"});
 }
 
-TEST_CASE("a full log dir loses no line: what the logs miss goes to the console", "[e2e][output]") {
+TEST_CASE("no output is lost when the log dir fills: what the logs miss goes to the console", "[e2e][output]") {
   // 2 ranks x 2 streams x 2,000 lines of about 120 bytes: far more than 64 KiB.
   const long kLines = 2000;
   SmallTmpfs logs("64k");
