@@ -13,6 +13,12 @@
 
 namespace ddprun {
 
+// A worker's log file that ddprun could not write to the end.
+struct LogFailure {
+  std::string path;   // the log file
+  std::string error;  // what went wrong, e.g. "No space left on device"
+};
+
 struct WorkerOutcome {
   int local_rank = 0;
   int rank = 0;
@@ -23,6 +29,7 @@ struct WorkerOutcome {
   bool ended_after_stop = false;                  // ddprun had already begun stopping the group
   std::vector<std::string> stderr_tail;           // last lines of its stderr
   std::string stderr_log;                         // its stderr log file, when kept
+  std::vector<LogFailure> incomplete_logs;        // its log files that lack part of its output
 
   bool failed() const;
   int exit_status() const;        // exit code, or 128+signal
@@ -46,6 +53,9 @@ struct AttemptResult {
   // The remote root cause's status, else the local root cause's, else 128+stop_signal, else 0.
   int exit_status() const;
 };
+
+// "SIGTERM", or "signal N" for a signal without a name.
+std::string signal_name(int sig);
 
 // What an attempt tells the rest of the job (multi-node), called on ddprun's main thread.
 struct AttemptHooks {

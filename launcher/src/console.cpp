@@ -65,7 +65,7 @@ void Console::run() {
     writing_bytes_ = batch.size();
     queued_bytes_ = 0;
     lock.unlock();
-    bool ok = write_fully(fd_, batch);
+    bool ok = write_fully(fd_, batch) == batch.size();
     lock.lock();
     written_total_ += batch.size();
     writing_bytes_ = 0;

@@ -65,6 +65,8 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   settle_root_cause(result, winner);
 
   if (result.succeeded()) {
+    std::string incomplete = format_incomplete_logs(result);
+    if (!incomplete.empty()) spdlog::warn("{}", incomplete);
     membership_.leave(attempt, options_.hosts_store ? seconds(5) : seconds(0));
     return 0;
   }

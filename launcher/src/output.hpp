@@ -2,14 +2,19 @@
 // which writes them to the console one whole line at a time, each line prefixed
 // with "[rankN]:", and (with a log dir) to per-rank log files byte for byte.
 // ddprun is the only writer of its stdout/stderr and writes whole lines per
-// write(), so lines of different ranks never mix mid-line.
+// write(), so lines of different ranks never mix mid-line. When a log file cannot
+// be written (disk full, I/O error), ddprun says so once and the stream goes to
+// the console from then on: no output is lost.
 #pragma once
 
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "attempt_result.hpp"
 
 namespace ddprun {
 
@@ -43,19 +48,28 @@ class TailBuffer {
   std::deque<std::string> lines_;
 };
 
-// Writes all of `data` to `fd`, retrying short writes and EINTR. Returns false on
-// an error (e.g. EPIPE when the reader went away); the caller drops the output then.
-bool write_fully(int fd, std::string_view data);
+// Writes `data` to `fd`, retrying short writes, EINTR and EAGAIN. Returns how many
+// bytes were written: all of them, or fewer after an error (e.g. EPIPE when the
+// reader went away, ENOSPC), which errno then holds.
+size_t write_fully(int fd, std::string_view data);
 
 // One worker stream (stdout or stderr): console copy with prefix, optional log file,
 // and (for stderr) the tail for the summary.
+//
+// When the log file cannot be written, the stream reports it once (an error on
+// ddprun's log), records it (log_failure()) and, if it was kept off the console,
+// goes to `fallback` from the line the failed write was in: every line is whole in
+// the log or on the console (the log may end in a piece of that line).
 class WorkerStream {
  public:
   struct Options {
-    std::string prefix;        // e.g. "[rank3]:"
+    std::string prefix;          // e.g. "[rank3]:"
     Console* console = nullptr;  // Console::out() or err(); nullptr keeps it off the console
-    int log_fd = -1;           // an open log file, owned by this object; -1 for none
+    int log_fd = -1;             // an open log file, owned by this object; -1 for none
     bool keep_tail = false;
+    std::string log_path;        // the log file's name, for messages
+    std::string label;           // e.g. "rank 3's stdout", for messages
+    Console* fallback = nullptr;  // the console this stream goes to once its log fails
   };
 
   explicit WorkerStream(Options options);
@@ -68,8 +82,12 @@ class WorkerStream {
   void finish();
 
   const TailBuffer& tail() const { return tail_; }
+  // Set once writing the log failed: the log file lacks part of the stream.
+  const std::optional<LogFailure>& log_failure() const { return log_failure_; }
 
  private:
+  void split(std::string_view data);
+  void log_failed(int error, bool stream_ended);
   void take_line(std::string_view line);
   void flush_batch();
 
@@ -78,6 +96,7 @@ class WorkerStream {
   TailBuffer tail_;
   std::string batch_;  // prefixed lines waiting for one write()
   bool finished_ = false;
+  std::optional<LogFailure> log_failure_;
 };
 
 }  // namespace ddprun

@@ -26,9 +26,25 @@ void describe_worker(std::ostringstream& os, const LaunchPlan& plan, const Worke
   if (w.reaped) os << " at " << utc_time(w.ended);
   if (w.ended_after_stop) os << " (stopped by ddprun)";
   os << "\n";
+  for (const LogFailure& log : w.incomplete_logs) {
+    os << "    log incomplete: " << log.path << " (" << log.error << "); the rest went to the console\n";
+  }
 }
 
 }  // namespace
+
+std::string format_incomplete_logs(const AttemptResult& result) {
+  std::string paths;
+  size_t count = 0;
+  for (const WorkerOutcome& w : result.workers) {
+    for (const LogFailure& log : w.incomplete_logs) {
+      paths += (count++ == 0 ? "" : ", ") + log.path + " (" + log.error + ")";
+    }
+  }
+  if (count == 0) return "";
+  return std::to_string(count) + " worker log file(s) are incomplete, the rest of their output went to the console: " +
+         paths;
+}
 
 std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& result, int attempt) {
   std::ostringstream os;

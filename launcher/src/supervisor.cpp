@@ -46,11 +46,6 @@ bool is_stop_signal(int sig) {
   return false;
 }
 
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
 // Direct children of this process (workers, orphans re-parented to ddprun as the
 // subreaper, and the guard), from /proc/self/task/<tid>/children.
 std::vector<pid_t> direct_children() {
@@ -74,34 +69,6 @@ struct Pipe {
 };
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// WorkerOutcome / AttemptResult
-// ---------------------------------------------------------------------------
-
-bool WorkerOutcome::failed() const { return reaped && exit_status() != 0; }
-
-int WorkerOutcome::exit_status() const {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return 1;
-}
-
-std::string WorkerOutcome::describe() const {
-  if (!reaped) return "did not exit (still running after SIGKILL)";
-  if (WIFEXITED(wait_status)) return "exited with code " + std::to_string(WEXITSTATUS(wait_status));
-  int sig = WTERMSIG(wait_status);
-  return "killed by " + signal_name(sig) + " (signal " + std::to_string(sig) + ")" +
-         (WCOREDUMP(wait_status) ? ", core dumped" : "");
-}
-
-int AttemptResult::exit_status() const {
-  // A failure that came first stays the root cause even if a signal followed it.
-  if (remote) return remote->status;
-  if (root_cause) return workers[*root_cause].exit_status();
-  if (stop_signal != 0) return 128 + stop_signal;
-  return 0;
-}
 
 // ---------------------------------------------------------------------------
 // WorkerGroup: the state of one attempt
@@ -212,14 +179,18 @@ std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int l
   const LaunchPlan& plan = sup_.plan_;
   const LaunchOptions& o = plan.options;
   WorkerStream::Options opts;
-  opts.prefix = "[rank" + std::to_string(layout_.rank_offset + local_rank) + "]:";
+  std::string rank = std::to_string(layout_.rank_offset + local_rank);
+  opts.prefix = "[rank" + rank + "]:";
   // --tee wins over --redirects: a teed stream is on the console as well.
   bool redirected = (o.redirects.for_rank(local_rank) & which) != 0 && (o.tee.for_rank(local_rank) & which) == 0;
   bool filtered_out = o.local_ranks_filter && o.local_ranks_filter->count(local_rank) == 0;
-  opts.console = redirected || filtered_out ? nullptr : (which == kStdout ? &Console::out() : &Console::err());
+  opts.fallback = which == kStdout ? &Console::out() : &Console::err();
+  opts.console = redirected || filtered_out ? nullptr : opts.fallback;
   opts.keep_tail = which == kStderr;
   if (plan.log_root) {
     auto path = worker_log_dir(plan, attempt_, local_rank) / (which == kStdout ? "stdout.log" : "stderr.log");
+    opts.log_path = path.string();
+    opts.label = "rank " + rank + (which == kStdout ? "'s stdout" : "'s stderr");
     opts.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (opts.log_fd < 0) {
       int err = errno;
@@ -496,6 +467,9 @@ AttemptResult WorkerGroup::finish() {
   AttemptResult result;
   for (auto& w : workers_) {
     w->outcome.stderr_tail.assign(w->err->sink.tail().lines().begin(), w->err->sink.tail().lines().end());
+    for (Stream* s : {w->out.get(), w->err.get()}) {
+      if (s->sink.log_failure()) w->outcome.incomplete_logs.push_back(*s->sink.log_failure());
+    }
     if (!w->group_gone) sup_.guard_.forget(w->outcome.pid);
   }
   // Let the handlers of the cancelled timers and signal wait run (as aborted) while

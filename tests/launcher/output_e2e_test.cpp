@@ -1,10 +1,42 @@
 // Worker output through ddprun: whole prefixed lines under heavy concurrent
-// output, log files, --redirects, --tee and --local_ranks_filter.
+// output, log files, --redirects, --tee and --local_ranks_filter, and a log dir
+// that fills up.
 #include <catch2/catch.hpp>
+#include <sys/mount.h>
+
+#include <cstring>
 
 #include "e2e.hpp"
 
 using namespace testing;
+
+namespace {
+
+// Line `i` of test_worker's flood and spill modes, as rank `rank` writes it.
+std::string numbered_line(int rank, long i) {
+  static const std::string payload(200, 'x');
+  return "rank=" + std::to_string(rank) + " i=" + std::to_string(i) + " " +
+         payload.substr(0, static_cast<size_t>((i * 37) % 200)) + "|end";
+}
+
+// A tmpfs of `size` on a fresh directory for as long as this lives, unmounted
+// however the test ends.
+class SmallTmpfs {
+ public:
+  explicit SmallTmpfs(const std::string& size) {
+    std::string data = "size=" + size;
+    if (mount("tmpfs", dir_.path().c_str(), "tmpfs", 0, data.c_str()) != 0) {
+      throw std::runtime_error("cannot mount a tmpfs (the test needs root): " + std::string(std::strerror(errno)));
+    }
+  }
+  ~SmallTmpfs() { umount2(dir_.path().c_str(), MNT_DETACH); }  // before dir_ is removed
+  const std::filesystem::path& path() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+};
+
+}  // namespace
 
 TEST_CASE("heavy concurrent output from 4 ranks never splits or mixes a line", "[e2e][output]") {
   const long kLines = 20000;
@@ -14,7 +46,6 @@ TEST_CASE("heavy concurrent output from 4 ranks never splits or mixes a line", "
   std::map<int, long> next;  // the next line number expected from each rank
   long bad = 0;
   std::string first_bad;  // the first few offending lines, for the failure message
-  std::string payload(200, 'x');
   for (const auto& line : lines_of(r.out)) {
     // "[rankR]:rank=R i=I xxx...|end"
     int rank = -1;
@@ -26,8 +57,7 @@ TEST_CASE("heavy concurrent output from 4 ranks never splits or mixes a line", "
       reject();
       continue;
     }
-    std::string expected = "[rank" + std::to_string(rank) + "]:rank=" + std::to_string(rank) + " i=" +
-                           std::to_string(i) + " " + payload.substr(0, static_cast<size_t>((i * 37) % 200)) + "|end";
+    std::string expected = "[rank" + std::to_string(rank) + "]:" + numbered_line(rank, i);
     if (line != expected || i != next[rank]) reject();
     next[rank] = i + 1;
   }
@@ -98,4 +128,55 @@ TEST_CASE("a last line without a newline still arrives whole", "[e2e][output]") 
   CHECK(ranks[0] == std::vector<std::string>{"a", "b"});
   CHECK(ranks[1] == std::vector<std::string>{"a", "b"});
   CHECK(e2e::by_rank(r.err)[0] == std::vector<std::string>{"c"});
+}
+
+TEST_CASE("no output is lost when the log dir fills: what the logs miss goes to the console", "[e2e][output]") {
+  // 2 ranks x 2 streams x 2,000 lines of about 120 bytes: far more than 64 KiB.
+  const long kLines = 2000;
+  SmallTmpfs logs("64k");
+  std::string code = GENERATE("0", "3");
+  auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--rdzv_id=full", "--log_dir", logs.path().string(),
+                            "--redirects", "3", e2e::kWorker, "spill", std::to_string(kLines), code}),
+               {}, 120s);
+  CHECK(r.status == std::stoi(code));
+  auto console_out = e2e::by_rank(r.out), console_err = e2e::by_rank(r.err);
+  std::vector<std::string> errors;  // ddprun's messages about the logs
+  for (const auto& line : e2e::own_lines(r.err)) {
+    if (line.find("cannot write log file") != std::string::npos) errors.push_back(line);
+  }
+  INFO(r.err.substr(0, 4000));
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* stream : {"stdout", "stderr"}) {
+      std::string path = (logs.path() / ("full/attempt_0/" + std::to_string(rank)) / (std::string(stream) + ".log"));
+      INFO(path);
+      // The log holds lines 0..k-1 whole (and maybe a piece of line k); the console k..end.
+      std::string log = read_file(path);
+      std::string piece = log.substr(log.rfind('\n') + 1);
+      std::vector<std::string> got = lines_of(log.substr(0, log.size() - piece.size()));
+      const auto& console = (stream == std::string("stdout") ? console_out : console_err)[rank];
+      REQUIRE_FALSE(console.empty());  // the log did fill up
+      CHECK(console.front().rfind(piece, 0) == 0);
+      got.insert(got.end(), console.begin(), console.end());
+      REQUIRE(got.size() == static_cast<size_t>(kLines));
+      for (long i = 0; i < kLines; ++i) {
+        if (got[static_cast<size_t>(i)] != numbered_line(rank, i)) FAIL("line " << i << ": " << got[i]);
+      }
+      // One error line for this stream, naming the file and the error.
+      long mentions = 0;
+      for (const auto& e : errors) mentions += e.find("'" + path + "'") != std::string::npos;
+      CHECK(mentions == 1);
+      // The failure summary, or the one line at the end of a job that succeeded, names it.
+      if (code == "3") {
+        CHECK_THAT(r.err, Catch::Contains("    log incomplete: " + path + " (No space left on device)"));
+      } else {
+        CHECK_THAT(r.err, Catch::Contains(path + " (No space left on device)"));
+      }
+    }
+  }
+  CHECK(errors.size() == 4);
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::StartsWith("ddprun: error: cannot write log file '") &&
+                      Catch::Contains("': No space left on device; the log is incomplete"));
+  }
+  if (code == "0") CHECK_THAT(r.err, Catch::Contains("ddprun: warning: 4 worker log file(s) are incomplete"));
 }

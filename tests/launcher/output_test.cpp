@@ -1,6 +1,15 @@
 // Line splitting and per-stream handling of worker output.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "output.hpp"
 #include "console.hpp"
@@ -18,6 +27,47 @@ std::vector<std::string> split_all(const std::vector<std::string>& chunks, bool 
   if (finish) s.finish(take);
   return lines;
 }
+// A console writing into a pipe, and what came out of it.
+struct CapturedConsole {
+  int fds[2];
+  ddprun::Console* console;  // kept: its thread lives until the process exits
+  CapturedConsole() {
+    REQUIRE(pipe(fds) == 0);
+    console = new ddprun::Console(fds[1]);
+  }
+  ~CapturedConsole() { close(fds[0]); }
+  std::string text() {
+    REQUIRE(console->flush(5000));
+    std::string out;
+    char buf[4096];
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+    return out;
+  }
+};
+
+// ddprun's own messages (spdlog's default logger), captured while this lives.
+struct CapturedLog {
+  std::ostringstream text;
+  std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+  CapturedLog() {
+    auto logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_st>(text));
+    logger->set_pattern("%l: %v");
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedLog() { spdlog::set_default_logger(saved); }
+};
+
+ddprun::WorkerStream::Options log_only(int log_fd, ddprun::Console* fallback) {
+  ddprun::WorkerStream::Options opts;
+  opts.prefix = "[rank1]:";
+  opts.log_fd = log_fd;
+  opts.log_path = "/logs/1/stdout.log";
+  opts.label = "rank 1's stdout";
+  opts.fallback = fallback;
+  return opts;
+}
+
 }  // namespace
 
 TEST_CASE("lines are whole however the bytes arrive", "[output]") {
@@ -52,7 +102,12 @@ TEST_CASE("a worker stream prefixes console lines and logs raw bytes", "[output]
   REQUIRE(pipe(log) == 0);
   auto* writer = new ddprun::Console(console[1]);  // kept: its thread lives until the process exits
   {
-    ddprun::WorkerStream stream({"[rank7]:", writer, log[1], true});
+    ddprun::WorkerStream::Options opts;
+    opts.prefix = "[rank7]:";
+    opts.console = writer;
+    opts.log_fd = log[1];
+    opts.keep_tail = true;
+    ddprun::WorkerStream stream(opts);
     stream.consume("one\ntw");
     stream.consume("o\nthree");
     stream.finish();
@@ -82,4 +137,78 @@ TEST_CASE("stream specs: one value for all ranks or a per-rank map", "[output]")
   CHECK_THROWS_AS(ddprun::StreamSpec::parse("--tee", "1:"), ddprun::UsageError);
   CHECK_THROWS_AS(ddprun::StreamSpec::parse("--tee", ":1"), ddprun::UsageError);
   CHECK_THROWS_AS(ddprun::StreamSpec::parse("--tee", ""), ddprun::UsageError);
+}
+
+TEST_CASE("a log that fails sends the stream to the console from the line it failed in", "[output]") {
+  signal(SIGPIPE, SIG_IGN);  // as ddprun does: a reader that went away is an error, not death
+  CapturedConsole console;
+  CapturedLog messages;
+  int log[2];
+  REQUIRE(pipe(log) == 0);
+  ddprun::WorkerStream stream(log_only(log[1], console.console));
+  stream.consume("a\nb\nc");
+  CHECK_FALSE(stream.log_failure());
+  char buf[64];
+  CHECK(std::string(buf, static_cast<size_t>(read(log[0], buf, sizeof(buf)))) == "a\nb\nc");
+  close(log[0]);  // the next write fails (EPIPE)
+  stream.consume("d\ne\n");
+  stream.consume("f\n");
+  stream.finish();
+  REQUIRE(stream.log_failure());
+  CHECK(stream.log_failure()->path == "/logs/1/stdout.log");
+  CHECK(stream.log_failure()->error == std::strerror(EPIPE));
+  // "c" is in the log but not its end of line: the console has that line whole.
+  CHECK(console.text() == "[rank1]:cd\n[rank1]:e\n[rank1]:f\n");
+  CHECK(messages.text.str() == "error: cannot write log file '/logs/1/stdout.log': " + std::string(strerror(EPIPE)) +
+                                   "; the log is incomplete; rank 1's stdout goes to the console from here on\n");
+}
+
+TEST_CASE("a short write to the log loses nothing: the cut line goes to the console whole", "[output]") {
+  // A file size limit makes the kernel take part of a write, then refuse the rest (EFBIG).
+  signal(SIGXFSZ, SIG_IGN);
+  char path[] = "/tmp/ddprun-output-test-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  rlimit saved{};
+  getrlimit(RLIMIT_FSIZE, &saved);
+  rlimit small = saved;
+  small.rlim_cur = 12;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  CapturedConsole console;
+  CapturedLog messages;
+  {
+    ddprun::WorkerStream stream(log_only(fd, console.console));
+    stream.consume("0123\n5678\nabcdef\ng");
+    stream.finish();
+    REQUIRE(stream.log_failure());
+    CHECK(stream.log_failure()->error == std::strerror(EFBIG));
+  }
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::string logged;
+  {
+    std::ifstream in(path);
+    logged.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  unlink(path);
+  CHECK(logged == "0123\n5678\nab");
+  CHECK(console.text() == "[rank1]:abcdef\n[rank1]:g\n");
+  CHECK_THAT(messages.text.str(), Catch::Contains("File too large"));
+}
+
+TEST_CASE("a stream already on the console only reports its failed log, once", "[output]") {
+  CapturedConsole console;
+  CapturedLog messages;
+  int full = open("/dev/full", O_WRONLY | O_CLOEXEC);  // every write: ENOSPC
+  REQUIRE(full >= 0);
+  auto opts = log_only(full, console.console);
+  opts.console = console.console;
+  ddprun::WorkerStream stream(opts);
+  stream.consume("x\ny");
+  stream.consume("z\n");
+  stream.finish();
+  REQUIRE(stream.log_failure());
+  CHECK(stream.log_failure()->error == "No space left on device");
+  CHECK(console.text() == "[rank1]:x\n[rank1]:yz\n");
+  CHECK(messages.text.str() == "error: cannot write log file '/logs/1/stdout.log': No space left on device; the log "
+                               "is incomplete; rank 1's stdout is on the console\n");
 }

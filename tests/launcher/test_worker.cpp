@@ -11,6 +11,9 @@
 //                              leaves it (setsid), write all pids to DIR/pids.RANK, sleep
 //   leave-behind DIR           start a setsid'd grandchild, write its pid, exit 0
 //   flood LINES                write LINES numbered lines to stdout in ragged pieces
+//   spill LINES CODE           write LINES numbered lines to stdout and to stderr (a line
+//                              to each in turn, in ragged pieces), then exit CODE; ignores
+//                              SIGTERM, so a rank failing first cuts no other rank short
 //   bind-master-port           exit 0 when MASTER_PORT can be bound on all interfaces
 //   fail-until-restart N       exit 5 while TORCHELASTIC_RESTART_COUNT < N, then 0
 //   touch FILE                 create FILE (proves a worker started)
@@ -30,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -93,19 +97,20 @@ pid_t start_sleeper(bool leave_group) {
   return pid;
 }
 
-int mode_flood(long lines) {
+// Lines of varying length, each written in up to three pieces, to each of `fds` in turn.
+void write_numbered_lines(long lines, std::initializer_list<int> fds) {
   int rank = env_int("RANK");
   std::string payload(200, 'x');
   for (long i = 0; i < lines; ++i) {
-    // Lines of varying length, each written in up to three pieces.
     std::string line = "rank=" + std::to_string(rank) + " i=" + std::to_string(i) + " " +
                        payload.substr(0, static_cast<size_t>((i * 37) % 200)) + "|end\n";
     size_t a = line.size() / 3, b = 2 * line.size() / 3;
-    (void)!write(STDOUT_FILENO, line.data(), a);
-    (void)!write(STDOUT_FILENO, line.data() + a, b - a);
-    (void)!write(STDOUT_FILENO, line.data() + b, line.size() - b);
+    for (int fd : fds) {
+      (void)!write(fd, line.data(), a);
+      (void)!write(fd, line.data() + a, b - a);
+      (void)!write(fd, line.data() + b, line.size() - b);
+    }
   }
-  return 0;
 }
 
 int mode_bind_master_port() {
@@ -173,7 +178,15 @@ int main(int argc, char** argv) {
     std::ofstream(std::string(argv[2]) + "/pids." + std::to_string(rank)) << escaped << "\n";
     return 0;
   }
-  if (mode == "flood" && argc == 3) return mode_flood(std::atol(argv[2]));
+  if (mode == "flood" && argc == 3) {
+    write_numbered_lines(std::atol(argv[2]), {STDOUT_FILENO});
+    return 0;
+  }
+  if (mode == "spill" && argc == 4) {
+    signal(SIGTERM, SIG_IGN);
+    write_numbered_lines(std::atol(argv[2]), {STDOUT_FILENO, STDERR_FILENO});
+    return std::atoi(argv[3]);
+  }
   if (mode == "bind-master-port") return mode_bind_master_port();
   if (mode == "fail-until-restart" && argc == 3) {
     int count = env_int("TORCHELASTIC_RESTART_COUNT");
