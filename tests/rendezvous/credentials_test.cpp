@@ -81,7 +81,7 @@ std::string credential_file(const TempDir& dir, const std::string& secret_file, 
 
 }  // namespace
 
-TEST_CASE("a job credential opens only its own job; the shared token opens every job", "[daemon][auth]") {
+TEST_CASE("a job credential opens only its own job and the shared token opens every job", "[daemon][auth]") {
   TempDir dir;
   write_file(dir / "token", "site-wide-token\n");
   write_file(dir / "secret", "daemon-secret\n");
@@ -116,7 +116,7 @@ TEST_CASE("a job credential opens only its own job; the shared token opens every
   CHECK(daemon.client("gamma", "site-wide-token")->num_keys() == 0);
 }
 
-TEST_CASE("with only a secret, every job needs its own credential", "[daemon][auth]") {
+TEST_CASE("with only a secret every job needs its own credential", "[daemon][auth]") {
   TempDir dir;
   write_file(dir / "secret", "only-secret\n");
   Daemon daemon({"--secret-file", (dir / "secret").string()});
@@ -141,7 +141,7 @@ TEST_CASE("credential refuses a missing secret file or job with a clear error", 
   CHECK_THAT(no_job.err, Catch::Contains("--job"));
 }
 
-TEST_CASE("SIGHUP re-reads the keys, keeps connected clients and survives a bad file", "[daemon][auth][signals]") {
+TEST_CASE("SIGHUP re-reads the keys and keeps connected clients and survives a bad file", "[daemon][auth][signals]") {
   TempDir dir;
   const std::string token_file = (dir / "token").string(), secret_file = (dir / "secret").string();
   write_file(token_file, "token-1\n");
@@ -182,7 +182,7 @@ TEST_CASE("SIGHUP re-reads the keys, keeps connected clients and survives a bad 
                                              Catch::Contains(" open connection(s) and exiting"));
 }
 
-TEST_CASE("SIGHUP without key files changes nothing and says so; SIGINT drains", "[daemon][signals]") {
+TEST_CASE("SIGHUP without key files changes nothing and says so and SIGINT drains", "[daemon][signals]") {
   Daemon daemon({});
   auto c = daemon.client("job", "");
   daemon.process().send_signal(SIGHUP);
