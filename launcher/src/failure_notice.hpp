@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace ddprun {
 
@@ -16,9 +17,14 @@ struct FailureNotice {
   std::string what;      // one line: "exited with code 3", "ddprun ... was lost"
 
   std::string encode() const;
+  // Another node's bytes: host and what come back as printable_text().
   static FailureNotice decode(const std::string& text);
   std::string describe() const;  // "rank 3 on node 1 (host): exited with code 3"
 };
+
+// Bytes from another node made safe to print: valid UTF-8 stays as it is; control
+// characters (C0, DEL, C1) and bytes that are not UTF-8 become \xNN, one per byte.
+std::string printable_text(std::string_view bytes);
 
 // Thrown when a stop signal arrives while the agent waits on the other nodes.
 struct Interrupted {

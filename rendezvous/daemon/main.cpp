@@ -1,10 +1,13 @@
 // ddp-rendezvous: the rendezvous store as a standalone daemon, serving many jobs
-// (each in its own namespace) until SIGTERM or SIGINT.
+// (each in its own namespace). SIGTERM and SIGINT stop it; SIGHUP re-reads the token
+// and secret files.
 //
-//   ddp-rendezvous --port 29400 --token-file /etc/ddprun/token
-//   ddprun --rdzv_endpoint host:29400 --rdzv_id job42 ...   (on every node)
+//   ddp-rendezvous --port 29400 --secret-file /etc/ddprun/secret
+//   ddp-rendezvous credential --job job42 --secret-file /etc/ddprun/secret > job42.cred
+//   ddprun --rdzv_endpoint host:29400 --rdzv_id job42 --rdzv_token_file job42.cred ...   (on every node)
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <string.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +15,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "rdzv/server.hpp"
 #include "rdzv/token.hpp"
@@ -27,6 +31,56 @@ void raise_fd_limit() {
   }
 }
 
+// Where the daemon's keys come from; read again on SIGHUP.
+struct KeyFiles {
+  std::string token_file;   // else DDPRUN_TOKEN
+  std::string secret_file;  // none: no job credentials
+
+  // Both keys, or StoreError naming the file that could not be read.
+  std::pair<std::string, std::string> read() const {
+    return {rdzv::configured_token(token_file), secret_file.empty() ? "" : rdzv::read_token_file(secret_file, "secret")};
+  }
+};
+
+const char* auth_mode(const rdzv::ServerOptions& o) {
+  if (o.token.empty()) return o.secret.empty() ? "no authentication" : "job credentials required";
+  return o.secret.empty() ? "token required" : "shared token or job credentials required";
+}
+
+std::string signal_name(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
+
+// SIGHUP: new keys for connections from now on, or the old ones when a file cannot be read.
+void reload(rdzv::StoreServer& server, const KeyFiles& files) {
+  if (files.token_file.empty() && files.secret_file.empty()) {
+    spdlog::info("received SIGHUP: no --token-file or --secret-file to re-read; nothing changed");
+    return;
+  }
+  try {
+    auto [token, secret] = files.read();
+    server.set_credentials(std::move(token), std::move(secret));
+    std::string t = files.token_file.empty() ? "" : "token file '" + files.token_file + "'";
+    std::string s = files.secret_file.empty() ? "" : "secret file '" + files.secret_file + "'";
+    spdlog::info("received SIGHUP: re-read {}{}{}; new connections need the new keys, connected ones go on", t,
+                 t.empty() || s.empty() ? "" : " and ", s);
+  } catch (const std::exception& e) {
+    spdlog::error("received SIGHUP: {}; keeping the previous keys", e.what());
+  }
+}
+
+// `ddp-rendezvous credential --job ID`: prints the job's credential.
+int print_credential(const std::string& secret_file, const std::string& job) {
+  if (secret_file.empty()) {
+    spdlog::error("credential: needs --secret-file, the file the daemon's --secret-file names");
+    return 2;
+  }
+  if (job.empty()) {
+    spdlog::error("credential: --job must not be empty");
+    return 2;
+  }
+  std::printf("%s\n", rdzv::job_credential(rdzv::read_token_file(secret_file, "secret"), job).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -38,14 +92,16 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("ddp-rendezvous ") + DDPRUN_VERSION);
   rdzv::ServerOptions options;
   options.port = 29400;
-  std::string token_file;
+  KeyFiles files;
   double heartbeat = 10;
   size_t max_memory_mib = options.max_memory >> 20;
   app.add_option("--host", options.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", options.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()->check(CLI::Range(0, 65535));
-  app.add_option("--token-file,--token_file", token_file,
-                 "File whose first line is the shared token (else DDPRUN_TOKEN; else no authentication)");
+  app.add_option("--token-file,--token_file", files.token_file,
+                 "File whose first line is the shared token, which opens every job (else DDPRUN_TOKEN)");
+  const char* secret_help = "File whose first line is the secret each job's credential is derived from";
+  app.add_option("--secret-file,--secret_file", files.secret_file, secret_help);
   app.add_option("--max-connections,--max_connections", options.max_connections, "Connections served at once")
       ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{10'000'000}));
   app.add_option("--max-memory-mib,--max_memory_mib", max_memory_mib, "MiB of keys and values, all jobs together")
@@ -53,6 +109,10 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout,--heartbeat_timeout", heartbeat,
                  "Seconds after which an unreachable client is dropped (0: never)")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
+  std::string job;
+  CLI::App* credential = app.add_subcommand("credential", "Print a job's credential (its --rdzv_token_file) and exit");
+  credential->add_option("--job", job, "The job id (ddprun's --rdzv_id)")->required();
+  credential->add_option("--secret-file,--secret_file", files.secret_file, secret_help);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -65,19 +125,27 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = rdzv::Millis(static_cast<int64_t>(heartbeat * 1000));
 
   try {
-    options.token = rdzv::configured_token(token_file);
+    if (credential->parsed()) return print_credential(files.secret_file, job);
+    std::tie(options.token, options.secret) = files.read();
     raise_fd_limit();
     boost::asio::io_context io;
     rdzv::StoreServer server(io, options);
-    boost::asio::signal_set stop(io, SIGINT, SIGTERM);
-    stop.async_wait([&](const boost::system::error_code& ec, int sig) {
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+    std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
+                                                                              int sig) {
       if (ec) return;
-      spdlog::info("received signal {}; shutting down", sig);
+      if (sig == SIGHUP) {
+        reload(server, files);
+        signals.async_wait(on_signal);
+        return;
+      }
+      spdlog::info("received {}: stopped accepting; closing {} open connection(s) and exiting", signal_name(sig),
+                   server.stats().connections);
       server.stop();
       io.stop();
-    });
-    std::printf("ddp-rendezvous listening on %s:%u (%s)\n", options.host.c_str(), server.port(),
-                options.token.empty() ? "no authentication" : "token required");
+    };
+    signals.async_wait(on_signal);
+    std::printf("ddp-rendezvous listening on %s:%u (%s)\n", options.host.c_str(), server.port(), auth_mode(options));
     std::fflush(stdout);
     while (true) {  // an error escaping one client's handling must not end every job's store
       try {

@@ -16,6 +16,21 @@
 namespace rdzv::auth {
 namespace {
 
+// Job credentials are derived under their own label, so no credential is ever a
+// handshake proof made with the same key or the reverse.
+constexpr const char* kCredentialLabel = "ddprun-job-credential-v1|";
+
+std::string hex(const std::string& raw) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(raw.size() * 2);
+  for (unsigned char c : raw) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
 std::string hmac(const std::string& token, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -57,28 +72,60 @@ bool proofs_equal(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+Authenticator::Authenticator(std::string token, std::string secret) { set_keys(std::move(token), std::move(secret)); }
+
+void Authenticator::set_keys(std::string token, std::string secret) {
+  auto fresh = std::make_shared<const Keys>(Keys{std::move(token), std::move(secret)});
+  std::lock_guard lock(mutex_);
+  keys_ = std::move(fresh);
+}
+
+std::shared_ptr<const Authenticator::Keys> Authenticator::keys() const {
+  std::lock_guard lock(mutex_);
+  return keys_;
+}
+
+bool Authenticator::required() const {
+  auto k = keys();
+  return !k->token.empty() || !k->secret.empty();
+}
+
+Admission Authenticator::admit(const std::string& ns, const std::string& server_nonce,
+                               const std::string& client_nonce, const std::string& proof) const {
+  auto k = keys();
+  if (k->token.empty() && k->secret.empty()) return {true, "", ""};
+  auto opens = [&](const std::string& key) {
+    return proofs_equal(proof, client_proof(key, server_nonce, client_nonce, ns));
+  };
+  // The shared token first: with no secret this is the only HMAC, as it always was.
+  if (!k->token.empty() && opens(k->token)) return {true, server_proof(k->token, client_nonce, server_nonce), ""};
+  if (!k->secret.empty()) {
+    std::string credential = job_credential(k->secret, ns);
+    if (opens(credential)) return {true, server_proof(credential, client_nonce, server_nonce), ""};
+  }
+  if (k->secret.empty()) return {false, "", "authentication failed: wrong or missing token"};
+  return {false, "", "authentication failed: neither the shared token nor this job's credential "
+                     "(a job credential opens only the job it was made for)"};
+}
+
 }  // namespace rdzv::auth
 
 namespace rdzv {
 
-std::string generate_token() {
-  static const char* kHex = "0123456789abcdef";
-  std::string raw = auth::random_bytes(32), out;
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
+std::string job_credential(const std::string& secret, const std::string& job) {
+  return auth::hex(auth::hmac(secret, auth::kCredentialLabel + job));
 }
 
-std::string read_token_file(const std::string& path) {
+std::string generate_token() { return auth::hex(auth::random_bytes(32)); }
+
+std::string read_token_file(const std::string& path, const std::string& kind) {
   std::ifstream in(path);
-  if (!in) throw StoreError("cannot read token file '" + path + "'");
+  if (!in) throw StoreError("cannot read " + kind + " file '" + path + "'");
   std::string line;
   std::getline(in, line);
   auto begin = line.find_first_not_of(" \t\r");
   auto end = line.find_last_not_of(" \t\r");
-  if (begin == std::string::npos) throw StoreError("token file '" + path + "' is empty");
+  if (begin == std::string::npos) throw StoreError(kind + " file '" + path + "' is empty");
   return line.substr(begin, end - begin + 1);
 }
 

@@ -59,6 +59,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
 
   asio::io_context& io_;
   ServerOptions options_;
+  auth::Authenticator auth_{options_.token, options_.secret};
   wire::Limits limits_;
   wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
   tcp::acceptor acceptor_;
@@ -94,7 +95,7 @@ class Session : public std::enable_shared_from_this<Session> {
     server_->sessions_.insert(this);
     nonce_ = auth::random_bytes(wire::kNonceSize);
     wire::BodyWriter w;
-    w.bytes(nonce_).u32(server_->options_.token.empty() ? 0 : 1);
+    w.bytes(nonce_).u32(server_->auth_.required() ? 1 : 0);
     send(Type::kChallenge, 0, w.take());
     timer_.expires_after(kAuthTimeout);
     timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
@@ -388,22 +389,15 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void hello(uint32_t id, const wire::Request& q) {
-    const std::string& token = server_->options_.token;
     const std::string& ns = q.values[0];
-    const std::string& client_nonce = q.values[1];
-    std::string proof;
-    if (!token.empty()) {
-      if (!auth::proofs_equal(q.values[2], auth::client_proof(token, nonce_, client_nonce, ns))) {
-        return fail(id, "authentication failed: wrong or missing token");
-      }
-      proof = auth::server_proof(token, client_nonce, nonce_);
-    }
+    auth::Admission admission = server_->auth_.admit(ns, nonce_, q.values[1], q.values[2]);
+    if (!admission.admitted) return fail(id, admission.error);
     nonce_.clear();
     nonce_.shrink_to_fit();
     timer_.cancel();  // authenticated in time
     ns_name_ = ns;
     ns_ = &server_->join(ns);
-    send(Type::kOk, id, wire::BodyWriter().bytes(proof).take());
+    send(Type::kOk, id, wire::BodyWriter().bytes(admission.server_proof).take());
   }
 
   // A client with a will must be heard from (any request, PING included) at least every
@@ -587,5 +581,9 @@ ServerStats StoreServer::stats() const {
 }
 
 void StoreServer::stop() { impl_->stop(); }
+
+void StoreServer::set_credentials(std::string token, std::string secret) {
+  impl_->auth_.set_keys(std::move(token), std::move(secret));
+}
 
 }  // namespace rdzv

@@ -2,6 +2,9 @@
 #include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <algorithm>
+
+#include "failure_notice.hpp"
 #include "summary.hpp"
 
 TEST_CASE("the summary names the root cause first and then the others", "[summary]") {
@@ -70,4 +73,33 @@ TEST_CASE("a log that could not be written to the end is named in the summary", 
   result.workers[0].incomplete_logs.clear();
   result.workers[1].incomplete_logs.clear();
   CHECK(ddprun::format_incomplete_logs(result).empty());
+}
+
+TEST_CASE("another node's failure record is printed as escaped text, never raw bytes", "[summary]") {
+  using ddprun::printable_text;
+  CHECK(printable_text("exited with code 3") == "exited with code 3");
+  CHECK(printable_text("caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80") == "caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80");
+  CHECK(printable_text(std::string("a\0b", 3)) == "a\\x00b");
+  CHECK(printable_text("\x1b[2J\r\t\x7f") == "\\x1b[2J\\x0d\\x09\\x7f");
+  CHECK(printable_text("\xc2\x9b" "31m") == "\\xc2\\x9b31m");                  // C1 CSI as UTF-8
+  CHECK(printable_text("\xff\xfe") == "\\xff\\xfe");                            // never UTF-8
+  CHECK(printable_text("\xc3") == "\\xc3");                                     // cut short
+  CHECK(printable_text("\xc0\xaf \xe0\x80\xaf") == "\\xc0\\xaf \\xe0\\x80\\xaf");  // overlong '/'
+  CHECK(printable_text("\xed\xa0\x80") == "\\xed\\xa0\\x80");                   // a surrogate
+  CHECK(printable_text("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");          // past U+10FFFF
+
+  // A hostile job's record as it arrives from the store, through to the summary.
+  auto notice = ddprun::FailureNotice::decode("1\n-1\n1\nevil\x1b]0;pwned\x07\nrm -rf \x1b[8m\xff\xc3");
+  ddprun::LaunchPlan plan;
+  plan.run_id = "victim";
+  plan.hostname = "node0";
+  ddprun::AttemptResult result;
+  result.remote = ddprun::RemoteCause{notice.describe(), notice.status, false};
+  std::string text = ddprun::format_failure_summary(plan, result, 0);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("node 1 (evil\\x1b]0;pwned\\x07): rm -rf \\x1b[8m\\xff\\xc3"));
+  CHECK(std::all_of(text.begin(), text.end(), [](unsigned char c) { return c == '\n' || (c >= 0x20 && c < 0x7f); }));
+
+  auto garbage = ddprun::FailureNotice::decode("\x1b[31mnot\na notice");
+  CHECK(garbage.what == "an unreadable failure notice: \\x1b[31mnot\\x0aa notice");
 }

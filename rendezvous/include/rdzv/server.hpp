@@ -22,7 +22,9 @@ class ServerCore;
 struct ServerOptions {
   std::string host = "0.0.0.0";            // address to listen on ("127.0.0.1": this host only)
   uint16_t port = 0;                       // 0: an ephemeral port, see StoreServer::port()
-  std::string token;                       // empty: no authentication
+  std::string token;                       // the shared token: opens every namespace
+  std::string secret;                      // job_credential(secret, ns) opens namespace ns only
+                                           // (token and secret both empty: no authentication)
   size_t max_connections = 100000;         // more are refused with an error frame
   size_t max_memory = size_t{1} << 30;     // bytes of keys and values, all namespaces together
   uint32_t max_value = 16u << 20;          // bytes in one value
@@ -49,6 +51,10 @@ class StoreServer {
 
   // Stops accepting and closes every connection; pending waits end with the connection.
   void stop();
+
+  // Replaces ServerOptions::token and ::secret for connections that authenticate from
+  // now on; connections already authenticated keep going. Safe from any thread.
+  void set_credentials(std::string token, std::string secret);
 
  private:
   std::shared_ptr<ServerCore> impl_;

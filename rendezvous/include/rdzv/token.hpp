@@ -1,5 +1,6 @@
-// The shared secret that store clients prove they know (see src/auth.hpp for the
-// challenge-response): generating one and reading one from a file.
+// The keys that store clients prove they know (see src/auth.hpp for the
+// challenge-response): generating a shared token, reading one from a file, and
+// deriving a job's credential from a store daemon's secret.
 #pragma once
 
 #include <string>
@@ -10,8 +11,13 @@ namespace rdzv {
 std::string generate_token();
 
 // A token file's first line without surrounding whitespace. Throws StoreError
-// naming the file when it cannot be read or is empty.
-std::string read_token_file(const std::string& path);
+// naming the file (as a `kind` file: "token", "secret") when it cannot be read or is empty.
+std::string read_token_file(const std::string& path, const std::string& kind = "token");
+
+// The credential of job `job` under a store daemon's `secret`: 64 hex characters
+// (HMAC-SHA256(secret, "ddprun-job-credential-v1|" + job)). A client uses it as its
+// token; it opens only the namespace named `job`.
+std::string job_credential(const std::string& secret, const std::string& job);
 
 // The environment variable a launcher or store daemon takes its token from when no
 // token file is given.

@@ -215,16 +215,24 @@ TEST_CASE("a ddp-rendezvous daemon serves two jobs at once, apart", "[multinode]
   NetnsCluster c(3);
   TempDir dir;
   write_file(dir / "token", "job-secret\n");
-  Process daemon(c.on(2, {kRendezvousBin, "--port=29400", "--token-file", (dir / "token").string()}));
+  write_file(dir / "secret", "daemon-secret\n");
+  Process daemon(c.on(2, {kRendezvousBin, "--port=29400", "--token-file", (dir / "token").string(), "--secret-file",
+                          (dir / "secret").string()}));
   REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return o.find("listening") != std::string::npos; }, 10s));
+  // alpha uses the shared token, beta only its own credential as the daemon prints it.
+  auto credential = run({kRendezvousBin, "credential", "--job=beta", "--secret-file", (dir / "secret").string()});
+  REQUIRE(credential.status == 0);
+  write_file(dir / "beta.cred", credential.out);
   const std::string endpoint = "--rdzv_endpoint=" + c.address(2) + ":29400";
-  const std::string token_file = "--rdzv_token_file=" + (dir / "token").string();
+  auto token_file = [&](const std::string& job) {
+    return "--rdzv_token_file=" + (dir / (job == "alpha" ? "token" : "beta.cred")).string();
+  };
   std::vector<std::unique_ptr<Process>> procs;
   for (const std::string job : {"alpha", "beta"}) {
     for (int node = 0; node < 2; ++node) {
       std::vector<std::string> a = {e2e::kDdprun, "--nnodes=2", "--node_rank=" + std::to_string(node),
                                     "--nproc_per_node=" + std::string(job == "alpha" ? "1" : "2"), endpoint,
-                                    "--rdzv_id=" + job, token_file, "--join_timeout=30",
+                                    "--rdzv_id=" + job, token_file(job), "--join_timeout=30",
                                     e2e::kWorker, "env", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR"};
       procs.push_back(std::make_unique<Process>(c.on(node, a)));
     }
@@ -247,6 +255,11 @@ TEST_CASE("a ddp-rendezvous daemon serves two jobs at once, apart", "[multinode]
                               "--join_timeout=5", e2e::kWorker, "env", "RANK"}));
   CHECK(refused.status == 1);
   CHECK_THAT(refused.err, Catch::Contains("requires a token"));
+  // Nor does one with beta's credential naming alpha.
+  auto crossed = run(c.on(1, {e2e::kDdprun, "--nnodes=2", "--node_rank=1", endpoint, "--rdzv_id=alpha",
+                              token_file("beta"), "--join_timeout=5", e2e::kWorker, "env", "RANK"}));
+  CHECK(crossed.status == 1);
+  CHECK_THAT(crossed.err, Catch::Contains("authentication failed"));
   daemon.send_signal(SIGTERM);
   auto d = daemon.wait(10s);
   REQUIRE(d.has_value());
