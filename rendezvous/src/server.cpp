@@ -46,7 +46,11 @@ void ServerCore::wake(Namespace& ns, const std::string& key) {
       still_waiting.push_back(std::move(w));
       continue;
     }
-    w->session->reply_wait(w->request_id, w->type, w->keys, false);
+    try {
+      w->session->reply_wait(w->request_id, w->type, w->keys, false);
+    } catch (const std::exception& e) {  // out of memory for its reply: that client goes, not the setter
+      w->session->crashed(e.what());
+    }
     finish_waiter(ns, w);
   }
   if (!still_waiting.empty()) {

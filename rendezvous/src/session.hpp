@@ -44,6 +44,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void reply_wait(uint32_t request_id, wire::Type type, const std::vector<std::string>& keys, bool timed_out);
   void forget_waiter(const Waiter* w);
   Namespace* ns() const { return ns_; }
+  // An exception escaped work done for this session: tells the client (best effort)
+  // and closes.
+  void crashed(const char* what) noexcept;
 
  private:
   // Runs a completion handler's body; an exception escaping it (std::bad_alloc
@@ -58,7 +61,6 @@ class Session : public std::enable_shared_from_this<Session> {
       crashed("unknown error");
     }
   }
-  void crashed(const char* what) noexcept;
 
   // session.cpp: reading and writing.
   void flush();
