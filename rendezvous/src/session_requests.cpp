@@ -96,7 +96,10 @@ void Session::handle(uint32_t id, wire::Request& q) {
     case Type::kSet:
       check_value(q.values[0].size());
       require_fits(table.growth_if_set(q.keys[0], q.values[0].size()));
-      set_key(q.keys[0], q.values[0]);
+      change(q.keys[0], [&](KvTable& t) {
+        t.set(q.keys[0], std::move(q.values[0]));  // no second copy of a big value
+        return 0;
+      });
       break;
     case Type::kAppend: {  // the value afterwards obeys SET's limit, a new key's included
       const std::string* v = table.find(q.keys[0]);
