@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--secret-file,--secret_file", files.secret_file, secret_help);
   app.add_option("--max-connections,--max_connections", options.max_connections, "Connections served at once")
       ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{10'000'000}));
-  app.add_option("--max-memory-mib,--max_memory_mib", max_memory_mib, "MiB of keys and values, all jobs together")
+  app.add_option("--max-memory-mib,--max_memory_mib", max_memory_mib, "MiB held for clients, all jobs together: keys and values, partly read requests, "
+                 "blocked requests, queued replies (PROTOCOL.md)")
       ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 20));
   app.add_option("--heartbeat-timeout,--heartbeat_timeout", heartbeat,
                  "Seconds after which an unreachable client is dropped (0: never)")

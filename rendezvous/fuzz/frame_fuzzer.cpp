@@ -21,7 +21,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Round trip: what decodes must encode back to the same body.
       std::string again = h.type == Type::kTimeout ? encode_timeout(decode_timeout(text, limits))
                                                    : encode_request(decode_request(h.type, text, limits));
-      if (body == h.body_size && again != text) __builtin_trap();
+      // A TIMEOUT from a server older than the key list ends after the message; it
+      // encodes back with an empty list (a u32 0) after it.
+      bool old_timeout = h.type == Type::kTimeout && again.size() == text.size() + 4 &&
+                         again.compare(0, text.size(), text) == 0 && again.compare(text.size(), 4, "\0\0\0\0", 4) == 0;
+      if (body == h.body_size && again != text && !old_timeout) __builtin_trap();
       bytes += kHeaderSize + body;
       size -= kHeaderSize + body;
     } catch (const ProtocolError&) {

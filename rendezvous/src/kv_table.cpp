@@ -79,8 +79,10 @@ std::vector<std::string> KvTable::missing(const std::vector<std::string>& keys) 
 }
 
 std::string quoted_keys(const std::vector<std::string>& keys) {
+  constexpr size_t kNamed = 16;  // a message for people: a 65,536-key wait names a few
   std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
+  for (size_t i = 0; i < keys.size() && i < kNamed; ++i) out += (out.empty() ? "'" : ", '") + keys[i] + "'";
+  if (keys.size() > kNamed) out += " and " + std::to_string(keys.size() - kNamed) + " more";
   return out;
 }
 

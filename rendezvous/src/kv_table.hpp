@@ -33,7 +33,7 @@ class KvTable {
   size_t bytes_ = 0;
 };
 
-// "'a', 'b'": keys as a timeout's message names them.
+// "'a', 'b'": keys as a timeout's message names them (the first 16, then how many more).
 std::string quoted_keys(const std::vector<std::string>& keys);
 
 }  // namespace rdzv

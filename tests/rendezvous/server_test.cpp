@@ -10,50 +10,15 @@
 #include <thread>
 
 #include "protocol.hpp"
+#include "raw_client.hpp"
 #include "server_fixture.hpp"
 
 using namespace std::chrono_literals;
+using testing::eventually;
+using testing::RawConnection;
 using testing::ServerThread;
 
 namespace {
-
-// Polls a condition on the server's counters (they change on the server's thread).
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 5s) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
-
-// A raw TCP connection for sending bytes no well-behaved client would.
-struct RawConnection {
-  int fd = -1;
-  explicit RawConnection(uint16_t port) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  }
-  ~RawConnection() { close(fd); }
-  void send_bytes(const std::string& bytes) { REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) >= 0); }
-  // Everything the server sends until it closes the connection (or 5 s pass).
-  std::string read_until_closed() {
-    std::string all;
-    char buf[4096];
-    while (true) {
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, 5000) <= 0) return all + "<no close>";
-      ssize_t n = recv(fd, buf, sizeof(buf), 0);
-      if (n <= 0) return all;
-      all.append(buf, static_cast<size_t>(n));
-    }
-  }
-};
 
 std::string error_text(const std::string& frames) {
   // Skip the CHALLENGE, find the ERROR frame and return its message.
@@ -322,4 +287,18 @@ TEST_CASE("a TIMEOUT reply carries the missing keys as a list checked like a req
                     Catch::Contains("key count"));
   CHECK_THROWS_WITH(decode_timeout(BodyWriter().bytes("m").u32(1).bytes(std::string(5000, 'k')).take(), {}),
                     Catch::Contains("key of 5000 bytes"));
+}
+
+TEST_CASE("APPEND obeys the value limit, on a new key and when it grows one", "[server]") {
+  rdzv::ServerOptions options;
+  options.max_value = 1024;
+  ServerThread server(options);
+  auto a = server.client();
+  CHECK_THROWS_WITH(a->append("new", std::string(1025, 'x')), Catch::Contains("exceeds the limit of 1024"));
+  CHECK_FALSE(a->check({"new"}));
+  a->append("grow", std::string(1000, 'x'));
+  CHECK_THROWS_WITH(a->append("grow", std::string(25, 'x')), Catch::Contains("exceeds the limit of 1024"));
+  a->append("grow", std::string(24, 'x'));  // exactly the limit
+  CHECK(a->get("grow", 1s).size() == 1024);
+  CHECK(server.stats().bytes == 4 + 1024);  // the refused appends left nothing behind
 }

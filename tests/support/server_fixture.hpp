@@ -29,6 +29,8 @@ class ServerThread {
   }
 
   uint16_t port() const { return server_->port(); }
+  // The thread the server runs on.
+  std::thread::id thread_id() const { return thread_.get_id(); }
 
   // The server's counters, read on its own thread.
   rdzv::ServerStats stats() {

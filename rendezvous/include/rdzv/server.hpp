@@ -26,7 +26,9 @@ struct ServerOptions {
   std::string secret;                      // job_credential(secret, ns) opens namespace ns only
                                            // (token and secret both empty: no authentication)
   size_t max_connections = 100000;         // more are refused with an error frame
-  size_t max_memory = size_t{1} << 30;     // bytes of keys and values, all namespaces together
+  // Bytes held for clients, all namespaces together: keys and values (wills included),
+  // partly read requests, blocked requests, queued replies (PROTOCOL.md, "Limits").
+  size_t max_memory = size_t{1} << 30;
   uint32_t max_value = 16u << 20;          // bytes in one value
   Millis heartbeat_timeout{10000};         // a silent, unreachable peer is dropped after this (0: never)
 };
@@ -35,7 +37,8 @@ struct ServerStats {
   size_t connections = 0;
   size_t namespaces = 0;
   size_t waiters = 0;
-  size_t bytes = 0;
+  size_t bytes = 0;  // keys and values stored, wills included
+  size_t held = 0;   // the rest of the memory budget in use: partial requests, blocked requests, queued replies
 };
 
 class StoreServer {

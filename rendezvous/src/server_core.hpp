@@ -1,0 +1,98 @@
+// The server's shared state, seen by every session on its one thread: the session
+// registry (which owns the sessions), the namespaces with their keys and blocked
+// requests, and the one memory budget that everything held for clients is charged to.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "auth.hpp"
+#include "kv_table.hpp"
+#include "protocol.hpp"
+#include "rdzv/server.hpp"
+
+namespace rdzv {
+
+class Session;
+
+// A blocked GET / WAIT / MULTI_GET.
+struct Waiter {
+  Waiter(boost::asio::io_context& io, std::shared_ptr<Session> s, uint32_t id, wire::Type t,
+         std::vector<std::string> k, size_t charge)
+      : session(std::move(s)), request_id(id), type(t), keys(std::move(k)), charged(charge), timer(io) {}
+  std::shared_ptr<Session> session;
+  uint32_t request_id;
+  wire::Type type;
+  std::vector<std::string> keys;
+  size_t charged;  // bytes of the budget it holds (its key list and index entries)
+  boost::asio::steady_timer timer;
+  bool done = false;
+};
+
+struct Namespace {
+  KvTable table;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiters;  // by key
+  size_t sessions = 0;
+};
+
+// Everything the server holds for clients counts against options.max_memory: stored
+// keys and values (with wills) as `stored`, and what sessions hold while they work
+// (partly read frames, blocked requests, queued replies) as `held`. Charges are taken
+// before the memory is allocated and given back when it is freed.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(size_t limit) : limit_(limit) {}
+  bool fits(size_t more) const { return stored_ + held_ <= limit_ && more <= limit_ - stored_ - held_; }
+  // Takes `n` bytes for a session's working memory; false (nothing taken) when they do not fit.
+  bool try_hold(size_t n) {
+    if (!fits(n)) return false;
+    held_ += n;
+    return true;
+  }
+  // For a few bytes that must go out even at the limit (an ERROR frame saying so).
+  void hold_anyway(size_t n) { held_ += n; }
+  void release(size_t n) { held_ -= n; }
+  void store(int64_t delta) { stored_ = static_cast<size_t>(static_cast<int64_t>(stored_) + delta); }
+  size_t stored() const { return stored_; }
+  size_t held() const { return held_; }
+
+ private:
+  size_t limit_;
+  size_t stored_ = 0;
+  size_t held_ = 0;
+};
+
+class ServerCore : public std::enable_shared_from_this<ServerCore> {
+ public:
+  ServerCore(boost::asio::io_context& io, ServerOptions options);
+  void start_accept();
+  void admit(boost::asio::ip::tcp::socket socket);
+  void stop();
+
+  Namespace& join(const std::string& name);
+  void leave(const std::string& name);
+  // Completes every waiter on `key` whose keys now all exist.
+  void wake(Namespace& ns, const std::string& key);
+  void finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w);
+
+  boost::asio::io_context& io_;
+  ServerOptions options_;
+  auth::Authenticator auth_{options_.token, options_.secret};
+  wire::Limits limits_;
+  wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_timer_;
+  // The one owner of every open session; Session::close() takes it out, exactly once.
+  std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
+  std::unordered_map<std::string, Namespace> namespaces_;
+  MemoryBudget budget_;
+  size_t waiters_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace rdzv

@@ -1,0 +1,293 @@
+// Session: its lifetime (start, the one close path, the exception boundary) and its
+// I/O — frames read from the socket, replies queued to it — with every buffer charged
+// to the server's memory budget before it is allocated.
+#include "session.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
+
+#include "auth.hpp"
+
+namespace rdzv {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using wire::Type;
+
+namespace {
+// A connection must authenticate within this, and may not send more than a HELLO
+// needs before it does: an unauthenticated peer can hold neither memory nor a slot long.
+constexpr Millis kAuthTimeout(10000);
+// Queued reply bytes past which a send buffer is freed once written, so an idle
+// session keeps no big buffer (smaller ones are reused: the hot path allocates nothing).
+constexpr size_t kKeepSendBuffer = 64u << 10;
+}  // namespace
+
+Session::Session(tcp::socket socket, std::shared_ptr<ServerCore> server)
+    : socket_(std::move(socket)), server_(std::move(server)), timer_(server_->io_) {}
+
+Session::~Session() = default;
+
+void Session::start() {
+  nonce_ = auth::random_bytes(wire::kNonceSize);
+  wire::BodyWriter w;
+  w.bytes(nonce_).u32(server_->auth_.required() ? 1 : 0);
+  send(Type::kChallenge, 0, w.take());
+  timer_.expires_after(kAuthTimeout);
+  timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    auto self = weak.lock();
+    if (!ec && self && self->ns_ == nullptr) self->close(false);  // never authenticated
+  });
+  read_more();
+}
+
+void Session::close(bool clean) noexcept {
+  if (closed_) return;
+  closed_ = true;
+  auto keep = weak_from_this().lock();  // the registry lets go below; this outlives close()
+  server_->sessions_.erase(this);
+  if (ns_ != nullptr) {
+    std::vector<std::shared_ptr<Waiter>> mine = std::move(waiters_);
+    waiters_.clear();
+    for (auto& w : mine) {
+      try {
+        server_->finish_waiter(*ns_, w);
+      } catch (...) {  // a timer that would not cancel: the waiter is done and forgotten anyway
+      }
+    }
+    publish_will(clean);
+    server_->leave(ns_name_);
+    ns_ = nullptr;
+  }
+  waited_keys_ = 0;
+  release_body();
+  give_back_output();
+  boost::system::error_code ignored;
+  try {
+    timer_.cancel();
+  } catch (...) {
+  }
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+}
+
+void Session::crashed(const char* what) noexcept {
+  // Tell the client why, when no write is under way to interleave with; then close.
+  if (!closed_ && !writing_) {
+    try {
+      std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes(std::string("server error: ") + what).take());
+      boost::system::error_code ignored;
+      socket_.non_blocking(true, ignored);
+      socket_.write_some(asio::buffer(frame), ignored);
+    } catch (...) {
+    }
+  }
+  close(false);
+}
+
+// ---- writing ----
+
+size_t Session::output_cap() const {
+  return server_->limits_.max_body + wire::kHeaderSize + (size_t{1} << 20);
+}
+
+// Makes room in pending_ for `frame` more bytes, charging the budget for any growth
+// first. False (nothing allocated) when the budget cannot take it.
+bool Session::reserve_output(size_t frame) {
+  size_t need = pending_.size() + frame;
+  if (need <= pending_.capacity()) return true;
+  size_t grown = std::max(need, 2 * pending_.capacity());
+  if (!server_->budget_.try_hold(grown - pending_.capacity())) return false;
+  output_charged_ += grown - pending_.capacity();
+  pending_.reserve(grown);
+  size_t actual = pending_.capacity() + sending_.capacity();  // the allocator may round up
+  if (actual > output_charged_) server_->budget_.hold_anyway(actual - output_charged_);
+  output_charged_ = std::max(output_charged_, actual);
+  return true;
+}
+
+void Session::give_back_output() noexcept {
+  if (!writing_) std::string().swap(sending_);
+  std::string().swap(pending_);
+  server_->budget_.release(output_charged_);
+  output_charged_ = 0;
+}
+
+void Session::send(Type type, uint32_t request_id, std::string_view body) {
+  if (closed_ || doomed_) return;
+  size_t frame = wire::kHeaderSize + body.size();
+  if (pending_.size() + sending_.size() + frame > output_cap()) {
+    // A client that does not read its answers: it goes. Closed from the event loop,
+    // not here, since the caller may be walking this session's namespace.
+    doomed_ = true;
+    asio::post(server_->io_, [self = shared_from_this()] { self->close(false); });
+    return;
+  }
+  if (!reserve_output(frame)) {
+    if (type == Type::kError) {  // a few bytes saying so go out anyway
+      pending_.reserve(pending_.size() + frame);
+      size_t actual = pending_.capacity() + sending_.capacity();
+      if (actual > output_charged_) server_->budget_.hold_anyway(actual - output_charged_);
+      output_charged_ = std::max(output_charged_, actual);
+    } else {
+      std::string message = "store memory limit reached: a reply of " + std::to_string(frame) + " bytes cannot be queued";
+      return send(Type::kError, request_id, wire::BodyWriter().bytes(message).take());
+    }
+  }
+  auto header = wire::encode_header({type, request_id, static_cast<uint32_t>(body.size())});
+  pending_.append(header.data(), header.size());
+  pending_.append(body);
+  if (!writing_) flush();
+}
+
+void Session::flush() {
+  writing_ = true;
+  sending_.swap(pending_);
+  pending_.clear();
+  asio::async_write(socket_, asio::buffer(sending_),
+                    [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                      self->guarded([&] {
+                        self->writing_ = false;
+                        if (ec || self->closed_) return self->close(false);
+                        self->after_write();
+                      });
+                    });
+}
+
+void Session::after_write() {
+  sending_.clear();
+  if (sending_.capacity() > kKeepSendBuffer) {
+    server_->budget_.release(sending_.capacity());
+    output_charged_ -= sending_.capacity();
+    std::string().swap(sending_);
+  }
+  if (closing_after_write_ && pending_.empty()) return close(clean_close_);
+  if (!pending_.empty()) flush();
+  if (reading_paused_ && !output_backlogged()) {
+    reading_paused_ = false;
+    process_input();
+  }
+}
+
+// ---- reading ----
+// Small frames (nearly all of them) arrive whole in one read into the session's
+// inline buffer, often several at once. A frame too big for it is read into a heap
+// buffer that starts small and doubles only when the bytes already there fill it, so a
+// client that declares a big body and sends little holds little.
+
+void Session::read_more() {
+  socket_.async_read_some(asio::buffer(inbuf_.data() + filled_, inbuf_.size() - filled_),
+                          [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                            self->guarded([&] {
+                              if (ec) return self->close(false);
+                              self->filled_ += n;
+                              self->process_input();
+                            });
+                          });
+}
+
+void Session::process_input() {
+  size_t used = 0;
+  if (skipping_ > 0) {  // the rest of a frame refused for want of memory
+    used = std::min(skipping_, filled_);
+    skipping_ -= used;
+    if (skipping_ == 0) {
+      send(Type::kError, body_header_.request_id,
+           wire::BodyWriter().bytes("store memory limit reached: a request of " +
+                                    std::to_string(body_header_.body_size) + " bytes was not read").take());
+    }
+  }
+  while (!closed_ && !doomed_ && !closing_after_write_ && skipping_ == 0 && !output_backlogged() &&
+         filled_ - used >= wire::kHeaderSize) {
+    wire::Header h;
+    try {
+      h = wire::decode_header(inbuf_.data() + used, ns_ ? server_->limits_ : server_->hello_limits_);
+    } catch (const wire::ProtocolError& e) {
+      return fail(0, e.what());
+    }
+    size_t frame = wire::kHeaderSize + h.body_size;
+    if (filled_ - used >= frame) {
+      on_frame(h, std::string_view(inbuf_.data() + used + wire::kHeaderSize, h.body_size));
+      used += frame;
+      continue;
+    }
+    if (frame > inbuf_.size()) {  // a big frame: read its body into a buffer of its own
+      size_t have = filled_ - used - wire::kHeaderSize;
+      body_header_ = h;
+      filled_ = 0;
+      if (!grow_body()) {  // no memory for it: discard it as it arrives, then answer ERROR
+        skipping_ = h.body_size - have;
+        used = 0;
+        break;
+      }
+      std::memcpy(body_.get(), inbuf_.data() + used + wire::kHeaderSize, have);
+      body_have_ = have;
+      return read_body();
+    }
+    break;  // the rest of a small frame is still on its way
+  }
+  if (closed_ || doomed_ || closing_after_write_) return;
+  if (filled_ > used) std::memmove(inbuf_.data(), inbuf_.data() + used, filled_ - used);
+  filled_ -= used;
+  // Backpressure: a client that sends requests but does not read the answers is not
+  // read from either until its answers drain.
+  if (output_backlogged()) {
+    reading_paused_ = true;
+    return;
+  }
+  read_more();
+}
+
+// Doubles the body buffer (the first one: kFirstBodyChunk), never past the declared
+// size, charging the budget first. False (buffer unchanged) when the budget is full.
+bool Session::grow_body() {
+  size_t size = std::min<size_t>(body_header_.body_size, std::max(kFirstBodyChunk, 2 * body_capacity_));
+  if (!server_->budget_.try_hold(size)) return false;
+  std::unique_ptr<char[]> bigger;
+  try {
+    bigger.reset(new char[size]);
+  } catch (...) {
+    server_->budget_.release(size);
+    throw;
+  }
+  if (body_have_ > 0) std::memcpy(bigger.get(), body_.get(), body_have_);
+  server_->budget_.release(body_capacity_);
+  body_ = std::move(bigger);
+  body_capacity_ = size;
+  return true;
+}
+
+void Session::release_body() noexcept {
+  body_.reset();
+  server_->budget_.release(body_capacity_);
+  body_capacity_ = 0;
+  body_have_ = 0;
+}
+
+void Session::read_body() {
+  socket_.async_read_some(asio::buffer(body_.get() + body_have_, body_capacity_ - body_have_),
+                          [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                            self->guarded([&] {
+                              if (ec) return self->close(false);
+                              self->on_body_bytes(n);
+                            });
+                          });
+}
+
+void Session::on_body_bytes(size_t n) {
+  body_have_ += n;
+  if (body_have_ < body_header_.body_size) {
+    if (body_have_ == body_capacity_ && !grow_body()) {
+      skipping_ = body_header_.body_size - body_have_;
+      release_body();
+      return process_input();  // discards the rest as it arrives, then answers ERROR
+    }
+    return read_body();
+  }
+  on_frame(body_header_, std::string_view(body_.get(), body_header_.body_size));  // frees the buffer
+  release_body();
+  process_input();
+}
+
+}  // namespace rdzv

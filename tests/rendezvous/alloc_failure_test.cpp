@@ -1,0 +1,101 @@
+// Allocation failure inside a session, made deterministic: this test binary replaces
+// the global operator new with one that, once armed, throws a real std::bad_alloc for
+// any allocation of at least a given size made on the server's thread. Nothing in the
+// server knows about it; the failures arrive where a real one would (a frame's buffer
+// growing, a reply being built, a reply built while another client's SET wakes it up).
+//
+// Each failing session must close exactly once: its will fires, its namespace's keys
+// go with its last connection, the connection count and the memory budget come back,
+// and (under AddressSanitizer in CI) nothing is used after it is freed.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <new>
+#include <thread>
+
+#include "raw_client.hpp"
+#include "server_fixture.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+std::atomic<size_t> g_fail_from{0};  // 0: never fail
+std::atomic<std::thread::id> g_fail_thread{};
+
+void* allocate(size_t n) {
+  size_t from = g_fail_from.load(std::memory_order_relaxed);
+  if (from != 0 && n >= from && std::this_thread::get_id() == g_fail_thread.load()) throw std::bad_alloc();
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+
+void* allocate_nothrow(size_t n) noexcept {
+  try {
+    return allocate(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// Arms the failure for the scope: allocations of `from` bytes or more on `thread`.
+struct FailAllocations {
+  FailAllocations(std::thread::id thread, size_t from) {
+    g_fail_thread = thread;
+    g_fail_from = from;
+  }
+  ~FailAllocations() { g_fail_from = 0; }
+};
+
+}  // namespace
+
+// Every plain, array and nothrow form, so that each new meets its own delete (malloc/free).
+void* operator new(size_t n) { return allocate(n); }
+void* operator new[](size_t n) { return allocate(n); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return allocate_nothrow(n); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return allocate_nothrow(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+
+TEST_CASE("an allocation that fails inside a session closes and unregisters it exactly once", "[server][memory]") {
+  rdzv::ServerOptions options;
+  options.max_connections = 4;
+  testing::ServerThread server(options);
+  auto watcher = server.client("job");
+  watcher->set("big", std::string(2u << 20, 'b'));
+  auto reader = server.client("job");
+  reader->set_will("failure/reader", "reader lost");
+  auto waiter = server.client("job");
+  waiter->set_will("failure/waiter", "waiter lost");
+  auto solo = server.client("solo");
+  solo->set("k", "v");
+  {
+    FailAllocations fail(server.thread_id(), 1u << 20);
+    // A frame's buffer grows past 1 MiB: bad_alloc in the read handler itself.
+    CHECK_THROWS_AS(solo->set("huge", std::string(4u << 20, 'h')), rdzv::StoreError);
+    // A 2 MiB reply built for a GET.
+    CHECK_THROWS_AS(reader->get("big", 2s), rdzv::StoreError);
+    // A 2 MiB reply built while another client's SET wakes the request: the waiting
+    // client goes, the one that set the key is answered.
+    std::thread blocked([&] { CHECK_THROWS_AS(waiter->multi_get({"big", "go"}, 5s), rdzv::StoreError); });
+    REQUIRE(testing::eventually([&] { return server.stats().waiters == 1; }));
+    watcher->set("go", "1");
+    blocked.join();
+  }
+  // Each will fired (once: a compare_set from nothing), each session left the registry.
+  CHECK(watcher->get("failure/reader", 2s) == "reader lost");
+  CHECK(watcher->get("failure/waiter", 2s) == "waiter lost");
+  CHECK(testing::eventually([&] {
+    auto s = server.stats();
+    return s.connections == 1 && s.namespaces == 1 && s.waiters == 0 && s.held < (64u << 10);
+  }));
+  // The abandoned namespace's keys went with it, and the count admits 4 again.
+  std::vector<std::unique_ptr<rdzv::TcpStore>> more;
+  for (int i = 0; i < 3; ++i) more.push_back(server.client("solo"));
+  CHECK(more[0]->num_keys() == 0);
+  CHECK(watcher->num_keys() == 4);  // big, go and the two wills
+}
