@@ -190,7 +190,12 @@ TEST_CASE("a node cut off from the network fails the job on both sides", "[multi
   REQUIRE(s0.has_value());
   REQUIRE(s1.has_value());
   CHECK(stopped_after(n0.err(), cut_at) <= 3.0);  // within the heartbeat timeout
-  CHECK(stopped_after(n0.err(), cut_at) >= 1.9);  // not before three pings were missed
+  // Not on a healthy link: a cut link is seen by the store's TCP keepalive (3 s timeout:
+  // 1 s idle, then one probe 1 s later, socket_options.cpp), counted from node 1's last
+  // packet, a ping at most 0.75 s (a quarter of the timeout) before the cut. So 1.25 s
+  // is the earliest a correct detection can come; the silence limit (2.7 s after the
+  // last ping) comes later. Measured: 1.89 to 1.94 s.
+  CHECK(stopped_after(n0.err(), cut_at) >= 1.25);
   CHECK(*s0 == 1);
   CHECK(*s1 == 1);
   CHECK_THAT(n0.err(), Catch::Contains("node 1") && Catch::Contains("ddprun was lost"));
