@@ -62,8 +62,11 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
     so.token = env.token;
     if (env.rank == 0) {
       try {
-        bundle->server = std::make_unique<detail::HostedStore>(detail::HostedStoreOptions{
-            env.master_addr, so.port, env.token, env.local_world_size == env.world_size});
+        bundle->server = std::make_unique<detail::HostedStore>(
+            detail::HostedStoreOptions{.master_addr = env.master_addr,
+                                       .port = so.port,
+                                       .token = env.token,
+                                       .single_host = env.local_world_size == env.world_size});
       } catch (const rdzv::StoreError& e) {
         const std::string which = env.store_port() == env.master_port
                                       ? "(MASTER_PORT)"
