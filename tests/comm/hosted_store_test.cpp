@@ -64,7 +64,7 @@ std::vector<std::string> listeners(int port) {
       } else {  // four 32-bit words, each in host order
         boost::asio::ip::address_v6::bytes_type bytes;
         for (int w = 0; w < 4; ++w) {
-          const uint32_t word = static_cast<uint32_t>(std::stoul(hex.substr(static_cast<size_t>(w) * 8, 8), nullptr, 16));
+          const auto word = static_cast<uint32_t>(std::stoul(hex.substr(static_cast<size_t>(w) * 8, 8), nullptr, 16));
           std::memcpy(bytes.data() + w * 4, &word, 4);
         }
         out.push_back(boost::asio::ip::address_v6(bytes).to_string());
