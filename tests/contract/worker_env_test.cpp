@@ -140,6 +140,25 @@ TEST_CASE("without DDPRUN_STORE_* the launcher is torchrun and nothing of ddprun
   CHECK(std::string(ddp::contract::launcher_name(e.launcher)) == "torchrun");
 }
 
+TEST_CASE("DDPRUN_TOKEN is the token of rank 0's own store, and only where ddprun gives none", "[worker_env]") {
+  Vars torchrun = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  CHECK(WorkerEnv::from_variables(Variables(torchrun)).token.empty());
+  torchrun["DDPRUN_TOKEN"] = "s3cret";
+  CHECK(WorkerEnv::from_variables(Variables(torchrun)).token == "s3cret");
+  const Vars mpirun = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"},
+                       {"DDPRUN_TOKEN", "s3cret"}};
+  CHECK(WorkerEnv::from_variables(Variables(mpirun)).token == "s3cret");
+  // Under ddprun the job's store has its own token (DDPRUN_STORE_TOKEN); a DDPRUN_TOKEN
+  // the worker inherited from ddprun's environment is not the runtime's to use.
+  Vars ddprun = torchrun;
+  ddprun["DDPRUN_STORE_ADDR"] = "127.0.0.1";
+  ddprun["DDPRUN_STORE_PORT"] = "4000";
+  ddprun["DDPRUN_STORE_TOKEN"] = "job-token";
+  const auto e = WorkerEnv::from_variables(Variables(ddprun));
+  CHECK(e.token.empty());
+  CHECK(e.store->token == "job-token");
+}
+
 TEST_CASE("a malformed DDPRUN_STORE_PORT is named", "[worker_env]") {
   const Variables env(Vars{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"},
                            {"DDPRUN_STORE_ADDR", "127.0.0.1"}, {"DDPRUN_STORE_PORT", "70000"}});

@@ -2,44 +2,19 @@
 #include "ddp/init.hpp"
 
 #include <algorithm>
-#include <boost/asio/io_context.hpp>
-#include <cstdlib>
-#include <thread>
 
 #include "backend.hpp"
 #include "ddp/contract/store_keys.hpp"
+#include "hosted_store.hpp"
 #include "rdzv/prefix_store.hpp"
-#include "rdzv/server.hpp"
 #include "rdzv/tcp_store.hpp"
 
 namespace ddp {
 namespace {
 
-// The store server rank 0 hosts when no launcher provides one (torchrun-style
-// variables, srun, mpirun); it lives as long as the group's store client.
-class HostedServer {
- public:
-  HostedServer(uint16_t port) {
-    rdzv::ServerOptions o;
-    o.host = "0.0.0.0";
-    o.port = port;
-    server_ = std::make_unique<rdzv::StoreServer>(io_, o);
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  ~HostedServer() {
-    io_.stop();
-    thread_.join();
-  }
-
- private:
-  boost::asio::io_context io_;
-  std::unique_ptr<rdzv::StoreServer> server_;
-  std::thread thread_;
-};
-
 // The group's store client and whatever must outlive it.
 struct StoreBundle {
-  std::unique_ptr<HostedServer> server;
+  std::unique_ptr<detail::HostedStore> server;
   std::unique_ptr<rdzv::TcpStore> client;
   std::unique_ptr<rdzv::PrefixStore> prefixed;
 };
@@ -80,11 +55,18 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   } else {
     // Elsewhere rank 0 hosts the store at MASTER_ADDR, on MASTER_PORT or (under
     // torchrun's agent, which holds MASTER_PORT) on the port every rank derives.
+    // It listens on MASTER_ADDR where that is this host's, and requires DDPRUN_TOKEN
+    // when one is given.
     so.host = env.master_addr;
     so.port = static_cast<uint16_t>(env.store_port());
+    so.token = env.token;
     if (env.rank == 0) {
       try {
-        bundle->server = std::make_unique<HostedServer>(so.port);
+        bundle->server = std::make_unique<detail::HostedStore>(
+            detail::HostedStoreOptions{.master_addr = env.master_addr,
+                                       .port = so.port,
+                                       .token = env.token,
+                                       .single_host = env.local_world_size == env.world_size});
       } catch (const rdzv::StoreError& e) {
         const std::string which = env.store_port() == env.master_port
                                       ? "(MASTER_PORT)"

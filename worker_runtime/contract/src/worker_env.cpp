@@ -92,6 +92,29 @@ std::optional<StoreEndpoint> store_of(const Variables& vars) {
   return s;
 }
 
+// ddprun or torchrun (or the same variables set by hand).
+WorkerEnv from_launcher_variables(const Variables& vars) {
+  WorkerEnv env;
+  env.store = store_of(vars);
+  env.launcher = env.store ? Launcher::Ddprun : Launcher::Torchrun;
+  env.world_size = integer(vars, "WORLD_SIZE", 1, kMaxInt);
+  env.rank = integer(vars, "RANK", 0, env.world_size - 1);
+  env.local_world_size = integer_or(vars, "LOCAL_WORLD_SIZE", env.world_size, 1, env.world_size);
+  env.local_rank = integer_or(vars, "LOCAL_RANK", env.rank, 0, env.local_world_size - 1);
+  env.group_world_size = integer_or(vars, "GROUP_WORLD_SIZE", 1, 1, env.world_size);
+  env.group_rank = integer_or(vars, "GROUP_RANK", 0, 0, env.group_world_size - 1);
+  env.role_name = vars.get("ROLE_NAME").value_or("default");
+  env.master_addr = vars.get("MASTER_ADDR").value_or("");
+  if (env.master_addr.empty()) throw ContractError("MASTER_ADDR is not set: " + std::string(kStartHint));
+  env.master_port = integer(vars, "MASTER_PORT", 1, 65535);
+  env.run_id = vars.get("TORCHELASTIC_RUN_ID").value_or("");
+  env.restart_count = integer_or(vars, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt);
+  env.max_restarts = integer_or(vars, "TORCHELASTIC_MAX_RESTARTS", 0, 0, kMaxInt);
+  env.use_agent_store = vars.get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  env.single_omp_thread = vars.get("OMP_NUM_THREADS").value_or("") == "1";
+  return env;
+}
+
 }  // namespace
 
 const char* launcher_name(Launcher launcher) {
@@ -149,26 +172,10 @@ std::map<std::string, std::string> WorkerEnv::to_env() const {
 WorkerEnv WorkerEnv::from_environment() { return from_variables(Variables::from_process()); }
 
 WorkerEnv WorkerEnv::from_variables(const Variables& vars) {
-  if (!vars.has("RANK") && vars.has("SLURM_PROCID")) return from_slurm(vars);
-  if (!vars.has("RANK") && vars.has("OMPI_COMM_WORLD_RANK")) return from_openmpi(vars);
-  WorkerEnv env;
-  env.store = store_of(vars);
-  env.launcher = env.store ? Launcher::Ddprun : Launcher::Torchrun;
-  env.world_size = integer(vars, "WORLD_SIZE", 1, kMaxInt);
-  env.rank = integer(vars, "RANK", 0, env.world_size - 1);
-  env.local_world_size = integer_or(vars, "LOCAL_WORLD_SIZE", env.world_size, 1, env.world_size);
-  env.local_rank = integer_or(vars, "LOCAL_RANK", env.rank, 0, env.local_world_size - 1);
-  env.group_world_size = integer_or(vars, "GROUP_WORLD_SIZE", 1, 1, env.world_size);
-  env.group_rank = integer_or(vars, "GROUP_RANK", 0, 0, env.group_world_size - 1);
-  env.role_name = vars.get("ROLE_NAME").value_or("default");
-  env.master_addr = vars.get("MASTER_ADDR").value_or("");
-  if (env.master_addr.empty()) throw ContractError("MASTER_ADDR is not set: " + std::string(kStartHint));
-  env.master_port = integer(vars, "MASTER_PORT", 1, 65535);
-  env.run_id = vars.get("TORCHELASTIC_RUN_ID").value_or("");
-  env.restart_count = integer_or(vars, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt);
-  env.max_restarts = integer_or(vars, "TORCHELASTIC_MAX_RESTARTS", 0, 0, kMaxInt);
-  env.use_agent_store = vars.get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  env.single_omp_thread = vars.get("OMP_NUM_THREADS").value_or("") == "1";
+  WorkerEnv env = !vars.has("RANK") && vars.has("SLURM_PROCID")           ? from_slurm(vars)
+                  : !vars.has("RANK") && vars.has("OMPI_COMM_WORLD_RANK") ? from_openmpi(vars)
+                                                                          : from_launcher_variables(vars);
+  if (!env.store) env.token = vars.get("DDPRUN_TOKEN").value_or("");
   return env;
 }
 

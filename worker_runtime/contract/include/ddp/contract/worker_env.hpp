@@ -55,6 +55,10 @@ struct WorkerEnv {
   // on MASTER_PORT (ddprun writes False: its store is elsewhere).
   bool use_agent_store = false;
   std::optional<StoreEndpoint> store;  // ddprun's job store (Launcher::Ddprun only)
+  // DDPRUN_TOKEN, when there is no ddprun store: the shared token the store rank 0
+  // hosts requires (every rank presents it); empty: that store admits anyone. (ddprun
+  // and ddp-rendezvous read the same variable for their own stores.)
+  std::string token;
   // OMP_NUM_THREADS=1, which ddprun sets for several workers when the user did not.
   bool single_omp_thread = false;
   // The rule for single_omp_thread, as torchrun has it: more than one worker on the
