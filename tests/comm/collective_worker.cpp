@@ -443,6 +443,11 @@ int main(int argc, char** argv) {
     if (mode == "matrix") {
       size_t big = 1 << 20;
       if (argc > 3 && std::string(argv[2]) == "--big") big = std::strtoull(argv[3], nullptr, 10);
+      // The group memory is sized for the largest count; 1001 is always in the matrix.
+      if (big < 1001) {
+        std::fprintf(stderr, "collective_worker: --big must be at least 1001 (got %s)\n", argv[3]);
+        return 2;
+      }
       return matrix(*pg, big);
     }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));

@@ -134,9 +134,11 @@ TEST_CASE("no output is lost when the log dir fills: what the logs miss goes to 
   // 2 ranks x 2 streams x 2,000 lines of about 120 bytes: far more than 64 KiB.
   const long kLines = 2000;
   SmallTmpfs logs("64k");
+  TempDir sync;  // where each rank says it is done, so none is stopped before it wrote all
   std::string code = GENERATE("0", "3");
   auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--rdzv_id=full", "--log_dir", logs.path().string(),
-                            "--redirects", "3", e2e::kWorker, "spill", std::to_string(kLines), code}),
+                            "--redirects", "3", e2e::kWorker, "spill", std::to_string(kLines), code,
+                            sync.path().string()}),
                {}, 120s);
   CHECK(r.status == std::stoi(code));
   auto console_out = e2e::by_rank(r.out), console_err = e2e::by_rank(r.err);

@@ -11,9 +11,11 @@
 //                              leaves it (setsid), write all pids to DIR/pids.RANK, sleep
 //   leave-behind DIR           start a setsid'd grandchild, write its pid, exit 0
 //   flood LINES                write LINES numbered lines to stdout in ragged pieces
-//   spill LINES CODE           write LINES numbered lines to stdout and to stderr (a line
+//   spill LINES CODE DIR       write LINES numbered lines to stdout and to stderr (a line
 //                              to each in turn, in ragged pieces), then exit CODE; ignores
-//                              SIGTERM, so a rank failing first cuts no other rank short
+//                              SIGTERM, and exits only once every local rank has written
+//                              all its lines (files in DIR; at most 20 s), so a rank
+//                              failing first cuts no other rank short
 //   bind-master-port           exit 0 when MASTER_PORT can be bound on all interfaces
 //   fail-until-restart N       exit 5 while TORCHELASTIC_RESTART_COUNT < N, then 0
 //   touch FILE                 create FILE (proves a worker started)
@@ -182,9 +184,19 @@ int main(int argc, char** argv) {
     write_numbered_lines(std::atol(argv[2]), {STDOUT_FILENO});
     return 0;
   }
-  if (mode == "spill" && argc == 4) {
+  if (mode == "spill" && argc == 5) {
     signal(SIGTERM, SIG_IGN);
     write_numbered_lines(std::atol(argv[2]), {STDOUT_FILENO, STDERR_FILENO});
+    // A rank that exits first gets the others SIGTERMed, possibly before they reached
+    // the line above: wait until every local rank has written all it had to.
+    const std::string dir = argv[4];
+    std::ofstream(dir + "/" + std::to_string(env_int("LOCAL_RANK")));
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (int r = 0; r < env_int("LOCAL_WORLD_SIZE"); ++r) {
+      while (!std::ifstream(dir + "/" + std::to_string(r)) && std::chrono::steady_clock::now() < give_up) {
+        usleep(1000);
+      }
+    }
     return std::atoi(argv[3]);
   }
   if (mode == "bind-master-port") return mode_bind_master_port();
