@@ -28,13 +28,38 @@ Namespace& ServerCore::join(const std::string& name) {
 void ServerCore::leave(const std::string& name) {
   auto it = namespaces_.find(name);
   if (it == namespaces_.end() || --it->second.sessions > 0) return;
+  if (walks_ > 0) {  // a wake() is walking a namespace, maybe this one: erased when it ends
+    orphans_ = true;
+    return;
+  }
   budget_.store(-static_cast<int64_t>(it->second.table.bytes()));
   namespaces_.erase(it);  // the job is over: its keys go
+}
+
+void ServerCore::erase_orphans() noexcept {
+  orphans_ = false;
+  for (auto it = namespaces_.begin(); it != namespaces_.end();) {
+    if (it->second.sessions > 0) {
+      ++it;
+      continue;
+    }
+    budget_.store(-static_cast<int64_t>(it->second.table.bytes()));
+    it = namespaces_.erase(it);
+  }
 }
 
 void ServerCore::wake(Namespace& ns, const std::string& key) {
   auto it = ns.waiters.find(key);
   if (it == ns.waiters.end()) return;
+  // Sessions may close during the walk (the will of one that could not be answered):
+  // `ns` stays until the outermost walk ends.
+  struct Walk {
+    ServerCore& core;
+    explicit Walk(ServerCore& c) : core(c) { ++core.walks_; }
+    ~Walk() {
+      if (--core.walks_ == 0 && core.orphans_) core.erase_orphans();
+    }
+  } walk(*this);
   // Detach the key's list, so finishing thousands of waiters (everyone blocked on the
   // NCCL id) does not erase them one by one from it; put back those still waiting.
   std::vector<std::shared_ptr<Waiter>> list = std::move(it->second);
@@ -48,11 +73,15 @@ void ServerCore::wake(Namespace& ns, const std::string& key) {
     }
     try {
       w->session->reply_wait(w->request_id, w->type, w->keys, false);
-    } catch (const std::exception& e) {  // out of memory for its reply: that client goes, not the setter
-      w->session->crashed(e.what());
+    } catch (const std::exception&) {
+      // Out of memory for its reply: that client goes, not the setter. Closed from the
+      // event loop: it may be the setter's own session, in the middle of its request.
+      w->session->close_soon();
     }
     finish_waiter(ns, w);
   }
+  // Those of a session that closed during the walk are done and stay out.
+  std::erase_if(still_waiting, [](const std::shared_ptr<Waiter>& w) { return w->done; });
   if (!still_waiting.empty()) {
     auto& slot = ns.waiters[key];
     slot.insert(slot.end(), std::make_move_iterator(still_waiting.begin()), std::make_move_iterator(still_waiting.end()));

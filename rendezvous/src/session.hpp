@@ -47,6 +47,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // An exception escaped work done for this session: tells the client (best effort)
   // and closes.
   void crashed(const char* what) noexcept;
+  // Closes from the event loop, for a caller that may be walking this session's
+  // namespace or running its request; sends nothing more meanwhile.
+  void close_soon() noexcept;
 
  private:
   // Runs a completion handler's body; an exception escaping it (std::bad_alloc
@@ -76,6 +79,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t output_cap() const;
   bool reserve_output(size_t frame);
   void give_back_output() noexcept;
+  void count_stored(size_t before);
 
   // session_requests.cpp: the requests themselves.
   void on_frame(const wire::Header& h, std::string_view body);
