@@ -17,7 +17,18 @@ using wire::Type;
 
 namespace {
 constexpr uint32_t kMaxBodyBeforeHello = 1024;
+
+// Refused politely: one error frame, written without waiting, then the socket closes.
+void refuse(tcp::socket& socket, const char* why) {
+  try {
+    std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes(why).take());
+    boost::system::error_code ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(frame), ignored);
+  } catch (const std::exception&) {  // no memory even for that: it just closes
+  }
 }
+}  // namespace
 
 Namespace& ServerCore::join(const std::string& name) {
   Namespace& ns = namespaces_[name];
@@ -151,19 +162,15 @@ void ServerCore::start_accept() {
 }
 
 void ServerCore::admit(tcp::socket socket) {
-  if (sessions_.size() >= options_.max_connections) {
-    // Refused politely: one error frame, written without waiting, then close.
-    std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes("server full").take());
-    boost::system::error_code ignored;
-    socket.non_blocking(true, ignored);
-    socket.write_some(asio::buffer(frame), ignored);
-    return;
-  }
+  if (sessions_.size() >= options_.max_connections) return refuse(socket, "server full");
+  // The session's own memory is charged like everything else it holds; close() gives it back.
+  if (!budget_.try_hold(kSessionBytes)) return refuse(socket, "store memory limit reached: no room for a connection");
   std::shared_ptr<Session> session;
   try {
     session = std::make_shared<Session>(std::move(socket), shared_from_this());
     sessions_.emplace(session.get(), session);
   } catch (const std::exception&) {  // out of memory: this connection is dropped, the server stays
+    budget_.release(kSessionBytes);  // never registered, so never closed
     return;
   }
   try {

@@ -63,6 +63,7 @@ void Session::close(bool clean) noexcept {
   waited_keys_ = 0;
   release_body();
   give_back_output();
+  server_->budget_.release(kSessionBytes);  // taken by ServerCore::admit()
   boost::system::error_code ignored;
   try {
     timer_.cancel();

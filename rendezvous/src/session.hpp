@@ -125,4 +125,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<std::pair<std::string, std::string>> will_;
 };
 
+// What one connection costs the memory budget from admission to close(): the Session
+// itself plus what comes with it outside it — the registry's hash node, Asio's
+// per-socket reactor state and the handler memory it keeps for reads, writes, timers.
+inline constexpr size_t kSessionOverheadBytes = 1024;
+inline constexpr size_t kSessionBytes = sizeof(Session) + kSessionOverheadBytes;
+
 }  // namespace rdzv

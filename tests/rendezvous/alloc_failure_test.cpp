@@ -135,3 +135,25 @@ TEST_CASE("a SET that wakes its own session's request, which cannot be answered,
     return s.connections == 0 && s.namespaces == 0 && s.bytes == 0 && s.held == 0;
   }));
 }
+
+TEST_CASE("each connection is charged to the memory budget until it closes", "[server][memory]") {
+  rdzv::ServerOptions options;
+  options.max_memory = 64u << 10;
+  testing::ServerThread server(options);
+  std::vector<std::unique_ptr<testing::RawConnection>> idle;
+  std::string refusal;
+  for (int i = 0; i < 200 && refusal.empty(); ++i) {  // 64 KiB holds a few dozen at most
+    idle.push_back(std::make_unique<testing::RawConnection>(server.port()));
+    auto first = idle.back()->read_frame();
+    REQUIRE(first);
+    if (first->header.type == rdzv::wire::Type::kError) refusal = first->message();
+  }
+  CHECK(refusal.find("store memory limit reached") != std::string::npos);
+  CHECK(idle.size() > 4);
+  CHECK(server.stats().held > (64u << 10) - (4u << 10));  // the admitted ones fill it
+  idle.clear();
+  CHECK(testing::eventually([&] { return server.stats().connections == 0 && server.stats().held == 0; }));
+  auto client = server.client("again");  // room again
+  client->set("k", "v");
+  CHECK(client->get("k", std::chrono::seconds(2)) == "v");
+}
