@@ -17,7 +17,18 @@ using wire::Type;
 
 namespace {
 constexpr uint32_t kMaxBodyBeforeHello = 1024;
+
+// Refused politely: one error frame, written without waiting, then the socket closes.
+void refuse(tcp::socket& socket, const char* why) {
+  try {
+    std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes(why).take());
+    boost::system::error_code ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(frame), ignored);
+  } catch (const std::exception&) {  // no memory even for that: it just closes
+  }
 }
+}  // namespace
 
 Namespace& ServerCore::join(const std::string& name) {
   Namespace& ns = namespaces_[name];
@@ -28,13 +39,38 @@ Namespace& ServerCore::join(const std::string& name) {
 void ServerCore::leave(const std::string& name) {
   auto it = namespaces_.find(name);
   if (it == namespaces_.end() || --it->second.sessions > 0) return;
+  if (walks_ > 0) {  // a wake() is walking a namespace, maybe this one: erased when it ends
+    orphans_ = true;
+    return;
+  }
   budget_.store(-static_cast<int64_t>(it->second.table.bytes()));
   namespaces_.erase(it);  // the job is over: its keys go
+}
+
+void ServerCore::erase_orphans() noexcept {
+  orphans_ = false;
+  for (auto it = namespaces_.begin(); it != namespaces_.end();) {
+    if (it->second.sessions > 0) {
+      ++it;
+      continue;
+    }
+    budget_.store(-static_cast<int64_t>(it->second.table.bytes()));
+    it = namespaces_.erase(it);
+  }
 }
 
 void ServerCore::wake(Namespace& ns, const std::string& key) {
   auto it = ns.waiters.find(key);
   if (it == ns.waiters.end()) return;
+  // Sessions may close during the walk (the will of one that could not be answered):
+  // `ns` stays until the outermost walk ends.
+  struct Walk {
+    ServerCore& core;
+    explicit Walk(ServerCore& c) : core(c) { ++core.walks_; }
+    ~Walk() {
+      if (--core.walks_ == 0 && core.orphans_) core.erase_orphans();
+    }
+  } walk(*this);
   // Detach the key's list, so finishing thousands of waiters (everyone blocked on the
   // NCCL id) does not erase them one by one from it; put back those still waiting.
   std::vector<std::shared_ptr<Waiter>> list = std::move(it->second);
@@ -48,11 +84,15 @@ void ServerCore::wake(Namespace& ns, const std::string& key) {
     }
     try {
       w->session->reply_wait(w->request_id, w->type, w->keys, false);
-    } catch (const std::exception& e) {  // out of memory for its reply: that client goes, not the setter
-      w->session->crashed(e.what());
+    } catch (const std::exception&) {
+      // Out of memory for its reply: that client goes, not the setter. Closed from the
+      // event loop: it may be the setter's own session, in the middle of its request.
+      w->session->close_soon();
     }
     finish_waiter(ns, w);
   }
+  // Those of a session that closed during the walk are done and stay out.
+  std::erase_if(still_waiting, [](const std::shared_ptr<Waiter>& w) { return w->done; });
   if (!still_waiting.empty()) {
     auto& slot = ns.waiters[key];
     slot.insert(slot.end(), std::make_move_iterator(still_waiting.begin()), std::make_move_iterator(still_waiting.end()));
@@ -122,19 +162,15 @@ void ServerCore::start_accept() {
 }
 
 void ServerCore::admit(tcp::socket socket) {
-  if (sessions_.size() >= options_.max_connections) {
-    // Refused politely: one error frame, written without waiting, then close.
-    std::string frame = wire::make_frame(Type::kError, 0, wire::BodyWriter().bytes("server full").take());
-    boost::system::error_code ignored;
-    socket.non_blocking(true, ignored);
-    socket.write_some(asio::buffer(frame), ignored);
-    return;
-  }
+  if (sessions_.size() >= options_.max_connections) return refuse(socket, "server full");
+  // The session's own memory is charged like everything else it holds; close() gives it back.
+  if (!budget_.try_hold(kSessionBytes)) return refuse(socket, "store memory limit reached: no room for a connection");
   std::shared_ptr<Session> session;
   try {
     session = std::make_shared<Session>(std::move(socket), shared_from_this());
     sessions_.emplace(session.get(), session);
   } catch (const std::exception&) {  // out of memory: this connection is dropped, the server stays
+    budget_.release(kSessionBytes);  // never registered, so never closed
     return;
   }
   try {

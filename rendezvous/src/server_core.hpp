@@ -79,6 +79,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   // Completes every waiter on `key` whose keys now all exist.
   void wake(Namespace& ns, const std::string& key);
   void finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w);
+  // Erases the namespaces left while a wake() was walking (leave() defers them).
+  void erase_orphans() noexcept;
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -92,6 +94,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   std::unordered_map<std::string, Namespace> namespaces_;
   MemoryBudget budget_;
   size_t waiters_ = 0;
+  size_t walks_ = 0;      // wake() calls under way (they nest: a will set during one)
+  bool orphans_ = false;  // a namespace was left during one: erase it when they end
   bool stopped_ = false;
 };
 

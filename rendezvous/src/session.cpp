@@ -63,6 +63,7 @@ void Session::close(bool clean) noexcept {
   waited_keys_ = 0;
   release_body();
   give_back_output();
+  server_->budget_.release(kSessionBytes);  // taken by ServerCore::admit()
   boost::system::error_code ignored;
   try {
     timer_.cancel();
@@ -84,6 +85,16 @@ void Session::crashed(const char* what) noexcept {
     }
   }
   close(false);
+}
+
+void Session::close_soon() noexcept {
+  if (closed_ || doomed_) return;
+  try {
+    asio::post(server_->io_, [self = shared_from_this()] { self->close(false); });
+    doomed_ = true;  // only once the close is on its way: a doomed session always closes
+  } catch (...) {    // no memory even to post it: close now (wake() keeps its namespace)
+    close(false);
+  }
 }
 
 // ---- writing ----
@@ -120,9 +131,7 @@ void Session::send(Type type, uint32_t request_id, std::string_view body) {
   if (pending_.size() + sending_.size() + frame > output_cap()) {
     // A client that does not read its answers: it goes. Closed from the event loop,
     // not here, since the caller may be walking this session's namespace.
-    doomed_ = true;
-    asio::post(server_->io_, [self = shared_from_this()] { self->close(false); });
-    return;
+    return close_soon();
   }
   if (!reserve_output(frame)) {
     if (type == Type::kError) {  // a few bytes saying so go out anyway

@@ -47,6 +47,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // An exception escaped work done for this session: tells the client (best effort)
   // and closes.
   void crashed(const char* what) noexcept;
+  // Closes from the event loop, for a caller that may be walking this session's
+  // namespace or running its request; sends nothing more meanwhile.
+  void close_soon() noexcept;
 
  private:
   // Runs a completion handler's body; an exception escaping it (std::bad_alloc
@@ -76,6 +79,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t output_cap() const;
   bool reserve_output(size_t frame);
   void give_back_output() noexcept;
+  void count_stored(size_t before);
 
   // session_requests.cpp: the requests themselves.
   void on_frame(const wire::Header& h, std::string_view body);
@@ -120,5 +124,11 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t waited_keys_ = 0;            // keys across waiters_
   std::optional<std::pair<std::string, std::string>> will_;
 };
+
+// What one connection costs the memory budget from admission to close(): the Session
+// itself plus what comes with it outside it — the registry's hash node, Asio's
+// per-socket reactor state and the handler memory it keeps for reads, writes, timers.
+inline constexpr size_t kSessionOverheadBytes = 1024;
+inline constexpr size_t kSessionBytes = sizeof(Session) + kSessionOverheadBytes;
 
 }  // namespace rdzv

@@ -65,20 +65,26 @@ void Session::check_value(size_t size) const {
   }
 }
 
-// Applies a change to one key, keeping the budget's count of stored bytes (also when
-// the change throws half-way) and waking waiters.
+// Charges (or gives back) what the namespace's table grew (or shrank) by since `before`.
+void Session::count_stored(size_t before) {
+  server_->budget_.store(static_cast<int64_t>(ns_->table.bytes()) - static_cast<int64_t>(before));
+}
+
+// Applies a change to one key, counting its stored bytes exactly once (also when the
+// change throws half-way), then wakes waiters.
 template <typename Fn>
 auto Session::change(const std::string& key, Fn&& fn) {
   size_t before = ns_->table.bytes();
+  decltype(fn(ns_->table)) result;
   try {
-    auto result = fn(ns_->table);
-    server_->budget_.store(static_cast<int64_t>(ns_->table.bytes()) - static_cast<int64_t>(before));
-    server_->wake(*ns_, key);
-    return result;
+    result = fn(ns_->table);
   } catch (...) {
-    server_->budget_.store(static_cast<int64_t>(ns_->table.bytes()) - static_cast<int64_t>(before));
+    count_stored(before);
     throw;
   }
+  count_stored(before);
+  server_->wake(*ns_, key);
+  return result;
 }
 
 void Session::set_key(const std::string& key, const std::string& value) {
@@ -140,11 +146,14 @@ void Session::handle(uint32_t id, wire::Request& q) {
       try {
         for (size_t i = 0; i < q.keys.size(); ++i) table.set(q.keys[i], std::move(q.values[i]));
       } catch (...) {
-        server_->budget_.store(static_cast<int64_t>(table.bytes()) - static_cast<int64_t>(before));
+        count_stored(before);
         throw;
       }
-      server_->budget_.store(static_cast<int64_t>(table.bytes()) - static_cast<int64_t>(before));
-      for (const auto& k : q.keys) server_->wake(*ns_, k);  // after all are set: nobody sees half
+      count_stored(before);
+      for (const auto& k : q.keys) {  // after all are set: nobody sees half
+        if (ns_ == nullptr) break;    // this session closed while waking (it stays open: defence)
+        server_->wake(*ns_, k);
+      }
       break;
     }
     case Type::kGet:

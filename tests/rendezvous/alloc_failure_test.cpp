@@ -99,3 +99,61 @@ TEST_CASE("an allocation that fails inside a session closes and unregisters it e
   CHECK(more[0]->num_keys() == 0);
   CHECK(watcher->num_keys() == 4);  // big, go and the two wills
 }
+
+TEST_CASE("a SET that wakes its own session's request, which cannot be answered, closes it later", "[server][memory]") {
+  testing::ServerThread server;
+  auto watcher = server.client("job");
+  watcher->set("big", std::string(2u << 20, 'b'));
+  // One connection blocks on {big, go} and then, pipelined, sets "go" itself: the wake
+  // cannot build its own 2 MiB reply, so the setter's session is the one that goes,
+  // while its SET (and the namespace it is walking) is still in use.
+  testing::RawConnection raw(server.port());
+  raw.send_bytes(testing::RawConnection::hello("mine"));
+  REQUIRE(raw.reply_to(1));
+  rdzv::wire::Request put{rdzv::wire::Type::kSet, {"big"}, {std::string(2u << 20, 'b')}, 0};
+  raw.send_bytes(testing::RawConnection::request(put, 2));
+  REQUIRE(raw.reply_to(2));
+  rdzv::wire::Request wait{rdzv::wire::Type::kMultiGet, {"big", "go"}, {}, 5000};
+  raw.send_bytes(testing::RawConnection::request(wait, 3));
+  REQUIRE(testing::eventually([&] { return server.stats().waiters == 1; }));
+  {
+    FailAllocations fail(server.thread_id(), 1u << 20);
+    rdzv::wire::Request go{rdzv::wire::Type::kMultiSet, {"go", "x"}, {"1", "2"}, 0};
+    raw.send_bytes(testing::RawConnection::request(go, 4));
+    raw.read_until_closed();
+  }
+  // "mine" went with its only connection, its keys with it; the budget counts exactly
+  // what "job" stores, and everything returns to zero once the last client goes.
+  CHECK(testing::eventually([&] {
+    auto s = server.stats();
+    return s.connections == 1 && s.namespaces == 1 && s.waiters == 0;
+  }));
+  CHECK(server.stats().bytes < (2u << 20) + 64);
+  watcher.reset();
+  CHECK(testing::eventually([&] {
+    auto s = server.stats();
+    return s.connections == 0 && s.namespaces == 0 && s.bytes == 0 && s.held == 0;
+  }));
+}
+
+TEST_CASE("each connection is charged to the memory budget until it closes", "[server][memory]") {
+  rdzv::ServerOptions options;
+  options.max_memory = 64u << 10;
+  testing::ServerThread server(options);
+  std::vector<std::unique_ptr<testing::RawConnection>> idle;
+  std::string refusal;
+  for (int i = 0; i < 200 && refusal.empty(); ++i) {  // 64 KiB holds a few dozen at most
+    idle.push_back(std::make_unique<testing::RawConnection>(server.port()));
+    auto first = idle.back()->read_frame();
+    REQUIRE(first);
+    if (first->header.type == rdzv::wire::Type::kError) refusal = first->message();
+  }
+  CHECK(refusal.find("store memory limit reached") != std::string::npos);
+  CHECK(idle.size() > 4);
+  CHECK(server.stats().held > (64u << 10) - (4u << 10));  // the admitted ones fill it
+  idle.clear();
+  CHECK(testing::eventually([&] { return server.stats().connections == 0 && server.stats().held == 0; }));
+  auto client = server.client("again");  // room again
+  client->set("k", "v");
+  CHECK(client->get("k", std::chrono::seconds(2)) == "v");
+}

@@ -12,6 +12,7 @@
 #include "protocol.hpp"
 #include "raw_client.hpp"
 #include "server_fixture.hpp"
+#include "session.hpp"  // kSessionBytes: what a connection costs the budget
 
 using namespace std::chrono_literals;
 using testing::eventually;
@@ -187,11 +188,12 @@ TEST_CASE("malformed frames close only that connection, with an error", "[server
 
 TEST_CASE("memory and connection limits are enforced with clear errors", "[server]") {
   rdzv::ServerOptions options;
-  options.max_memory = 3500;  // room for three 1000-byte values
+  options.max_memory = 3500 + 2 * rdzv::kSessionBytes;  // two connections and three 1000-byte values
   options.max_value = 1024;
   options.max_connections = 2;
   ServerThread server(options);
   auto a = server.client();
+  auto b = server.client();
   CHECK_THROWS_WITH(a->set("big", std::string(2000, 'x')), Catch::Contains("exceeds the limit of 1024"));
   a->set("v1", std::string(1000, 'x'));
   a->set("v2", std::string(1000, 'x'));
@@ -199,7 +201,6 @@ TEST_CASE("memory and connection limits are enforced with clear errors", "[serve
   CHECK_THROWS_WITH(a->set("v4", std::string(1000, 'x')), Catch::Contains("memory limit"));
   CHECK(a->delete_key("v1"));
   a->set("v4", std::string(1000, 'x'));  // room again
-  auto b = server.client();
   auto opts = server.client_options();
   opts.connect_timeout = 200ms;
   CHECK_THROWS_WITH(rdzv::TcpStore(opts), Catch::Contains("server full"));

@@ -38,7 +38,7 @@ struct ServerStats {
   size_t namespaces = 0;
   size_t waiters = 0;
   size_t bytes = 0;  // keys and values stored, wills included
-  size_t held = 0;   // the rest of the memory budget in use: partial requests, blocked requests, queued replies
+  size_t held = 0;   // the rest of the memory budget in use: connections, partial requests, blocked requests, queued replies
 };
 
 class StoreServer {
