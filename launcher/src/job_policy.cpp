@@ -48,6 +48,11 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   membership_.start_watch(attempt, [this, attempt](const FailureNotice& n) {
     workers_.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0});
   });
+  // The watch calls into this policy: it must stop before an exception leaves here.
+  struct StopWatch {
+    Membership& m;
+    ~StopWatch() { m.stop_watch(); }
+  } stop_watch_on_exit{membership_};
   AttemptHooks hooks;
   hooks.on_local_failure = [&](const WorkerOutcome& w) {
     winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), w.describe()));
@@ -61,7 +66,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   } else if (result.succeeded()) {
     winner = membership_.exit_barrier(attempt);
   }
-  membership_.stop_watch();
+  membership_.stop_watch();  // (again on exit: stop_watch is idempotent)
   settle_root_cause(result, winner);
 
   if (result.succeeded()) {

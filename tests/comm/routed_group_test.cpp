@@ -76,6 +76,18 @@ TEST_CASE("routed group: host buffers go to the host backend, GPU buffers to the
         std::vector<std::string>{"broadcast", "all_gather", "scatter", "all_to_all", "recv", "barrier"});
 }
 
+TEST_CASE("routed group: a non-root gather or scatter goes where the buffer it uses is", "[routed]") {
+  auto cpu = std::make_shared<RecordingGroup>("cpu");  // this is rank 1; the root is 0
+  auto nccl = std::make_shared<RecordingGroup>("nccl");
+  auto pg = ddp::detail::make_routed_group(cpu, nccl);
+  pg->scatter(host(8), gpu(2), 0);  // the input is the root's side: never read here
+  pg->gather(gpu(2), host(8), 0);   // the output is the root's side: never written here
+  pg->scatter(gpu(8), host(2), 0);
+  pg->gather(host(2), gpu(8), 0);
+  CHECK(nccl->calls == std::vector<std::string>{"scatter", "gather"});
+  CHECK(cpu->calls == std::vector<std::string>{"scatter", "gather"});
+}
+
 TEST_CASE("routed group: mixed host and GPU buffers in one call are refused", "[routed]") {
   auto cpu = std::make_shared<RecordingGroup>("cpu");
   auto nccl = std::make_shared<RecordingGroup>("nccl");

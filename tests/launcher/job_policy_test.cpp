@@ -7,6 +7,7 @@
 #include <map>
 
 #include "job_adapters.hpp"
+#include "errors.hpp"
 #include "job_policy.hpp"
 
 using namespace std::chrono_literals;
@@ -60,8 +61,8 @@ class FakeMembership : public ddprun::Membership {
     ++watches;
     watcher = std::move(on_failure);
   }
-  void stop_watch() override {
-    ++unwatches;
+  void stop_watch() override {  // idempotent, as the agent's is
+    if (watcher) ++unwatches;
     watcher = nullptr;
   }
   std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) override {
@@ -322,4 +323,16 @@ TEST_CASE("the root cause is the first failure published, here or on another nod
                                      Catch::Contains("rank 4 on node 1 (hostb): exited with code 9") &&
                                      Catch::Contains("every node exits with status 9"));
   }
+}
+
+TEST_CASE("the watch stops before an exception from the attempt leaves the policy", "[job_policy]") {
+  // The watch calls into the policy and its Workers: it must not outlive them.
+  Job job;
+  job.workers.attempts = {[](FakeWorkers&, const AttemptHooks&) -> AttemptResult {
+    throw ddprun::LaunchError("the workers cannot be started");
+  }};
+  CHECK_THROWS_AS(job.run(0), ddprun::LaunchError);
+  CHECK(job.membership.watches == 1);
+  CHECK(job.membership.unwatches == 1);
+  CHECK_FALSE(job.membership.watcher);
 }

@@ -52,9 +52,14 @@ class RoutedProcessGroup final : public ProcessGroup {
     // cheaper place to meet (a device-side barrier would also wait for queued GPU
     // work, which Work::wait on those operations already does).
     if (op.kind == OpKind::Barrier) return *host_;
-    // An empty input (the non-root side of scatter may pass Buffer{}) does not decide.
-    const Device d = op.input.count == 0 ? op.output.device : op.input.device;
-    return d == Device::Cuda ? *gpu_ : *host_;
+    // The buffer this rank uses decides: a non-root never touches the other side of
+    // gather (its output) or scatter (its input), whatever it passes there; elsewhere
+    // an empty input does not decide.
+    const bool non_root = op.peer >= 0 && op.peer != rank();
+    Buffer used = op.input.count == 0 ? op.output : op.input;
+    if (non_root && op.kind == OpKind::Gather) used = op.input;
+    if (non_root && op.kind == OpKind::Scatter) used = op.output;
+    return used.device == Device::Cuda ? *gpu_ : *host_;
   }
 
   std::shared_ptr<ProcessGroup> host_;
