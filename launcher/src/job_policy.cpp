@@ -3,19 +3,12 @@
 #include "job_policy.hpp"
 
 #include <spdlog/spdlog.h>
-#include <string.h>
 
 #include "summary.hpp"
 
 namespace ddprun {
 
 using std::chrono::seconds;
-
-namespace {
-
-std::string signal_text(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
-
-}  // namespace
 
 JobPolicy::JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options)
     : plan_(plan), workers_(workers), membership_(membership), options_(std::move(options)) {}
@@ -36,7 +29,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   try {
     layout = membership_.join(attempt);
   } catch (const Interrupted& stop) {
-    std::string sig = signal_text(stop.signal);
+    std::string sig = signal_name(stop.signal);
     membership_.publish_failure(attempt, notice(-1, 128 + stop.signal, "ddprun received " + sig +
                                                                           " while joining the rendezvous"));
     membership_.leave(attempt, seconds(0));
@@ -62,7 +55,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   if (result.stop_signal != 0 && !result.root_cause) {
     winner = membership_.publish_failure(
         attempt, notice(-1, 128 + result.stop_signal,
-                        "ddprun received " + signal_text(result.stop_signal) + " and stopped its workers"));
+                        "ddprun received " + signal_name(result.stop_signal) + " and stopped its workers"));
   } else if (result.succeeded()) {
     winner = membership_.exit_barrier(attempt);
   }
