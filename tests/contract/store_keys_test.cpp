@@ -17,7 +17,9 @@ TEST_CASE("an attempt's keys live under attempt/<k>/ and never collide", "[store
   CHECK(k.failure() == "attempt/3/failure");
   CHECK(k.done(2) == "attempt/3/done/2");
   CHECK(k.left(2) == "attempt/3/left/2");
-  CHECK(k.worker_exit(7) == "attempt/3/exit/7");
+  CHECK(k.exit_count() == "attempt/3/exits");
+  CHECK(k.exit_slot(7) == "attempt/3/exit/7");
+  CHECK(k.stall_report(2) == "attempt/3/stall/2");
   CHECK(k.progress(7) == "attempt/3/progress/7");
   CHECK(k.process_groups() == "attempt/3/pg/");
   CHECK(JobKeys::run_id() == "run_id");
@@ -28,7 +30,7 @@ TEST_CASE("an attempt's keys live under attempt/<k>/ and never collide", "[store
   for (int attempt : {0, 1, 10}) {
     const JobKeys a(attempt);
     for (int r : {0, 1, 12}) {
-      for (const auto& key : {a.node(r), a.done(r), a.left(r), a.worker_exit(r), a.progress(r)}) {
+      for (const auto& key : {a.node(r), a.done(r), a.left(r), a.exit_slot(r), a.progress(r), a.stall_report(r)}) {
         all.insert(key);
         ++made;
       }

@@ -13,8 +13,10 @@ std::string JobKeys::master_port() const { return at("master_port"); }
 std::string JobKeys::failure() const { return at("failure"); }
 std::string JobKeys::done(int node_rank) const { return at("done/" + std::to_string(node_rank)); }
 std::string JobKeys::left(int node_rank) const { return at("left/" + std::to_string(node_rank)); }
-std::string JobKeys::worker_exit(int rank) const { return at("exit/" + std::to_string(rank)); }
+std::string JobKeys::exit_count() const { return at("exits"); }
+std::string JobKeys::exit_slot(int64_t n) const { return at("exit/" + std::to_string(n)); }
 std::string JobKeys::progress(int rank) const { return at("progress/" + std::to_string(rank)); }
+std::string JobKeys::stall_report(int node_rank) const { return at("stall/" + std::to_string(node_rank)); }
 std::string JobKeys::process_groups() const { return at("pg/"); }
 
 std::string JobKeys::standalone_process_groups(std::string_view run_id, int restart_count) {

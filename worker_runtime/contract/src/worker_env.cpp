@@ -197,6 +197,8 @@ CommSettings CommSettings::from_variables(const Variables& vars) {
   s.small_broadcast_bytes = bytes("DDP_SMALL_BROADCAST_BYTES", s.small_broadcast_bytes);
   s.direct_allreduce_bytes = bytes("DDP_DIRECT_ALLREDUCE_BYTES", s.direct_allreduce_bytes);
   s.staged_allreduce_bytes = bytes("DDP_STAGED_ALLREDUCE_BYTES", s.staged_allreduce_bytes);
+  s.flight_recorder_entries =
+      static_cast<size_t>(vars.integer_or("DDP_FLIGHT_RECORDER", static_cast<long long>(s.flight_recorder_entries), 0, 10'000'000));
   return s;
 }
 

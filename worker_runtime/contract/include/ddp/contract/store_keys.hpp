@@ -11,14 +11,18 @@
 //     failure                     the first failure anywhere; also each agent's will
 //     done/<r>                    node r's workers all succeeded (exit barrier)
 //     left/<r>                    node r passed the barrier
-//     exit/<rank>                 a worker's exit, as its agent reaped it
-//     progress/<rank>             a rank's progress record (its collectives so far)
+//     exits                       how many workers have exited (a counter: add)
+//     exit/<n>                    the n-th worker exit (n from 0), as its agent reaped it
+//                                 (ExitRecord): watchers block on the next n
+//     progress/<rank>             a rank's progress record (ProgressRecord)
+//     stall/<r>                   node r's part of a stall report (its workers' stacks)
 //     pg/                         the worker runtime's process groups (DDPRUN_STORE_PREFIX)
 //
 // A process group's keys live under its own prefix (GroupKeys), so groups never
 // collide and a restarted attempt starts clean.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -37,8 +41,13 @@ class JobKeys {
   std::string failure() const;                  // the job's first failure
   std::string done(int node_rank) const;        // exit barrier: a node's workers succeeded
   std::string left(int node_rank) const;        // a node passed the barrier and left
-  std::string worker_exit(int rank) const;      // a worker's exit record
+  // Worker exits, in the order agents reaped them: an agent takes the next slot with
+  // add(exit_count(), 1) and sets exit_slot(slot - 1) to the ExitRecord. A watcher
+  // blocks in get(exit_slot(n)) for the next one it has not seen.
+  std::string exit_count() const;
+  std::string exit_slot(int64_t n) const;
   std::string progress(int rank) const;         // a rank's progress record
+  std::string stall_report(int node_rank) const;  // a node's part of a stall report
   std::string process_groups() const;           // prefix of the worker runtime's groups
 
   // Workers started without ddprun (torchrun, srun, mpirun) use rank 0's own store:

@@ -102,6 +102,9 @@ struct CommSettings {
   size_t small_broadcast_bytes = 64 * 1024;     // DDP_SMALL_BROADCAST_BYTES
   size_t direct_allreduce_bytes = 32 * 1024;    // DDP_DIRECT_ALLREDUCE_BYTES
   size_t staged_allreduce_bytes = 1024 * 1024;  // DDP_STAGED_ALLREDUCE_BYTES
+  // DDP_FLIGHT_RECORDER: how many of its last collectives each process group keeps
+  // in its flight recorder (0: none are kept).
+  size_t flight_recorder_entries = 2000;
 
   static CommSettings from_environment();
   // Throws ContractError naming a malformed variable.
