@@ -60,9 +60,32 @@ Work ProcessGroup::recv(Buffer buf, int src, CollectiveOptions o) {
   return issue(Op{OpKind::Recv, buf, buf, src, ReduceOp::Sum, o});
 }
 
+std::string describe_op(const Op& op) {
+  std::string out = op_kind_name(op.kind);
+  if (op.kind == OpKind::Barrier) return out;
+  // The buffer that says how much this rank moves: the output where the input is a
+  // block of it (all_gather) or absent (a non-root's scatter).
+  const Buffer& b = op.input.count == 0 && op.output.count > 0 ? op.output : op.input;
+  out += " " + std::to_string(b.count) + "\u00d7" + dtype_name(b.dtype);
+  switch (op.kind) {
+    case OpKind::AllReduce:
+    case OpKind::ReduceScatter: out += std::string(" ") + reduce_op_name(op.reduce); break;
+    case OpKind::Reduce: out += std::string(" ") + reduce_op_name(op.reduce) + " root " + std::to_string(op.peer); break;
+    case OpKind::Broadcast:
+    case OpKind::Gather:
+    case OpKind::Scatter: out += " root " + std::to_string(op.peer); break;
+    case OpKind::Send: out += " to " + std::to_string(op.peer); break;
+    case OpKind::Recv: out += " from " + std::to_string(op.peer); break;
+    default: break;
+  }
+  return out;
+}
+
 Work ProcessGroup::issue(const Op& op) {
   check(op);
-  return run(op);
+  Op numbered = op;
+  numbered.seq = ++issued_;
+  return run(numbered);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
@@ -76,7 +99,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
     if (seen[static_cast<size_t>(r)]) throw InvalidArgument("new_group: rank " + std::to_string(r) + " is listed twice");
     seen[static_cast<size_t>(r)] = true;
   }
-  return make_subgroup(ranks);
+  const int k = subgroups_made_++;  // every rank counts, members or not
+  auto group = make_subgroup(ranks);
+  if (group) group->name_ = name_ + "." + std::to_string(k);
+  return group;
 }
 
 std::unique_ptr<GroupMemory> ProcessGroup::allocate(size_t bytes) {

@@ -72,7 +72,11 @@ struct Op {
   int peer = -1;
   ReduceOp reduce = ReduceOp::Sum;
   CollectiveOptions options;
+  uint64_t seq = 0;  // the group's sequence number of this call (from 1), set as it is issued
 };
+// How reports name a call: "all_reduce 262144×f32 sum", "broadcast 10×i64 root 0",
+// "send 4×f32 to 1", "barrier".
+std::string describe_op(const Op& op);
 
 // The memory a backend's collectives can reach.
 enum class Reach : uint8_t { Host, Gpu, HostAndGpu };
@@ -84,6 +88,11 @@ class ProcessGroup {
   int rank() const { return rank_; }        // this process's rank in the group
   int size() const { return size_; }        // number of ranks in the group
   virtual std::string backend() const = 0;  // "cpu", "nccl" or "cpu+nccl" (see InitOptions)
+  // The group's name in reports: "0" for init()'s group, "<parent>.<k>" for the group
+  // its parent's k-th new_group call made (k from 0, counted on every rank alike).
+  const std::string& name() const { return name_; }
+  // Operations issued on this group so far (the last one's sequence number).
+  uint64_t issued() const { return issued_; }
 
   // Every operation below checks its arguments on the calling rank before anything
   // is queued (counts, dtypes, roots, peers, the memory the backend reaches) and
@@ -166,6 +175,9 @@ class ProcessGroup {
   int rank_;
   int size_;
   Reach reach_;
+  std::string name_ = "0";
+  uint64_t issued_ = 0;
+  int subgroups_made_ = 0;
 };
 
 }  // namespace ddp
