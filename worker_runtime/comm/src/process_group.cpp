@@ -84,7 +84,13 @@ std::string describe_op(const Op& op) {
 Work ProcessGroup::issue(const Op& op) {
   check(op);
   Op numbered = op;
-  numbered.seq = ++issued_;
+  if (is_point_to_point(op.kind)) {
+    auto& count = op.kind == OpKind::Send ? sends_ : recvs_;
+    if (count.empty()) count.assign(static_cast<size_t>(size_), 0);
+    numbered.seq = ++count[static_cast<size_t>(op.peer)];
+  } else {
+    numbered.seq = ++issued_;
+  }
   return run(numbered);
 }
 

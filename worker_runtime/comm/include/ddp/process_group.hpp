@@ -72,10 +72,14 @@ struct Op {
   int peer = -1;
   ReduceOp reduce = ReduceOp::Sum;
   CollectiveOptions options;
-  uint64_t seq = 0;  // the group's sequence number of this call (from 1), set as it is issued
+  // Set as the call is issued: a collective's number in its group's collectives, or a
+  // send's (recv's) number among this rank's sends to (recvs from) that peer; from 1.
+  // Ranks that make the same calls give them the same numbers.
+  uint64_t seq = 0;
 };
-// How reports name a call: "all_reduce 262144×f32 sum", "broadcast 10×i64 root 0",
-// "send 4×f32 to 1", "barrier".
+inline bool is_point_to_point(OpKind k) { return k == OpKind::Send || k == OpKind::Recv; }
+// How reports name a call, without its number: "all_reduce 262144×f32 sum",
+// "broadcast 10×i64 root 0", "send 4×f32 to 1", "barrier".
 std::string describe_op(const Op& op);
 
 // The memory a backend's collectives can reach.
@@ -91,7 +95,8 @@ class ProcessGroup {
   // The group's name in reports: "0" for init()'s group, "<parent>.<k>" for the group
   // its parent's k-th new_group call made (k from 0, counted on every rank alike).
   const std::string& name() const { return name_; }
-  // Operations issued on this group so far (the last one's sequence number).
+  // Collectives issued on this group so far (the last one's sequence number; sends
+  // and recvs are numbered per peer and not counted here).
   uint64_t issued() const { return issued_; }
 
   // Every operation below checks its arguments on the calling rank before anything
@@ -177,6 +182,8 @@ class ProcessGroup {
   Reach reach_;
   std::string name_ = "0";
   uint64_t issued_ = 0;
+  std::vector<uint64_t> sends_;  // per peer: sends issued to it
+  std::vector<uint64_t> recvs_;  // per peer: recvs issued from it
   int subgroups_made_ = 0;
 };
 
