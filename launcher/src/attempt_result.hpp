@@ -29,6 +29,7 @@ struct WorkerOutcome {
   bool ended_after_stop = false;                  // ddprun had already begun stopping the group
   std::vector<std::string> stderr_tail;           // last lines of its stderr
   std::string stderr_log;                         // its stderr log file, when kept
+  std::string error_file;                         // its TORCHELASTIC_ERROR_FILE, when it had one
   std::vector<LogFailure> incomplete_logs;        // its log files that lack part of its output
 
   bool failed() const;

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "error_files.hpp"
 #include "summary.hpp"
 
 namespace ddprun {
@@ -48,7 +49,10 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   } stop_watch_on_exit{membership_};
   AttemptHooks hooks;
   hooks.on_local_failure = [&](const WorkerOutcome& w) {
-    winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), w.describe()));
+    // Other nodes see the exception too, when the worker's @record left one.
+    std::string what = w.describe();
+    if (auto error = read_worker_error(w.error_file); error && !error->message.empty()) what += ": " + error->message;
+    winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), std::move(what)));
   };
   AttemptResult result = workers_.run(attempt, layout, hooks);
 

@@ -183,7 +183,7 @@ void create_log_dirs(const LaunchPlan& plan, int attempt) {
 }
 
 contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                    int restart_count) {
+                                    int restart_count, const std::string& error_file) {
   const LaunchOptions& o = plan.options;
   contract::WorkerEnv w;
   w.launcher = contract::Launcher::Ddprun;
@@ -202,12 +202,18 @@ contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& lay
   w.use_agent_store = false;
   w.store = layout.store;
   w.single_omp_thread = plan.set_omp_num_threads;
+  w.error_file = error_file;
+  // As torchrun: the user's own setting wins.
+  if (const char* v = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"); v != nullptr && *v != '\0') {
+    w.nccl_async_error_handling = v;
+  }
   return w;
 }
 
 std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                            int restart_count) {
-  const std::map<std::string, std::string> vars = worker_contract(plan, layout, local_rank, restart_count).to_env();
+                                            int restart_count, const std::string& error_file) {
+  const std::map<std::string, std::string> vars =
+      worker_contract(plan, layout, local_rank, restart_count, error_file).to_env();
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);

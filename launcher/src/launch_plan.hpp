@@ -54,12 +54,14 @@ std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int lo
 // Creates the log folders of one attempt. Throws LaunchError naming the folder.
 void create_log_dirs(const LaunchPlan& plan, int attempt);
 
-// The launch contract of one worker (contract::WorkerEnv).
-contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank, int restart_count);
+// The launch contract of one worker (contract::WorkerEnv); `error_file` becomes its
+// TORCHELASTIC_ERROR_FILE (none when empty).
+contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank, int restart_count,
+                                    const std::string& error_file = {});
 
 // The environment of one worker: ddprun's own environment plus its launch contract.
 std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                            int restart_count);
+                                            int restart_count, const std::string& error_file = {});
 
 // Finds `name` as execvp would: a name with a '/' is taken as a path, otherwise
 // each PATH entry is tried. Returns the path of an executable regular file, or

@@ -130,7 +130,10 @@ void WorkerStream::log_failed(int error, bool stream_ended) {
 
 void WorkerStream::take_line(std::string_view line) {
   if (options_.keep_tail) tail_.push(line);
-  if (options_.console != nullptr) batch_.append(options_.prefix).append(line).push_back('\n');
+  if (options_.console == nullptr) return;
+  // PyTorch 2.x prefixes some lines itself ("[rank0]: Traceback ..."): one prefix is enough.
+  if (!line.starts_with(options_.prefix)) batch_.append(options_.prefix);
+  batch_.append(line).push_back('\n');
 }
 
 void WorkerStream::flush_batch() {

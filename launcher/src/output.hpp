@@ -1,6 +1,6 @@
 // Worker output: every worker's stdout and stderr come through pipes to ddprun,
 // which writes them to the console one whole line at a time, each line prefixed
-// with "[rankN]:", and (with a log dir) to per-rank log files byte for byte.
+// with "[rankN]:" (unless it already starts with its own, as PyTorch 2.x writes some), and (with a log dir) to per-rank log files byte for byte.
 // ddprun is the only writer of its stdout/stderr and writes whole lines per
 // write(), so lines of different ranks never mix mid-line. When a log file cannot
 // be written (disk full, I/O error), ddprun says so once and the stream goes to

@@ -5,6 +5,8 @@
 #include <ctime>
 #include <sstream>
 
+#include "error_files.hpp"
+
 namespace ddprun {
 namespace {
 
@@ -71,6 +73,15 @@ std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& 
     } else {
       os << "    last lines of its stderr:\n";
       for (const auto& line : root.stderr_tail) os << "      | " << line << "\n";
+    }
+    if (auto error = read_worker_error(root.error_file)) {
+      // What PyTorch's @record left: the exception and its traceback.
+      os << "    exception (from its TORCHELASTIC_ERROR_FILE, written by @record): " << error->message << "\n";
+      if (plan.log_root) os << "    error file: " << root.error_file << "\n";  // otherwise removed at exit
+      constexpr size_t kTracebackLines = 30;
+      const size_t skip = error->traceback.size() > kTracebackLines ? error->traceback.size() - kTracebackLines : 0;
+      if (skip > 0) os << "      | (" << skip << " earlier lines of the traceback left out)\n";
+      for (size_t i = skip; i < error->traceback.size(); ++i) os << "      | " << error->traceback[i] << "\n";
     }
   }
   bool header = false;

@@ -1,6 +1,7 @@
 // The failure summary ddprun prints on stderr when a job fails or is stopped:
 // the root cause first (rank, local rank, host, pid, exit code or signal, time,
-// log file, last lines of its stderr), then every other worker's outcome; any
+// log file, last lines of its stderr, the exception from its TORCHELASTIC_ERROR_FILE),
+// then every other worker's outcome; any
 // worker whose log file could not be written to the end is marked so.
 #pragma once
 

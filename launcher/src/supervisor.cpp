@@ -228,7 +228,9 @@ void WorkerGroup::start() {
   }
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = *workers_[i];
-    std::vector<std::string> env = worker_environment(plan, layout_, w.outcome.local_rank, attempt_);
+    w.outcome.error_file = sup_.error_files_.prepare(attempt_, w.outcome.local_rank);
+    std::vector<std::string> env =
+        worker_environment(plan, layout_, w.outcome.local_rank, attempt_, w.outcome.error_file);
     SpawnRequest req{&plan.command, &env, write_ends[i].first, write_ends[i].second};
     pid_t pid = -1;
     try {
@@ -489,7 +491,7 @@ AttemptResult WorkerGroup::finish() {
 // ---------------------------------------------------------------------------
 
 Supervisor::Supervisor(const LaunchPlan& plan)
-    : plan_(plan), signals_(io_), drain_hook_(std::make_shared<DrainHook>()) {
+    : plan_(plan), signals_(io_), error_files_(plan), drain_hook_(std::make_shared<DrainHook>()) {
   drain_hook_->supervisor = this;
   // Called on a console thread, possibly after this Supervisor is gone: the hook is
   // shared and cleared under its lock by the destructor.

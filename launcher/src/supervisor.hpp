@@ -27,6 +27,7 @@
 #include "attempt_result.hpp"
 #include "launch_plan.hpp"
 #include "orphan_guard.hpp"
+#include "error_files.hpp"
 #include "output.hpp"
 
 namespace ddprun {
@@ -58,6 +59,7 @@ class Supervisor {
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   OrphanGuard guard_;
+  ErrorFiles error_files_;
   WorkerGroup* current_ = nullptr;  // the running attempt (touched only on the io thread)
   struct DrainHook {                // how the console threads reach this Supervisor
     std::mutex mutex;

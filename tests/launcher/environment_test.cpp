@@ -14,12 +14,15 @@ TEST_CASE("workers get torchrun's environment for N = 1..4", "[e2e][env]") {
                             "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
                             "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-                            "TORCHELASTIC_USE_AGENT_STORE"}));
+                            "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE"}),
+               {{}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING"}});
   INFO(r.err);
   REQUIRE(r.status == 0);
   auto ranks = e2e::by_rank(r.out);
   REQUIRE(static_cast<int>(ranks.size()) == n);
   std::string master_port;
+  std::set<std::string> error_files;
   for (int rank = 0; rank < n; ++rank) {
     const auto& lines = ranks[rank];
     auto has = [&](const std::string& kv) { return std::find(lines.begin(), lines.end(), kv) != lines.end(); };
@@ -38,6 +41,13 @@ TEST_CASE("workers get torchrun's environment for N = 1..4", "[e2e][env]") {
     CHECK(has("TORCHELASTIC_MAX_RESTARTS=2"));
     CHECK(has("TORCHELASTIC_RUN_ID=envtest"));
     CHECK(has("TORCHELASTIC_USE_AGENT_STORE=False"));
+    CHECK(has("TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT"));
+    CHECK(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
+    // Each worker its own error file, as under torchrun.
+    const auto file = std::find_if(lines.begin(), lines.end(),
+                                   [](const std::string& l) { return l.rfind("TORCHELASTIC_ERROR_FILE=/", 0) == 0; });
+    CHECK(file != lines.end());
+    if (file != lines.end()) CHECK(error_files.insert(*file).second);
     for (const auto& l : lines) {
       if (l.rfind("MASTER_PORT=", 0) == 0) {
         if (master_port.empty()) master_port = l;

@@ -130,6 +130,17 @@ TEST_CASE("a last line without a newline still arrives whole", "[e2e][output]") 
   CHECK(e2e::by_rank(r.err)[0] == std::vector<std::string>{"c"});
 }
 
+TEST_CASE("a line a worker already tagged with its rank (PyTorch 2.x) gets one tag, not two", "[e2e][output]") {
+  auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "sh", "-c",
+                            "echo \"[rank$RANK]: Traceback\"; echo plain; echo \"[rank$((1 - RANK))]: other\""}));
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("[rank0]: Traceback\n"));
+  CHECK_THAT(r.out, Catch::Contains("[rank1]: Traceback\n"));
+  CHECK_THAT(r.out, !Catch::Contains("[rank0]:[rank0]:"));
+  CHECK_THAT(r.out, Catch::Contains("[rank0]:plain\n"));
+  CHECK_THAT(r.out, Catch::Contains("[rank0]:[rank1]: other\n"));  // another rank's tag is the worker's text
+}
+
 TEST_CASE("no output is lost when the log dir fills: what the logs miss goes to the console", "[e2e][output]") {
   // 2 ranks x 2 streams x 2,000 lines of about 120 bytes: far more than 64 KiB.
   const long kLines = 2000;

@@ -212,3 +212,24 @@ TEST_CASE("a stream already on the console only reports its failed log, once", "
   CHECK(messages.text.str() == "error: cannot write log file '/logs/1/stdout.log': No space left on device; the log "
                                "is incomplete; rank 1's stdout is on the console\n");
 }
+
+TEST_CASE("a line that already carries its rank's prefix gets no second one", "[output]") {
+  int console[2];
+  REQUIRE(pipe(console) == 0);
+  auto* writer = new ddprun::Console(console[1]);  // kept: its thread lives until the process exits
+  {
+    ddprun::WorkerStream::Options opts;
+    opts.prefix = "[rank1]:";
+    opts.console = writer;
+    ddprun::WorkerStream stream(opts);
+    // PyTorch 2.x writes "[rankN]: " itself on some lines; another rank's tag is text.
+    stream.consume("[rank1]: Traceback (most recent call last):\n[rank0]: quoted\nplain\n[rank1]:\n");
+    stream.finish();
+  }
+  REQUIRE(writer->flush(5000));
+  char buf[256];
+  ssize_t n = read(console[0], buf, sizeof(buf));
+  CHECK(std::string(buf, static_cast<size_t>(n)) ==
+        "[rank1]: Traceback (most recent call last):\n[rank1]:[rank0]: quoted\n[rank1]:plain\n[rank1]:\n");
+  close(console[0]);
+}

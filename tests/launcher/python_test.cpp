@@ -59,3 +59,51 @@ TEST_CASE("an unmodified PyTorch DDP script trains under ddprun", "[e2e][python]
   // DDP broadcast rank 0's parameters and averaged the gradients: identical after the step.
   CHECK(ranks[0][0].substr(ranks[0][0].find("checksum=")) == ranks[1][0].substr(ranks[1][0].find("checksum=")));
 }
+
+TEST_CASE("a PyTorch worker's @record exception reaches the failure summary", "[e2e][python][torch]") {
+  auto check = run({kSystemPython, "-c", "import torch.distributed.elastic.multiprocessing.errors"});
+  INFO("python3-torch is required for this test (scripts/setup installs it): " << check.err);
+  REQUIRE(check.status == 0);
+
+  TempDir dir;
+  write_file(dir / "fails.py",
+             "import os\n"
+             "from torch.distributed.elastic.multiprocessing.errors import record\n"
+             "@record\n"
+             "def main():\n"
+             "    print('error_file=' + os.environ.get('TORCHELASTIC_ERROR_FILE', ''), flush=True)\n"
+             "    print('nccl=' + os.environ['TORCH_NCCL_ASYNC_ERROR_HANDLING'] + ' signals=' +\n"
+             "          os.environ['TORCHELASTIC_SIGNALS_TO_HANDLE'], flush=True)\n"
+             "    if os.environ['RANK'] == '1':\n"
+             "        raise ValueError('bad batch 7')\n"
+             "main()\n");
+  SECTION("without --log_dir: a private folder, gone at exit") {
+    auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", (dir / "fails.py").string()}),
+                 {{{"PYTHON_EXEC", kSystemPython}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, {}}, 120s);
+    INFO(r.err);
+    CHECK(r.status == 1);
+    auto ranks = e2e::by_rank(r.out);
+    REQUIRE(ranks[1].size() == 2);
+    const std::string file = ranks[1][0].substr(std::string("error_file=").size());
+    CHECK_FALSE(file.empty());
+    CHECK(ranks[0][0] != ranks[1][0]);  // a file per worker
+    CHECK(ranks[1][1] == "nccl=3 signals=SIGTERM,SIGINT,SIGHUP,SIGQUIT");  // the user's value wins
+    CHECK_THAT(r.err, Catch::Contains("exception (from its TORCHELASTIC_ERROR_FILE, written by @record): "
+                                      "ValueError: bad batch 7\n"));
+    CHECK_THAT(r.err, !Catch::Contains("error file: "));
+    CHECK_THAT(r.err, Catch::Contains("| Traceback (most recent call last):"));
+    CHECK_THAT(r.err, Catch::Contains("raise ValueError('bad batch 7')"));
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::path(file).parent_path()));
+  }
+  SECTION("with --log_dir: kept beside the logs") {
+    auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--log_dir", (dir / "logs").string(), "--run_id",
+                              "rec", (dir / "fails.py").string()}),
+                 {{{"PYTHON_EXEC", kSystemPython}}, {}}, 120s);
+    INFO(r.err);
+    CHECK(r.status == 1);
+    const auto file = dir / "logs" / "rec" / "attempt_0" / "1" / "error.json";
+    CHECK(std::filesystem::exists(file));
+    CHECK_THAT(r.err, Catch::Contains("written by @record): ValueError: bad batch 7\n    error file: " + file.string()));
+    CHECK_THAT(e2e::by_rank(r.out)[1].at(1), Catch::StartsWith("nccl=1 "));
+  }
+}

@@ -111,6 +111,9 @@ WorkerEnv from_launcher_variables(const Variables& vars) {
   env.restart_count = integer_or(vars, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt);
   env.max_restarts = integer_or(vars, "TORCHELASTIC_MAX_RESTARTS", 0, 0, kMaxInt);
   env.use_agent_store = vars.get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  env.error_file = vars.get("TORCHELASTIC_ERROR_FILE").value_or("");
+  env.nccl_async_error_handling = vars.get("TORCH_NCCL_ASYNC_ERROR_HANDLING").value_or(env.nccl_async_error_handling);
+  env.signals_to_handle = vars.get("TORCHELASTIC_SIGNALS_TO_HANDLE").value_or(env.signals_to_handle);
   env.single_omp_thread = vars.get("OMP_NUM_THREADS").value_or("") == "1";
   return env;
 }
@@ -155,7 +158,10 @@ std::map<std::string, std::string> WorkerEnv::to_env() const {
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts)},
       {"TORCHELASTIC_RUN_ID", run_id},
       {"TORCHELASTIC_USE_AGENT_STORE", use_agent_store ? "True" : "False"},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", signals_to_handle},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl_async_error_handling},
   };
+  if (!error_file.empty()) env["TORCHELASTIC_ERROR_FILE"] = error_file;
   if (store) {
     env["DDPRUN_STORE_ADDR"] = store->addr;
     env["DDPRUN_STORE_PORT"] = std::to_string(store->port);

@@ -59,6 +59,15 @@ struct WorkerEnv {
   // hosts requires (every rank presents it); empty: that store admits anyone. (ddprun
   // and ddp-rendezvous read the same variable for their own stores.)
   std::string token;
+  // TORCHELASTIC_ERROR_FILE: where PyTorch's @record writes the exception that ended
+  // the worker (JSON), for the launcher's failure summary; empty: not set.
+  std::string error_file;
+  // TORCH_NCCL_ASYNC_ERROR_HANDLING, as torchrun sets it: the launcher's own value when
+  // it has one, else "1" (a failed NCCL collective aborts the communicator and the
+  // process, instead of hanging).
+  std::string nccl_async_error_handling = "1";
+  // TORCHELASTIC_SIGNALS_TO_HANDLE: the signals the launcher forwards to its workers.
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   // OMP_NUM_THREADS=1, which ddprun sets for several workers when the user did not.
   bool single_omp_thread = false;
   // The rule for single_omp_thread, as torchrun has it: more than one worker on the
