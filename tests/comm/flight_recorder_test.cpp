@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "ddp/progress.hpp"
 #include "flight_recorder.hpp"
 #include "rdzv/memory_store.hpp"
 
@@ -252,4 +253,11 @@ TEST_CASE("flight recorder: the CPU backend marks its calls, inline and queued, 
   REQUIRE(g.current);
   CHECK(g.current->what == "barrier");
   CHECK(g.current->state == "failed");
+}
+
+TEST_CASE("report_step counts steps", "[recorder]") {
+  const uint64_t before = ddp::reported_steps();
+  ddp::report_step();
+  ddp::report_step();
+  CHECK(ddp::reported_steps() == before + 2);
 }
