@@ -22,7 +22,7 @@ RunResult run_progress_worker(const std::map<std::string, std::string>& env = {}
 
 }  // namespace
 
-TEST_CASE("progress: a rank reads another's record: groups, calls, steps; a failure at once", "[progress]") {
+TEST_CASE("progress: a rank reads another rank's record (groups and calls and steps) and a failure at once", "[progress]") {
   auto r = run_progress_worker();
   const auto ranks = e2e::by_rank(r.out);
   REQUIRE(ranks.contains(0));
