@@ -2,7 +2,10 @@
 // flight_recorder.hpp for the terms and the cost model).
 #include "flight_recorder.hpp"
 
+#include <time.h>
+
 #include <algorithm>
+#include <type_traits>
 
 #include "ddp/contract/worker_env.hpp"
 
@@ -58,6 +61,14 @@ struct alignas(64) FlightRecorder::Slot {
   std::atomic<uint8_t> state{0};  // CallState; written after the timestamp it implies
   std::atomic<int64_t> queued{0}, started{0}, ended{0};  // steady-clock ns
 };
+
+RecorderClock::time_point coarse_now() {
+  // steady_clock is CLOCK_MONOTONIC: the coarse clock counts from the same origin.
+  static_assert(std::is_same_v<RecorderClock, std::chrono::steady_clock>);
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return from_ns(static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec);
+}
 
 const char* call_state_name(CallState s) {
   switch (s) {

@@ -35,6 +35,11 @@ namespace ddp::detail {
 
 using RecorderClock = std::chrono::steady_clock;
 
+// Now, to the clock's last tick (CLOCK_MONOTONIC_COARSE: a few ns instead of some
+// tens, up to a few ms early, never late): when a call was queued. Started and ended
+// times come from the backend's own precise reads.
+RecorderClock::time_point coarse_now();
+
 enum class CallState : uint8_t { Queued, Started, Completed, Failed };
 const char* call_state_name(CallState s);  // "queued", "started", "completed", "failed"
 

@@ -105,7 +105,7 @@ Work ProcessGroup::issue(const Op& op) {
   }
   if (!recorder_) return run(numbered);
   numbered.recorder = recorder_.get();
-  numbered.record = recorder_->queued(numbered, detail::RecorderClock::now());
+  numbered.record = recorder_->queued(numbered, detail::coarse_now());
   // The backend marks the call through its Work; what it could not mark (a call
   // refused before it had a Work, a backend without one) is settled here.
   try {

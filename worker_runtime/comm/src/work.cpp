@@ -18,10 +18,11 @@ void Work::State::complete(std::exception_ptr e) {
   cv.notify_all();
 }
 
-void Work::State::attach(const Op& call) {
+void Work::State::attach(const Op& call, bool keep_recorder_alive) {
   if (!call.recorder) return;
-  recorder = call.recorder->shared_from_this();
+  recorder = call.recorder;
   record = call.record;
+  if (keep_recorder_alive) recorder_owner = call.recorder->shared_from_this();
 }
 
 void Work::State::mark_started(std::chrono::steady_clock::time_point t) {

@@ -26,8 +26,11 @@ struct Work::State {
   // Marks the operation finished (error: nullptr on success) and wakes waiters.
   void complete(std::exception_ptr error = nullptr);
 
-  // This State is the Work of `call` (no-op where its group records nothing).
-  void attach(const Op& call);
+  // This State is the Work of `call` (no-op where its group records nothing). A
+  // backend that may complete it after the group is gone (one that observes
+  // completion, as NCCL) asks to keep the recorder alive; the others complete every
+  // Work before their group ends and save the reference count.
+  void attach(const Op& call, bool keep_recorder_alive = false);
   // The backend began the call at `t`.
   void mark_started(std::chrono::steady_clock::time_point t);
 
@@ -40,8 +43,9 @@ struct Work::State {
   bool done = false;
   std::exception_ptr error;
   Work::Timing timing;  // filled by backends that record it
-  std::shared_ptr<detail::FlightRecorder> recorder;  // the call's recorder, or null
-  uint64_t record = 0;                               // its entry there
+  detail::FlightRecorder* recorder = nullptr;  // the call's recorder, or null
+  uint64_t record = 0;                         // its entry there
+  std::shared_ptr<detail::FlightRecorder> recorder_owner;  // with keep_recorder_alive
 };
 
 }  // namespace ddp

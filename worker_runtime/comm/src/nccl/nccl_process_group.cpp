@@ -211,7 +211,7 @@ class NcclProcessGroup final : public ProcessGroup {
     const CollectiveOptions& o = call.options;
     Millis timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
     std::shared_ptr<Work::State> state = comm_->launch(what, timeout, std::forward<Enqueue>(body));
-    state->attach(call);
+    state->attach(call, /*keep_recorder_alive=*/true);  // its event may be seen after the group is gone
     state->mark_started(nccl::Clock::now());
     Work work(std::move(state));
     if (!o.async_op) work.wait();
