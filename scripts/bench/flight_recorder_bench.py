@@ -28,7 +28,7 @@ def run(argv, pattern, env_extra):
 
 def latency_us(env_extra):
     m = run([DDPRUN, "--nproc_per_node=2", BENCH, "-b", "4K", "-e", "4K", "-o", "all_reduce", "-w", "200",
-             "--target_ms", "1000", "-n", "1000000"], LATENCY, env_extra)
+             "--target_ms", "500", "-n", "1000000"], LATENCY, env_extra)
     if m[2] != "0":
         sys.exit("ddp-bench reported wrong results")
     return float(m[1])
@@ -62,12 +62,13 @@ def main():
     med = statistics.median
     print(f"flight recorder cost, 2 ranks, medians of {a.runs} interleaved runs "
           f"(default: {2000} entries; off: DDP_FLIGHT_RECORDER=0)")
-    print(f"{'measure':<34} {'default':>10} {'off':>10} {'ratio':>7}")
+    print(f"{'measure':<34} {'default':>10} {'off':>10} {'ratio':>7}   best of runs (a loaded 2-core machine's floor)")
     rows = [("4 KiB all-reduce latency (us)", lat), (f"Fashion-MNIST DDP step ({a.epochs} epoch) (ms)", step)]
     verdicts = []
     for name, xs in rows:
         d, o = med(xs["default"]), med(xs["off"])
-        print(f"{name:<34} {d:10.3f} {o:10.3f} {d / o:7.3f}")
+        bd, bo = min(xs["default"]), min(xs["off"])
+        print(f"{name:<34} {d:10.3f} {o:10.3f} {d / o:7.3f}   {bd:.3f} / {bo:.3f} = {bd / bo:.3f}")
         verdicts.append(f"{name.split(' (')[0]}: {'met' if d <= 1.03 * o else 'NOT met'} ({d / o:.3f})")
     print("target <= 1.03x the recorder off: " + "; ".join(verdicts))
 
