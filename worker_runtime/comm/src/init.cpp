@@ -6,6 +6,7 @@
 #include "backend.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "hosted_store.hpp"
+#include "progress_publisher.hpp"
 #include "rdzv/prefix_store.hpp"
 #include "rdzv/tcp_store.hpp"
 
@@ -32,6 +33,9 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   // Read (and checked) here, before anything connects: a malformed DDP_* variable is
   // one clear error, not a failure inside a backend.
   const contract::CommSettings settings = contract::CommSettings::from_environment();
+  // Under ddprun this rank's progress goes to the job's store from now on (a rank
+  // still forming its group shows as alive, with no group yet).
+  detail::start_progress_publisher(env);
   detail::GroupSetup setup;
   setup.rank = env.rank;
   setup.size = env.world_size;

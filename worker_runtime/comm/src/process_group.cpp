@@ -7,9 +7,21 @@
 #include <string>
 
 #include "ddp/process_group.hpp"
+#include "flight_recorder.hpp"
 #include "group_memory.hpp"
+#include "work_state.hpp"
 
 namespace ddp {
+
+ProcessGroup::ProcessGroup(int rank, int size, Reach reach) : rank_(rank), size_(size), reach_(reach) {
+  if (const size_t entries = detail::configured_recorder_entries(); entries > 0) {
+    recorder_ = detail::FlightRecorder::create(entries, rank, size);
+  }
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::leave_recording_to_outer(ProcessGroup& member) { member.recorder_.reset(); }
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
@@ -91,7 +103,23 @@ Work ProcessGroup::issue(const Op& op) {
   } else {
     numbered.seq = ++issued_;
   }
-  return run(numbered);
+  if (!recorder_) return run(numbered);
+  numbered.recorder = recorder_.get();
+  numbered.record = recorder_->queued(numbered, detail::coarse_now());
+  // The backend marks the call through its Work; what it could not mark (a call
+  // refused before it had a Work, a backend without one) is settled here.
+  try {
+    Work w = run(numbered);
+    if (!numbered.options.async_op) {
+      recorder_->ended(numbered.record, true);
+    } else if (w.is_completed()) {
+      recorder_->ended(numbered.record, w.exception() == nullptr);
+    }
+    return w;
+  } catch (...) {
+    recorder_->ended(numbered.record, false);
+    throw;
+  }
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
@@ -107,7 +135,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   }
   const int k = subgroups_made_++;  // every rank counts, members or not
   auto group = make_subgroup(ranks);
-  if (group) group->name_ = name_ + "." + std::to_string(k);
+  if (group) {
+    group->name_ = name_ + "." + std::to_string(k);
+    if (group->recorder_) group->recorder_->set_name(group->name_);
+  }
   return group;
 }
 

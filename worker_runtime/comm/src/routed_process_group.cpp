@@ -20,6 +20,9 @@ class RoutedProcessGroup final : public ProcessGroup {
     if (gpu_->rank() != rank() || gpu_->size() != size()) {
       throw InvalidArgument("routed group: the host and GPU groups disagree on rank or size");
     }
+    // Calls are recorded once, here; the members mark this group's entries.
+    leave_recording_to_outer(*host_);
+    leave_recording_to_outer(*gpu_);
   }
 
   std::string backend() const override { return host_->backend() + "+" + gpu_->backend(); }

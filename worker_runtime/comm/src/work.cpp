@@ -1,6 +1,7 @@
 #include <string>
 
 #include "ddp/types.hpp"
+#include "flight_recorder.hpp"
 #include "work_state.hpp"
 
 namespace ddp {
@@ -9,10 +10,23 @@ void Work::State::complete(std::exception_ptr e) {
   {
     std::lock_guard lock(mu);
     if (done) return;
+    // Recorded before any waiter wakes: a call that returned shows as ended.
+    if (recorder) recorder->ended(record, e == nullptr, timing.known ? timing.end : detail::RecorderClock::time_point{});
     done = true;
     error = std::move(e);
   }
   cv.notify_all();
+}
+
+void Work::State::attach(const Op& call, bool keep_recorder_alive) {
+  if (!call.recorder) return;
+  recorder = call.recorder;
+  record = call.record;
+  if (keep_recorder_alive) recorder_owner = call.recorder->shared_from_this();
+}
+
+void Work::State::mark_started(std::chrono::steady_clock::time_point t) {
+  if (recorder) recorder->started(record, t);
 }
 
 bool Work::State::wait_for(Millis timeout) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "ddp/progress.hpp"
 #include "ddp/trace.hpp"
 #include "device_ops.hpp"
 
@@ -169,7 +170,10 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   }
   const auto t1 = Clock::now();
   stats_.backward = seconds(t1 - t0 - inline_comm_);
-  if (!reduce) return;
+  if (!reduce) {
+    if (sync_) report_step();  // a step of its own (one rank, or reduction switched off)
+    return;
+  }
   if (next_to_launch_ != buckets_.size()) {
     settle();
     throw Error("DistributedDataParallel: backward finished but " + std::to_string(buckets_.size() - next_to_launch_) +
@@ -188,6 +192,7 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   stats_.last_grad_ready = seconds(last_ready_ - t0);
   for (const auto& b : buckets_) stats_.buckets_overlapped += b.launched < last_ready_ ? 1 : 0;
   stats_.buckets_reduced = static_cast<int>(buckets_.size());
+  report_step();  // gradients are final on every rank: the optimizer step follows
 }
 
 float DistributedDataParallel::clip_grad_norm(float max_norm) {

@@ -28,6 +28,10 @@
 
 namespace ddp {
 
+namespace detail {
+class FlightRecorder;
+}
+
 // Memory from ProcessGroup::allocate: page-aligned, zero-filled, freed with this object.
 class GroupMemory {
  public:
@@ -76,6 +80,11 @@ struct Op {
   // send's (recv's) number among this rank's sends to (recvs from) that peer; from 1.
   // Ranks that make the same calls give them the same numbers.
   uint64_t seq = 0;
+  // Set as the call is issued: its entry in the issuing group's flight recorder
+  // (recorder null where the group records nothing). A backend hands it to the Work
+  // it returns (Work::State::attach), which marks the call started and ended.
+  detail::FlightRecorder* recorder = nullptr;
+  uint64_t record = 0;
 };
 inline bool is_point_to_point(OpKind k) { return k == OpKind::Send || k == OpKind::Recv; }
 // How reports name a call, without its number: "all_reduce 262144×f32 sum",
@@ -87,7 +96,7 @@ enum class Reach : uint8_t { Host, Gpu, HostAndGpu };
 
 class ProcessGroup {
  public:
-  virtual ~ProcessGroup() = default;
+  virtual ~ProcessGroup();
 
   int rank() const { return rank_; }        // this process's rank in the group
   int size() const { return size_; }        // number of ranks in the group
@@ -151,7 +160,8 @@ class ProcessGroup {
   virtual void abort(const std::string& reason) = 0;
 
  protected:
-  ProcessGroup(int rank, int size, Reach reach) : rank_(rank), size_(size), reach_(reach) {}
+  // Records its calls in a flight recorder of DDP_FLIGHT_RECORDER entries (none at 0).
+  ProcessGroup(int rank, int size, Reach reach);
 
   // What a backend implements. Each is called only with arguments that passed the
   // checks, so a backend checks nothing the contract above states.
@@ -171,6 +181,8 @@ class ProcessGroup {
   static std::unique_ptr<GroupMemory> allocate_memory_on(ProcessGroup& member, size_t bytes) {
     return member.allocate_memory(bytes);
   }
+  // `member` only runs calls this group issued and recorded: it records nothing itself.
+  static void leave_recording_to_outer(ProcessGroup& member);
 
  private:
   // Every operation passes here: the argument check, then the backend.
@@ -185,6 +197,7 @@ class ProcessGroup {
   std::vector<uint64_t> sends_;  // per peer: sends issued to it
   std::vector<uint64_t> recvs_;  // per peer: recvs issued from it
   int subgroups_made_ = 0;
+  std::shared_ptr<detail::FlightRecorder> recorder_;  // null: records nothing
 };
 
 }  // namespace ddp

@@ -72,7 +72,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 
  protected:
   Work run(const Op& op) override {
-    return submit(op_kind_name(op.kind), op.options, [op](cpu::Team& t) { run_algorithm(t, op); });
+    return submit(op_kind_name(op.kind), op.options, [op](cpu::Team& t) { run_algorithm(t, op); }, &op);
   }
 
   // Group memory: every rank of this host maps it (see Transport::share_memory).
@@ -127,8 +127,10 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   }
 
   // ---- execution ------------------------------------------------------------
-  Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn) {
+  // `call`: the operation whose Work this is (null for allocate, which is no call).
+  Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn, const Op* call = nullptr) {
     auto state = std::make_shared<Work::State>();
+    if (call) state->attach(*call);
     Task task{name, o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
     {
       std::unique_lock lock(mu_);
@@ -181,6 +183,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
       error = broken_;
     }
     const auto start = Clock::now();
+    task.state->mark_started(start);
     if (!error) {
       cpu::Team team{transport_.progress(), transport_.mesh(), transport_.regions(), all_, rank(), scratch_,
                      cpu::deadline_after(task.timeout)};

@@ -69,19 +69,18 @@ class NcclProcessGroup final : public ProcessGroup {
 
  protected:
   Work run(const Op& op) override {
-    const CollectiveOptions& o = op.options;
     switch (op.kind) {
-      case OpKind::AllReduce: return all_reduce_on_gpu(op.input, op.reduce, o);
-      case OpKind::Broadcast: return broadcast_on_gpu(op.input, op.peer, o);
-      case OpKind::Reduce: return reduce_on_gpu(op.input, op.peer, op.reduce, o);
-      case OpKind::AllGather: return all_gather_on_gpu(op.input, op.output, o);
-      case OpKind::Gather: return gather_on_gpu(op.input, op.output, op.peer, o);
-      case OpKind::Scatter: return scatter_on_gpu(op.input, op.output, op.peer, o);
-      case OpKind::ReduceScatter: return reduce_scatter_on_gpu(op.input, op.output, op.reduce, o);
-      case OpKind::AllToAll: return all_to_all_on_gpu(op.input, op.output, o);
-      case OpKind::Barrier: return barrier_on_gpu(o);
-      case OpKind::Send: return send_on_gpu(op.input, op.peer, o);
-      case OpKind::Recv: return recv_on_gpu(op.output, op.peer, o);
+      case OpKind::AllReduce: return all_reduce_on_gpu(op.input, op.reduce, op);
+      case OpKind::Broadcast: return broadcast_on_gpu(op.input, op.peer, op);
+      case OpKind::Reduce: return reduce_on_gpu(op.input, op.peer, op.reduce, op);
+      case OpKind::AllGather: return all_gather_on_gpu(op.input, op.output, op);
+      case OpKind::Gather: return gather_on_gpu(op.input, op.output, op.peer, op);
+      case OpKind::Scatter: return scatter_on_gpu(op.input, op.output, op.peer, op);
+      case OpKind::ReduceScatter: return reduce_scatter_on_gpu(op.input, op.output, op.reduce, op);
+      case OpKind::AllToAll: return all_to_all_on_gpu(op.input, op.output, op);
+      case OpKind::Barrier: return barrier_on_gpu(op);
+      case OpKind::Send: return send_on_gpu(op.input, op.peer, op);
+      case OpKind::Recv: return recv_on_gpu(op.output, op.peer, op);
     }
     throw InvalidArgument(std::string("NCCL: unknown operation ") + op_kind_name(op.kind));
   }
@@ -99,40 +98,40 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
  private:
-  Work all_reduce_on_gpu(Buffer buf, ReduceOp op, const CollectiveOptions& o) {
-    if (buf.count == 0) return barrier_on_gpu(o);
-    return enqueue("all_reduce", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work all_reduce_on_gpu(Buffer buf, ReduceOp op, const Op& call) {
+    if (buf.count == 0) return barrier_on_gpu(call);
+    return enqueue("all_reduce", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(buf.data, buf.data, buf.count, nccl_dtype(buf.dtype), nccl_op(op), c, s);
     });
   }
 
-  Work broadcast_on_gpu(Buffer buf, int root, const CollectiveOptions& o) {
-    if (buf.count == 0) return barrier_on_gpu(o);
-    return enqueue("broadcast", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work broadcast_on_gpu(Buffer buf, int root, const Op& call) {
+    if (buf.count == 0) return barrier_on_gpu(call);
+    return enqueue("broadcast", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(buf.data, buf.data, buf.count, nccl_dtype(buf.dtype), root, c, s);
     });
   }
 
-  Work reduce_on_gpu(Buffer buf, int root, ReduceOp op, const CollectiveOptions& o) {
-    if (buf.count == 0) return barrier_on_gpu(o);
+  Work reduce_on_gpu(Buffer buf, int root, ReduceOp op, const Op& call) {
+    if (buf.count == 0) return barrier_on_gpu(call);
     // recvbuff is only written on root, so the other ranks' buf stays as it was.
-    return enqueue("reduce", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("reduce", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduce(buf.data, buf.data, buf.count, nccl_dtype(buf.dtype), nccl_op(op), root, c, s);
     });
   }
 
-  Work all_gather_on_gpu(Buffer input, Buffer output, const CollectiveOptions& o) {
-    if (input.count == 0) return barrier_on_gpu(o);
-    return enqueue("all_gather", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work all_gather_on_gpu(Buffer input, Buffer output, const Op& call) {
+    if (input.count == 0) return barrier_on_gpu(call);
+    return enqueue("all_gather", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(input.data, output.data, input.count, nccl_dtype(input.dtype), c, s);
     });
   }
 
-  Work gather_on_gpu(Buffer input, Buffer output, int root, const CollectiveOptions& o) {
-    if (input.count == 0) return barrier_on_gpu(o);
+  Work gather_on_gpu(Buffer input, Buffer output, int root, const Op& call) {
+    if (input.count == 0) return barrier_on_gpu(call);
     const bool is_root = rank() == root;
     const int n = size();
-    return enqueue("gather", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("gather", call, [=](ncclComm_t c, cudaStream_t s) {
       return grouped([&] {
         ncclDataType_t t = nccl_dtype(input.dtype);
         ncclResult_t r = ncclSend(input.data, input.count, t, root, c, s);
@@ -144,11 +143,11 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  Work scatter_on_gpu(Buffer input, Buffer output, int root, const CollectiveOptions& o) {
-    if (output.count == 0) return barrier_on_gpu(o);
+  Work scatter_on_gpu(Buffer input, Buffer output, int root, const Op& call) {
+    if (output.count == 0) return barrier_on_gpu(call);
     const bool is_root = rank() == root;
     const int n = size();
-    return enqueue("scatter", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("scatter", call, [=](ncclComm_t c, cudaStream_t s) {
       return grouped([&] {
         ncclDataType_t t = nccl_dtype(output.dtype);
         ncclResult_t r = ncclSuccess;
@@ -161,18 +160,18 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  Work reduce_scatter_on_gpu(Buffer input, Buffer output, ReduceOp op, const CollectiveOptions& o) {
-    if (output.count == 0) return barrier_on_gpu(o);
-    return enqueue("reduce_scatter", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work reduce_scatter_on_gpu(Buffer input, Buffer output, ReduceOp op, const Op& call) {
+    if (output.count == 0) return barrier_on_gpu(call);
+    return enqueue("reduce_scatter", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(input.data, output.data, output.count, nccl_dtype(output.dtype), nccl_op(op), c, s);
     });
   }
 
-  Work all_to_all_on_gpu(Buffer input, Buffer output, const CollectiveOptions& o) {
-    if (input.count == 0) return barrier_on_gpu(o);
+  Work all_to_all_on_gpu(Buffer input, Buffer output, const Op& call) {
+    if (input.count == 0) return barrier_on_gpu(call);
     const size_t block = input.count / size();
     const int n = size();
-    return enqueue("all_to_all", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("all_to_all", call, [=](ncclComm_t c, cudaStream_t s) {
       return grouped([&] {
         ncclDataType_t t = nccl_dtype(input.dtype);
         ncclResult_t r = ncclSuccess;
@@ -185,31 +184,36 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  Work barrier_on_gpu(const CollectiveOptions& o) {
+  Work barrier_on_gpu(const Op& call) {
     int32_t* scratch = comm_->scratch();
-    return enqueue("barrier", o, [=](ncclComm_t c, cudaStream_t s) {
+    return enqueue("barrier", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, s);
     });
   }
 
-  Work send_on_gpu(Buffer buf, int dst, const CollectiveOptions& o) {
-    return enqueue("send", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work send_on_gpu(Buffer buf, int dst, const Op& call) {
+    return enqueue("send", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclSend(buf.data, buf.count, nccl_dtype(buf.dtype), dst, c, s);
     });
   }
 
-  Work recv_on_gpu(Buffer buf, int src, const CollectiveOptions& o) {
-    return enqueue("recv", o, [=](ncclComm_t c, cudaStream_t s) {
+  Work recv_on_gpu(Buffer buf, int src, const Op& call) {
+    return enqueue("recv", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclRecv(buf.data, buf.count, nccl_dtype(buf.dtype), src, c, s);
     });
   }
 
-  // Enqueues on the group's stream; a blocking call then waits for the Work (bounded
-  // by the operation's timeout, which aborts the communicator when it passes).
+  // Enqueues `call` on the group's stream; a blocking call then waits for the Work
+  // (bounded by the operation's timeout, which aborts the communicator when it
+  // passes). The call counts as started once enqueued, and ends when its event fires.
   template <typename Enqueue>
-  Work enqueue(const char* what, const CollectiveOptions& o, Enqueue&& body) {
+  Work enqueue(const char* what, const Op& call, Enqueue&& body) {
+    const CollectiveOptions& o = call.options;
     Millis timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
-    Work work(comm_->launch(what, timeout, std::forward<Enqueue>(body)));
+    std::shared_ptr<Work::State> state = comm_->launch(what, timeout, std::forward<Enqueue>(body));
+    state->attach(call, /*keep_recorder_alive=*/true);  // its event may be seen after the group is gone
+    state->mark_started(nccl::Clock::now());
+    Work work(std::move(state));
     if (!o.async_op) work.wait();
     return work;
   }

@@ -76,7 +76,8 @@ class DistributedDataParallel {
 
   const Tensor& forward(const Tensor& x) { return model_.forward(x); }
   // The model's backward from dLoss/dOutput, reducing buckets as they fill (unless
-  // inside no_sync()). Returns when every gradient is averaged over all ranks.
+  // inside no_sync()). Returns when every gradient is averaged over all ranks. Each
+  // such backward (not inside no_sync) counts as one step (ddp/progress.hpp).
   void backward(const Tensor& dy);
 
   // While the returned guard lives, backward() only accumulates local gradients;

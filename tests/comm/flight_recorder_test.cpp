@@ -1,0 +1,263 @@
+// The flight recorder (src/flight_recorder.hpp): the ring, the states a call goes
+// through, DDP_FLIGHT_RECORDER=0, how sends and recvs are numbered apart from the
+// collectives, subgroup names, groups made of groups, and the CPU backend marking
+// its calls for real (a one-rank group over an in-memory store). Across processes
+// under ddprun: tests/comm/progress_test.cpp.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "ddp/progress.hpp"
+#include "flight_recorder.hpp"
+#include "rdzv/memory_store.hpp"
+
+using namespace std::chrono_literals;
+using ddp::detail::CallState;
+using ddp::detail::FlightRecorder;
+using ddp::detail::RecorderClock;
+
+namespace {
+
+float data[64];
+ddp::Buffer floats(size_t n) { return ddp::Buffer{data, n, ddp::DType::F32, ddp::Device::Cpu}; }
+
+ddp::Op call(ddp::OpKind kind, uint64_t seq, size_t n = 4, int peer = -1) {
+  ddp::Op op;
+  op.kind = kind;
+  op.input = op.output = floats(n);
+  op.peer = peer;
+  op.seq = seq;
+  return op;
+}
+
+// A group whose calls all succeed at once without a Work (as a test stand-in or a
+// backend that keeps no handle would): issue() itself must settle them.
+class InstantGroup final : public ddp::ProcessGroup {
+ public:
+  InstantGroup(int rank = 0, int size = 2) : ProcessGroup(rank, size, ddp::Reach::HostAndGpu) {}
+  std::string backend() const override { return "instant"; }
+  void abort(const std::string&) override {}
+  int runs = 0;
+
+ protected:
+  ddp::Work run(const ddp::Op&) override {
+    ++runs;
+    return {};
+  }
+  std::shared_ptr<ddp::ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == rank()) return std::make_shared<InstantGroup>(static_cast<int>(i), static_cast<int>(ranks.size()));
+    }
+    return nullptr;
+  }
+};
+
+// The recorder of the live group named `name` (exactly one expected).
+std::shared_ptr<FlightRecorder> recorder_named(const std::string& name) {
+  std::shared_ptr<FlightRecorder> found;
+  int count = 0;
+  for (auto& r : ddp::detail::all_recorders()) {
+    if (r->name() == name) {
+      found = r;
+      ++count;
+    }
+  }
+  INFO("recorders named " << name);
+  REQUIRE(count == 1);
+  return found;
+}
+
+// Sets an environment variable for one scope.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  const char* name_;
+};
+
+}  // namespace
+
+TEST_CASE("flight recorder: a ring keeps the last N calls, oldest first", "[recorder]") {
+  auto r = FlightRecorder::create(3, 0, 2);
+  const auto t = RecorderClock::now();
+  for (uint64_t seq = 1; seq <= 5; ++seq) r->queued(call(ddp::OpKind::AllReduce, seq, seq), t);
+  const auto calls = r->calls();
+  REQUIRE(calls.size() == 3);
+  CHECK(calls[0].id == 3);
+  CHECK(calls[0].seq == 3);
+  CHECK(calls[0].count == 3);
+  CHECK(calls[2].seq == 5);
+  CHECK(calls[2].describe() == "all_reduce 5\u00d7f32 sum");
+  // Marks for calls the ring no longer holds are ignored.
+  r->ended(1, false, t);
+  CHECK(r->calls()[0].state == CallState::Queued);
+}
+
+TEST_CASE("flight recorder: a call goes queued, started, then completed or failed", "[recorder]") {
+  auto r = FlightRecorder::create(8, 1, 4);
+  r->set_name("0.3");
+  const auto t0 = RecorderClock::now();
+  const uint64_t a = r->queued(call(ddp::OpKind::Broadcast, 1, 10, 2), t0);
+  CHECK(r->calls().back().state == CallState::Queued);
+  auto g = r->progress();
+  CHECK(g.group == "0.3");
+  CHECK(g.rank == 1);
+  CHECK(g.size == 4);
+  CHECK(g.issued == 1);
+  CHECK(g.completed == 0);
+  REQUIRE(g.current);
+  CHECK(g.current->state == "queued");
+  CHECK(g.current->what == "broadcast 10\u00d7f32 root 2");
+  CHECK_FALSE(g.last_completed);
+
+  r->started(a, t0 + 1ms);
+  CHECK(r->calls().back().state == CallState::Started);
+  r->ended(a, true, t0 + 3ms);
+  r->ended(a, false, t0 + 5ms);  // a second report keeps the first outcome
+  auto c = r->calls().back();
+  CHECK(c.state == CallState::Completed);
+  CHECK(c.started - c.queued == 1ms);
+  CHECK(c.ended - c.queued == 3ms);
+  g = r->progress();
+  CHECK(g.completed == 1);
+  REQUIRE(g.last_completed);
+  CHECK(g.last_completed->seq == 1);
+  CHECK(g.last_completed->state == "completed");
+  // since_ms is unix time: within a few seconds of now.
+  CHECK(std::llabs(g.last_completed->since_ms - ddp::contract::unix_millis_now()) < 5000);
+
+  int heard = 0;
+  const int handle = ddp::detail::add_failure_listener([&] { ++heard; });
+  const uint64_t b = r->queued(call(ddp::OpKind::Barrier, 2, 0), t0);
+  r->started(b, t0);
+  r->ended(b, false, t0);
+  ddp::detail::remove_failure_listener(handle);
+  CHECK(heard == 1);
+  g = r->progress();
+  CHECK(g.issued == 2);
+  CHECK(g.completed == 1);
+  CHECK(g.current->state == "failed");
+  CHECK(g.current->what == "barrier");
+  CHECK(g.last_completed->seq == 1);
+}
+
+TEST_CASE("flight recorder: sends and recvs are in the ring but numbered per peer, apart from collectives",
+          "[recorder]") {
+  InstantGroup pg(0, 3);
+  pg.send(floats(4), 1);
+  pg.all_reduce(floats(4), ddp::ReduceOp::Max);
+  pg.send(floats(4), 1);
+  pg.send(floats(2), 2);
+  pg.recv(floats(4), 1);
+  auto r = recorder_named("0");
+  const auto calls = r->calls();
+  REQUIRE(calls.size() == 5);
+  std::vector<std::string> seen;
+  for (const auto& c : calls) {
+    seen.push_back(c.describe() + " #" + std::to_string(c.seq));
+    CHECK(c.state == CallState::Completed);  // settled by issue(): the group returned no Work
+  }
+  CHECK(seen == std::vector<std::string>{"send 4\u00d7f32 to 1 #1", "all_reduce 4\u00d7f32 max #1",
+                                         "send 4\u00d7f32 to 1 #2", "send 2\u00d7f32 to 2 #1",
+                                         "recv 4\u00d7f32 from 1 #1"});
+  const auto g = r->progress();
+  CHECK(g.issued == 1);
+  CHECK(g.completed == 1);
+  REQUIRE(g.current);
+  CHECK(g.current->what == "all_reduce 4\u00d7f32 max");
+}
+
+TEST_CASE("flight recorder: subgroups are named 0.k and record their own calls", "[recorder]") {
+  InstantGroup pg(1, 4);
+  auto outside = pg.new_group({0, 2});  // subgroup 0: this rank is not in it
+  CHECK(outside == nullptr);
+  auto sub = pg.new_group({3, 1});  // subgroup 1
+  REQUIRE(sub);
+  auto subsub = sub->new_group({0, 1});
+  REQUIRE(subsub);
+  sub->barrier();
+  sub->barrier();
+  subsub->all_reduce(floats(1));
+  CHECK(sub->name() == "0.1");
+  CHECK(subsub->name() == "0.1.0");
+  auto g = recorder_named("0.1")->progress();
+  CHECK(g.rank == 1);
+  CHECK(g.size == 2);
+  CHECK(g.issued == 2);
+  CHECK(g.completed == 2);
+  CHECK(recorder_named("0.1.0")->progress().issued == 1);
+  CHECK(recorder_named("0")->progress().issued == 0);  // new_group is no call
+}
+
+TEST_CASE("flight recorder: DDP_FLIGHT_RECORDER=0 records nothing", "[recorder]") {
+  const size_t before = ddp::detail::all_recorders().size();
+  ScopedEnv off("DDP_FLIGHT_RECORDER", "0");
+  CHECK(ddp::detail::configured_recorder_entries() == 0);
+  InstantGroup pg;
+  pg.all_reduce(floats(4));
+  CHECK(pg.runs == 1);
+  CHECK(pg.issued() == 1);  // still numbered
+  CHECK(ddp::detail::all_recorders().size() == before);
+}
+
+TEST_CASE("flight recorder: DDP_FLIGHT_RECORDER sets the ring's size", "[recorder]") {
+  ScopedEnv five("DDP_FLIGHT_RECORDER", "5");
+  InstantGroup pg;
+  for (int i = 0; i < 12; ++i) pg.barrier();
+  const auto calls = recorder_named("0")->calls();
+  REQUIRE(calls.size() == 5);
+  CHECK(calls.front().seq == 8);
+  CHECK(calls.back().seq == 12);
+}
+
+TEST_CASE("flight recorder: a group made of groups records each call once", "[recorder]") {
+  auto host = std::make_shared<InstantGroup>();
+  auto gpu = std::make_shared<InstantGroup>();
+  const size_t before = ddp::detail::all_recorders().size();
+  auto pg = ddp::detail::make_routed_group(host, gpu);
+  CHECK(ddp::detail::all_recorders().size() == before - 1);  // two members out, the routed group in
+  pg->all_reduce(floats(4));
+  pg->barrier();
+  CHECK(host->runs == 2);
+  const auto calls = recorder_named("0")->calls();
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[1].state == CallState::Completed);
+}
+
+TEST_CASE("flight recorder: the CPU backend marks its calls, inline and queued, and a failed one",
+          "[recorder]") {
+  ddp::detail::GroupSetup setup;
+  setup.store = std::make_shared<rdzv::MemoryStore>();
+  setup.timeout = 5000ms;
+  setup.connect_timeout = 5000ms;
+  auto pg = ddp::detail::make_cpu_group(setup);
+  auto r = recorder_named("0");
+
+  pg->all_reduce(floats(16));  // blocking: inline on this thread
+  auto c = r->calls().back();
+  CHECK(c.state == CallState::Completed);
+  CHECK(c.started >= c.queued);
+  CHECK(c.ended >= c.started);
+
+  auto w = pg->all_reduce(floats(16), ddp::ReduceOp::Sum, {.async_op = true});  // the progress thread
+  w.wait();
+  CHECK(r->calls().back().state == CallState::Completed);
+  CHECK(r->progress().completed == 2);
+
+  pg->abort("test");
+  CHECK_THROWS(pg->barrier());
+  const auto g = r->progress();
+  CHECK(g.issued == 3);
+  CHECK(g.completed == 2);
+  REQUIRE(g.current);
+  CHECK(g.current->what == "barrier");
+  CHECK(g.current->state == "failed");
+}
+
+TEST_CASE("report_step counts steps", "[recorder]") {
+  const uint64_t before = ddp::reported_steps();
+  ddp::report_step();
+  ddp::report_step();
+  CHECK(ddp::reported_steps() == before + 2);
+}
