@@ -250,6 +250,11 @@ void WorkerGroup::start() {
     open_streams_ += 2;
     ++running_;
   }
+  if (hooks_.on_started) {
+    std::vector<WorkerOutcome> started;
+    for (auto& w : workers_) started.push_back(w->outcome);
+    hooks_.on_started(started);
+  }
 }
 
 void WorkerGroup::read_some(Stream& s) {
