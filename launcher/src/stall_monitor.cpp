@@ -228,10 +228,9 @@ void StallMonitor::report(const ProgressRecords& records, bool failed, int64_t q
     store = store_;
   }
   try {
-    if (options_.nnodes > 1) {
-      store->set(contract::JobKeys(attempt_).stall_report(options_.node_rank),
-                 "episode " + std::to_string(episode) + "\n" + processes);
-    }
+    // Node 0 reads the other nodes' parts; `ddprun status` reads any to call ranks stalled.
+    store->set(contract::JobKeys(attempt_).stall_report(options_.node_rank),
+               "episode " + std::to_string(episode) + "\n" + processes);
     if (options_.node_rank != 0) return;
     if (options_.nnodes > 1) processes += gather_other_nodes(episode);
   } catch (const std::exception& e) {

@@ -219,13 +219,14 @@ Reading read_job(rdzv::Store& store, const Target& target) {
     if (!store.check({keys.exit_slot(n)})) continue;  // taken, not written yet
     if (auto e = contract::ExitRecord::decode(store.get(keys.exit_slot(n), Millis(500)))) exits[e->rank] = *e;
   }
-  // Ranks in a stall that ddprun reported, while it lasts.
+  // A stall ddprun reported that still lasts (no call completed since): the whole job
+  // is stalled; the call column tells the waiting ranks from the ones that never arrived.
   std::vector<bool> stalled(static_cast<size_t>(world), false);
   const std::string episode = "episode " + std::to_string(progress_signature(records)) + "\n";
   for (int n = 0; n < std::max(info.nnodes, 1); ++n) {
     if (!store.check({keys.stall_report(n)})) continue;
     if (store.get(keys.stall_report(n), Millis(500)).rfind(episode, 0) == 0) {
-      for (int r : analyse_stall(records, out.time_ms).stalled) stalled[r] = true;
+      for (int r = 0; r < world; ++r) stalled[r] = records[r].has_value();
       break;
     }
   }

@@ -78,6 +78,10 @@ TEST_CASE("a rank that sleeps in its compute loop gets one stall report naming i
   CHECK(count_of(err, "native stacks (gdb):") == 3);
   CHECK(contains(err, "Thread 1"));
   CHECK(contains(err, "mode_progress"));  // the frame rank 1 sleeps in
+  // While the stall lasts, `ddprun status` calls the ranks stalled.
+  auto status = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
+  INFO(status.out << status.err);
+  CHECK(count_of(status.out, " stalled ") == 3);
   // Once per episode: the job goes on and nothing is printed again while it stays stuck.
   std::this_thread::sleep_for(4s);
   CHECK(!p.wait(0ms).has_value());
