@@ -45,6 +45,7 @@ struct StatusFlags {
   std::string token_file;
   bool json = false;
   double watch = 0;  // 0: once
+  bool help = false; // --help: printed, nothing else to do
 };
 
 StatusFlags parse_flags(int argc, const char* const* argv) {
@@ -65,8 +66,7 @@ StatusFlags parse_flags(int argc, const char* const* argv) {
       return std::string(argv[++i]);
     };
     if (arg == "--help" || arg == "-h") {
-      std::cout << kHelp;
-      std::exit(0);
+      f.help = true;
     } else if (arg == "--json") {
       f.json = true;
     } else if (arg == "--run_id" || arg == "--rdzv_id") {
@@ -84,10 +84,10 @@ StatusFlags parse_flags(int argc, const char* const* argv) {
         f.watch = *v;
       }
     } else {
-      throw UsageError("ddprun status: unknown argument '" + std::string(argv[i]) + "' (ddprun status --help)");
+      throw UsageError("unknown argument '" + std::string(argv[i]) + "' (ddprun status --help)");
     }
   }
-  if (!f.endpoint.empty() && f.run_id.empty()) throw UsageError("ddprun status: --rdzv_endpoint needs --rdzv_id");
+  if (!f.endpoint.empty() && f.run_id.empty()) throw UsageError("--rdzv_endpoint needs --rdzv_id");
   return f;
 }
 
@@ -362,6 +362,10 @@ std::string format_table(const Reading& r) {
 int run_status(int argc, const char* const* argv) {
   try {
     StatusFlags flags = parse_flags(argc, argv);
+    if (flags.help) {
+      std::cout << kHelp;
+      return 0;
+    }
     Target target;
     if (!flags.endpoint.empty()) {
       auto [host, port] = parse_endpoint(flags.endpoint);

@@ -277,3 +277,22 @@ TEST_CASE("a runtime worker stuck in compute gets a report naming its rank and o
   CHECK(contains(p.err(), "of group 0, which rank 0 waits in"));
   CHECK(contains(p.err(), "native stacks (gdb):"));
 }
+
+TEST_CASE("status is a subcommand only as the first argument and bad status flags get one line", "[e2e][status]") {
+  TempDir dir;
+  write_file(dir / "status", "#!/bin/sh\necho \"program status ran with $1\"\n", true);
+  ProcessOptions env = runtime_env(dir);
+  env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
+  auto program = run(e2e::ddprun({"--standalone", "--", "status", "x"}), env);
+  INFO(program.err);
+  CHECK(program.status == 0);
+  CHECK(contains(program.out, "[rank0]:program status ran with x"));
+  for (auto args : {std::vector<std::string>{"status", "--bogus"}, {"status", "--watch=0"},
+                    {"status", "--rdzv_endpoint=127.0.0.1:1"}, {"status", "--rdzv_endpoint=nohostport", "--rdzv_id=a"}}) {
+    auto r = run(e2e::ddprun(args), env, 10s);
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(lines_of(r.err).size() == 1);
+    CHECK(contains(r.err, "ddprun status: "));
+  }
+}
