@@ -1,5 +1,5 @@
 // Stall detection: each node's ddprun reads every rank's ProgressRecord from the
-// job's store (its own connection) a couple of times a second and reports a stall
+// job's store (its own connection) four times a second and reports a stall
 // once per episode:
 //   - no rank completed a call in any group for --stall_timeout seconds while some
 //     rank waits in one and this node's workers are alive, or
@@ -46,7 +46,7 @@ struct StallMonitorOptions {
   int node_rank = 0;
   int nnodes = 1;
   std::string hostname;
-  std::chrono::milliseconds poll_interval{500};
+  std::chrono::milliseconds poll_interval{250};
   ProcessReportOptions process;
   // Where the report goes (ddprun: the console's stderr).
   std::function<void(const std::string&)> print;

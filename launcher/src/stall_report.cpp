@@ -287,8 +287,9 @@ std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
   }
   std::string gdb = on_path("gdb");
   if (gdb.empty()) return "    no stacks: gdb is not installed (Debian package gdb; scripts/setup installs it)\n";
-  std::string text = capture({gdb, "-p", std::to_string(pid), "-batch", "-nx", "-ex", "set pagination off", "-ex",
-                              "thread apply all bt"},
+  // No debuginfod: a report must not wait on (or reach) the network for symbols.
+  std::string text = capture({gdb, "-p", std::to_string(pid), "-batch", "-nx", "-iex", "set debuginfod enabled off",
+                              "-iex", "set auto-load off", "-ex", "set pagination off", "-ex", "thread apply all bt"},
                              timeout);
   std::string frames = stack_lines(text);
   if (frames.empty()) {

@@ -59,6 +59,9 @@ def stall_report_delay(timeout_s, env):
                 seen += 1
                 if seen == count and key not in marks:
                     marks[key] = time.perf_counter()
+                    # "...: no rank completed a call for 2.2 s (--stall_timeout 2)": when ddprun decided
+                    if "completed a call for " in line:
+                        marks["detected"] = float(line.split("completed a call for ")[1].split(" s")[0])
 
     threads = [threading.Thread(target=watch, args=(job.stdout, "progress: completed", "onset", 4), daemon=True),
                threading.Thread(target=watch, args=(job.stderr, "stall report for job", "report", 1), daemon=True)]
@@ -71,7 +74,7 @@ def stall_report_delay(timeout_s, env):
     job.wait(60)
     if "report" not in marks or "onset" not in marks:
         sys.exit("status bench: no stall report came")
-    return marks["report"] - marks["onset"]
+    return marks["report"] - marks["onset"], marks.get("detected", float("nan"))
 
 
 def main():
@@ -90,9 +93,13 @@ def main():
         for name, times in lat.items():
             print(f"ddprun status ({name}), {a.ranks} ranks, {a.runs} runs: median {statistics.median(times) * 1000:.1f} ms,"
                   f" max {max(times) * 1000:.1f} ms (target < 200 ms)")
-        delays = [stall_report_delay(a.stall_timeout, env) for _ in range(a.stalls)]
+        runs = [stall_report_delay(a.stall_timeout, env) for _ in range(a.stalls)]
+        delays = [r[0] for r in runs]
+        detected = [r[1] for r in runs]
         print(f"stall onset to report, --stall_timeout={a.stall_timeout:g}, 4 ranks, {a.stalls} runs: median "
-              f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s (target < {a.stall_timeout + 2:g} s)")
+              f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s (target < {a.stall_timeout + 2:g} s); "
+              f"detected after a median {statistics.median(detected):.1f} s, the rest is gdb on 4 workers "
+              f"(load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
