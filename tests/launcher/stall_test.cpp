@@ -296,3 +296,17 @@ TEST_CASE("status is a subcommand only as the first argument and bad status flag
     CHECK(contains(r.err, "ddprun status: "));
   }
 }
+
+TEST_CASE("stall timeout 0 turns stall detection off", "[e2e][stall]") {
+  TempDir runtime;
+  // A failed call would be reported at once (see above); with detection off nothing comes.
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=0", "--grace_period=2", e2e::kWorker,
+                         "progress", "fail", "1", "2"}),
+            runtime_env(runtime));
+  onset_of(p, 2);
+  std::this_thread::sleep_for(4s);
+  INFO(p.err());
+  CHECK(!contains(p.err(), "stall"));
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
