@@ -42,6 +42,7 @@ struct RemoteCause {
   std::string description;  // "rank 5 on node 1 (hostb): exited with code 3"
   int status = 1;           // the status every node exits with
   bool worker_failure = true;  // a worker failed (a restart may help), not a node lost or stopped
+  std::string report;          // a stall report that ended the job (--stall_action=stop), whole
 };
 
 struct AttemptResult {
@@ -61,6 +62,7 @@ std::string signal_name(int sig);
 // What an attempt tells the rest of the job (multi-node), called on ddprun's main thread.
 struct AttemptHooks {
   std::function<void(const WorkerOutcome&)> on_local_failure;  // this node's first failure
+  std::function<void(const std::vector<WorkerOutcome>&)> on_started;  // every worker started (rank, pid)
 };
 
 }  // namespace ddprun

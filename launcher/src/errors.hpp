@@ -21,5 +21,7 @@ class LaunchError : public std::runtime_error {
 
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitLaunch = 1;
+// --stall_action=stop ended a job that made no progress (as timeout(1) exits).
+inline constexpr int kExitStalled = 124;
 
 }  // namespace ddprun

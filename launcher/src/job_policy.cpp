@@ -40,7 +40,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
 
   std::optional<FailureNotice> winner;  // the job's first failure, once this node published one
   membership_.start_watch(attempt, [this, attempt](const FailureNotice& n) {
-    workers_.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0});
+    workers_.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0, {}});
   });
   // The watch calls into this policy: it must stop before an exception leaves here.
   struct StopWatch {
@@ -54,7 +54,27 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
     if (auto error = read_worker_error(w.error_file); error && !error->message.empty()) what += ": " + error->message;
     winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), std::move(what)));
   };
-  AttemptResult result = workers_.run(attempt, layout, hooks);
+  // A watch may end the job (--stall_action=stop): this node's workers stop first, so
+  // its own summary carries the whole report, then every other node hears of it.
+  auto stop_job = [this, attempt](const JobStop& stop) {
+    workers_.stop_for_remote(attempt, {stop.headline, stop.status, false, stop.report});
+    membership_.publish_failure(attempt, notice(-1, stop.status, stop.headline));
+  };
+  hooks.on_started = [&](const std::vector<WorkerOutcome>& started) {
+    for (AttemptWatch* w : options_.watches) w->started(attempt, layout, started, stop_job);
+  };
+  struct EndWatches {
+    const std::vector<AttemptWatch*>& watches;
+    int attempt;
+    ~EndWatches() {
+      for (AttemptWatch* w : watches) w->ended(attempt);
+    }
+  };
+  AttemptResult result;
+  {
+    EndWatches end_watches{options_.watches, attempt};
+    result = workers_.run(attempt, layout, hooks);
+  }
 
   if (result.stop_signal != 0 && !result.root_cause) {
     winner = membership_.publish_failure(
@@ -89,7 +109,7 @@ void JobPolicy::settle_root_cause(AttemptResult& result, std::optional<FailureNo
   // node's failure, or this node's own notice when it was not a worker of this node.
   bool local_worker_won = winner && result.root_cause && winner->node == options_.node_rank && winner->rank >= 0;
   if (winner && !local_worker_won && !result.remote) {
-    result.remote = RemoteCause{winner->describe(), winner->status, winner->rank >= 0};
+    result.remote = RemoteCause{winner->describe(), winner->status, winner->rank >= 0, {}};
   }
 }
 

@@ -20,6 +20,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attempt_result.hpp"
 #include "failure_notice.hpp"
@@ -63,6 +64,26 @@ class Membership {
   virtual void leave(int attempt, std::chrono::milliseconds linger) = 0;
 };
 
+// What a watch beside the attempt (stall detection) may ask for: the job ends with
+// this as its root cause, through the usual failure path (every node stops).
+struct JobStop {
+  int status = 1;         // the status every node exits with
+  std::string headline;   // one line, as the other nodes see it
+  std::string report;     // this node's failure summary shows it whole
+};
+
+// Watches an attempt from beside it: stall detection, the runtime file that
+// `ddprun status` reads. Both calls come on ddprun's main thread.
+class AttemptWatch {
+ public:
+  virtual ~AttemptWatch() = default;
+  // The attempt's workers started. `stop_job` may be called from any thread until ended().
+  virtual void started(int attempt, const JobLayout& layout, const std::vector<WorkerOutcome>& workers,
+                       std::function<void(const JobStop&)> stop_job) = 0;
+  // The attempt's workers are all gone.
+  virtual void ended(int attempt) = 0;
+};
+
 struct JobPolicyOptions {
   int node_rank = 0;
   std::string hostname;
@@ -72,6 +93,8 @@ struct JobPolicyOptions {
   bool hosts_store = false;
   // Where failure summaries go (ddprun: the console's stderr).
   std::function<void(const std::string&)> print;
+  // Told when each attempt's workers start and end (not owned; may be empty).
+  std::vector<AttemptWatch*> watches;
 };
 
 class JobPolicy {

@@ -18,6 +18,9 @@
 #include "options.hpp"
 #include "rdzv/token.hpp"
 #include "rendezvous_agent.hpp"
+#include "runtime_file.hpp"
+#include "stall_monitor.hpp"
+#include "status.hpp"
 #include "store_host.hpp"
 #include "supervisor.hpp"
 
@@ -133,7 +136,26 @@ int launch(ddprun::LaunchPlan& plan) {
   } else {
     membership = std::make_unique<ddprun::SingleNodeMembership>(plan, job.store_host->port(), job.store_token);
   }
+  // Beside each attempt: stall detection, and the runtime file `ddprun status` reads.
+  ddprun::StallMonitorOptions stall;
+  stall.timeout_s = o.stall_timeout;
+  stall.action = o.stall_stop ? ddprun::StallAction::Stop : ddprun::StallAction::Report;
+  stall.run_id = plan.run_id;
+  stall.node_rank = o.node_rank;
+  stall.nnodes = o.nnodes;
+  stall.hostname = plan.hostname;
+  stall.print = [](const std::string& text) { ddprun::Console::err().write(text); };
+  ddprun::StallMonitor stall_monitor(std::move(stall));
+  ddprun::RuntimeInfo runtime;
+  runtime.run_id = plan.run_id;
+  runtime.pid = getpid();
+  runtime.hostname = plan.hostname;
+  runtime.node_rank = o.node_rank;
+  runtime.nnodes = o.nnodes;
+  ddprun::RuntimeFile runtime_file(std::move(runtime));
+
   ddprun::JobPolicyOptions policy;
+  policy.watches = {&runtime_file, &stall_monitor};
   policy.node_rank = o.node_rank;
   policy.hostname = plan.hostname;
   policy.max_restarts = o.max_restarts;
@@ -161,6 +183,8 @@ int run(int argc, char** argv) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   set_up_logging();
+  // A subcommand only as the first argument: `ddprun -- status` runs a program named status.
+  if (argc > 1 && std::string_view(argv[1]) == "status") return ddprun::run_status(argc - 1, argv + 1);
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version

@@ -37,6 +37,8 @@ struct RawFlags {
   std::string join_timeout = "600";
   std::string heartbeat_timeout = "10";
   std::string exit_barrier_timeout = "300";
+  std::string stall_timeout = "300";
+  std::string stall_action = "report";
 };
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
@@ -74,17 +76,6 @@ int parse_nnodes(const std::string& text) {
   return static_cast<int>(*a);
 }
 
-// HOST:PORT, [IPv6]:PORT
-std::pair<std::string, int> parse_endpoint(const std::string& text) {
-  auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
-  std::string host = text.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  int port = integer_in("--rdzv_endpoint", text.substr(colon + 1), 1, 65535, "expected HOST:PORT");
-  if (host.empty() || host.find_first_of(" \t") != std::string::npos) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
-  return {host, port};
-}
-
 void validate_nproc(const std::string& text) {
   if (text == "gpu" || text == "cpu" || text == "auto") return;
   integer_in("--nproc_per_node", text, 1, 4096, "expected a worker count (1-4096), gpu, cpu or auto");
@@ -116,6 +107,16 @@ class UsageFormatter : public CLI::Formatter {
 
 }  // namespace
 
+std::pair<std::string, int> parse_endpoint(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = integer_in("--rdzv_endpoint", text.substr(colon + 1), 1, 65535, "expected HOST:PORT");
+  if (host.empty() || host.find_first_of(" \t") != std::string::npos) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
+  return {host, port};
+}
+
 ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"ddprun: launch and supervise one worker process per GPU or CPU slot (a torchrun replacement).",
                "ddprun"};
@@ -128,7 +129,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
       "ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_* as under torchrun.\n"
       "Exit status: 0 on success; the first failed worker's status (128+N when killed by signal N);\n"
-      "128+N when ddprun itself got signal N; 2 for a bad command line; 1 when the launch cannot start.");
+      "128+N when ddprun itself got signal N; 124 when --stall_action=stop ended a stalled job;\n"
+      "2 for a bad command line; 1 when the launch cannot start.\n"
+      "ddprun status [--run_id ID | --rdzv_endpoint HOST:PORT --rdzv_id ID] [--json] [--watch [S]]\n"
+      "shows a running job's ranks (ddprun status --help); \"status\" is a subcommand only as the first\n"
+      "argument: run a program named status as ddprun -- status or ddprun ./status.");
   app.prefix_command();  // the first positional is PROGRAM; the rest belongs to it
   app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
 
@@ -185,6 +190,14 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "Seconds after which a node that cannot be reached counts as failed")->default_str("10");
   app.add_option("--exit_barrier_timeout,--exit-barrier-timeout", raw.exit_barrier_timeout,
                  "Seconds a node whose workers finished waits for the other nodes")->default_str("300");
+  app.add_option("--stall_timeout,--stall-timeout", raw.stall_timeout,
+                 "Seconds without any rank completing a collective (while one waits in it) before ddprun "
+                 "prints a stall report with every rank's call and every worker's stacks; 0 turns it off")
+      ->default_str("300");
+  app.add_option("--stall_action,--stall-action", raw.stall_action,
+                 "After a stall report: report (the job goes on) or stop (the job ends with the report as "
+                 "its root cause, status 124)")
+      ->default_str("report");
   app.add_flag("-v,--verbose", opts.verbose, "Print the launch plan before starting");
 
   try {
@@ -268,6 +281,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   opts.heartbeat_timeout = seconds_in("--heartbeat_timeout", raw.heartbeat_timeout, false);
   if (opts.heartbeat_timeout < 2) invalid("--heartbeat_timeout", raw.heartbeat_timeout, "expected at least 2 seconds");
   opts.exit_barrier_timeout = seconds_in("--exit_barrier_timeout", raw.exit_barrier_timeout, false);
+  opts.stall_timeout = seconds_in("--stall_timeout", raw.stall_timeout, true);
+  if (raw.stall_action != "report" && raw.stall_action != "stop") {
+    invalid("--stall_action", raw.stall_action, "expected report or stop");
+  }
+  opts.stall_stop = raw.stall_action == "stop";
 
   // Inside `srun ddprun ...`, Slurm fills in what the flags left open.
   ExplicitFlags given;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stream_spec.hpp"
@@ -36,6 +37,8 @@ struct LaunchOptions {
   double join_timeout = 600.0;            // seconds to wait for every node to join
   double heartbeat_timeout = 10.0;        // seconds until a silent, unreachable node counts as failed
   double exit_barrier_timeout = 300.0;    // seconds a finished node waits for the others
+  double stall_timeout = 300.0;           // seconds without a completed call before a stall report; 0: off
+  bool stall_stop = false;                // --stall_action=stop: a stall ends the job
   bool verbose = false;
   std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
   std::string program;
@@ -46,6 +49,9 @@ struct LaunchOptions {
 struct ParsedCommandLine {
   std::optional<LaunchOptions> options;  // empty when --help or --version was handled
 };
+
+// "HOST:PORT" or "[IPv6]:PORT" of --rdzv_endpoint. Throws UsageError.
+std::pair<std::string, int> parse_endpoint(const std::string& text);
 
 // Parses argv. Prints --help/--version text to stdout and returns no options for them.
 // Throws UsageError with a one-line message for anything invalid.

@@ -59,7 +59,11 @@ std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& 
   } else {
     os << "failed\n";
   }
-  if (result.remote) {
+  if (result.remote && !result.remote->report.empty()) {
+    os << "Root cause (ddprun stopped a stalled job, --stall_action=stop):\n";
+    os << result.remote->report;
+    os << "  every node exits with status " << result.remote->status << "\n";
+  } else if (result.remote) {
     os << "Root cause (first failure in the job, on another node or of a whole node):\n";
     os << "  " << result.remote->description << "\n";
     os << "  every node exits with status " << result.remote->status << "\n";

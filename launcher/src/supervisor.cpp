@@ -252,6 +252,11 @@ void WorkerGroup::start() {
     open_streams_ += 2;
     ++running_;
   }
+  if (hooks_.on_started) {
+    std::vector<WorkerOutcome> started;
+    for (auto& w : workers_) started.push_back(w->outcome);
+    hooks_.on_started(started);
+  }
 }
 
 void WorkerGroup::read_some(Stream& s) {
@@ -439,7 +444,8 @@ void WorkerGroup::on_signal(int sig) {
 
 void WorkerGroup::on_remote_failure(RemoteCause cause) {
   if (stopping_ || done_) return;
-  std::string why = "the job failed elsewhere: " + cause.description;
+  // A stall this node reported (it carries the report) did not happen elsewhere.
+  std::string why = (cause.report.empty() ? "the job failed elsewhere: " : "") + cause.description;
   remote_ = std::move(cause);
   begin_stop(SIGTERM, why);
 }

@@ -336,3 +336,50 @@ TEST_CASE("the watch stops before an exception from the attempt leaves the polic
   CHECK(job.membership.unwatches == 1);
   CHECK_FALSE(job.membership.watcher);
 }
+
+namespace {
+
+// A watch that ends the job when the attempt's workers start, as the stall monitor
+// does with --stall_action=stop.
+class StoppingWatch : public ddprun::AttemptWatch {
+ public:
+  std::vector<int> started_attempts, ended_attempts;
+  std::vector<pid_t> pids;
+  void started(int attempt, const ddprun::JobLayout&, const std::vector<ddprun::WorkerOutcome>& workers,
+               std::function<void(const ddprun::JobStop&)> stop_job) override {
+    started_attempts.push_back(attempt);
+    for (const auto& w : workers) pids.push_back(w.pid);
+    stop_job({ddprun::kExitStalled, "stalled: rank 1 never arrived", "REPORT TEXT\n"});
+  }
+  void ended(int attempt) override { ended_attempts.push_back(attempt); }
+};
+
+}  // namespace
+
+TEST_CASE("a watch's stop ends the job with its report as root cause, on every node, without a restart",
+          "[job_policy]") {
+  Job job;
+  StoppingWatch watch;
+  job.workers.attempts = {[](FakeWorkers& w, const AttemptHooks& hooks) {
+    AttemptResult r;
+    r.workers = {worker(0, 128 + SIGTERM), worker(1, 128 + SIGTERM)};
+    REQUIRE(hooks.on_started);
+    hooks.on_started(r.workers);
+    r.remote = w.told_to_stop;
+    return r;
+  }};
+  auto options = job.options(2);
+  options.watches = {&watch};
+  CHECK(ddprun::JobPolicy(job.plan, job.workers, job.membership, options).run() == ddprun::kExitStalled);
+  CHECK(watch.started_attempts == std::vector<int>{0});
+  CHECK(watch.ended_attempts == std::vector<int>{0});
+  CHECK(watch.pids == std::vector<pid_t>{1000, 1001});
+  REQUIRE(job.membership.published.size() == 1);
+  CHECK(job.membership.published[0].rank == -1);
+  CHECK(job.membership.published[0].status == ddprun::kExitStalled);
+  CHECK(job.membership.published[0].what == "stalled: rank 1 never arrived");
+  REQUIRE(job.summaries.size() == 1);
+  CHECK_THAT(job.summaries[0], Catch::Contains("Root cause (ddprun stopped a stalled job, --stall_action=stop):\n"
+                                               "REPORT TEXT\n  every node exits with status 124"));
+  CHECK(job.workers.ran == std::vector<int>{0});  // restarts were left, but a stall is not restarted
+}

@@ -133,3 +133,15 @@ TEST_CASE("each bad value is one UsageError naming the flag", "[options]") {
     CHECK(message.find('\n') == std::string::npos);
   }
 }
+
+TEST_CASE("stall flags: defaults, both spellings, bad values refused", "[options]") {
+  auto d = parse({"prog"});
+  CHECK(d.stall_timeout == 300.0);
+  CHECK_FALSE(d.stall_stop);
+  auto o = parse({"--stall-timeout=2.5", "--stall_action", "stop", "prog"});
+  CHECK(o.stall_timeout == 2.5);
+  CHECK(o.stall_stop);
+  CHECK(parse({"--stall_timeout=0", "prog"}).stall_timeout == 0.0);
+  CHECK(usage_error({"--stall_timeout=-1", "prog"}) == "invalid --stall_timeout '-1': expected a number of seconds >= 0");
+  CHECK(usage_error({"--stall_action=kill", "prog"}) == "invalid --stall_action 'kill': expected report or stop");
+}

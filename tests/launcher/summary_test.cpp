@@ -94,7 +94,7 @@ TEST_CASE("another node's failure record is printed as escaped text, never raw b
   plan.run_id = "victim";
   plan.hostname = "node0";
   ddprun::AttemptResult result;
-  result.remote = ddprun::RemoteCause{notice.describe(), notice.status, false};
+  result.remote = ddprun::RemoteCause{notice.describe(), notice.status, false, {}};
   std::string text = ddprun::format_failure_summary(plan, result, 0);
   INFO(text);
   CHECK_THAT(text, Catch::Contains("node 1 (evil\\x1b]0;pwned\\x07): rm -rf \\x1b[8m\\xff\\xc3"));

@@ -22,6 +22,12 @@
 //   now                        print "started <wall-clock seconds>" (launch latency benchmarks)
 //   store                      join the job's store from DDPRUN_STORE_*: rank 0 sets "hello",
 //                              every rank gets it and adds to "count", then waits for all ranks
+//   progress steady            publish ProgressRecords as the worker runtime does (contract,
+//                              JobKeys(restart).progress(RANK), every 0.5 s): one all_reduce of
+//                              group 0 and one step completed every 0.1 s, until stopped
+//   progress stall R N         every rank completes all_reduce #1..#N, then rank R "computes"
+//                              (sleeps) while the others wait in #N+1; until stopped
+//   progress fail R N          as stall, but rank 0's #N+1 is in state "failed" (timed out)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -39,6 +45,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ddp/contract/job_records.hpp"
+#include "ddp/contract/store_keys.hpp"
 #include "ddp/contract/worker_env.hpp"
 #include "rdzv/prefix_store.hpp"
 #include "rdzv/tcp_store.hpp"
@@ -131,6 +139,78 @@ int mode_bind_master_port() {
   return 0;
 }
 
+// How to reach the job's store from DDPRUN_STORE_* (read through the contract).
+rdzv::TcpStoreOptions job_store(const ddp::contract::StoreEndpoint& e) {
+  rdzv::TcpStoreOptions o;
+  o.host = e.addr;
+  o.port = static_cast<uint16_t>(e.port);
+  o.token = e.token;
+  o.ns = e.ns;
+  o.connect_timeout = std::chrono::seconds(10);
+  return o;
+}
+
+// A process group "0" as the worker runtime's flight recorder would summarise it.
+ddp::contract::OpSummary call(uint64_t seq, const char* state, int64_t since_ms) {
+  return {seq, "all_reduce 1024×f32 sum", state, since_ms};
+}
+
+int mode_progress(int argc, char** argv) {
+  using ddp::contract::unix_millis_now;
+  const std::string scenario = argc > 2 ? argv[2] : "";
+  const int victim = argc > 3 ? std::atoi(argv[3]) : -1;
+  const uint64_t before = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 0;
+  if (scenario != "steady" && !((scenario == "stall" || scenario == "fail") && argc == 5)) return -1;
+  const auto env = ddp::contract::WorkerEnv::from_environment();
+  if (!env.store) {
+    std::fprintf(stderr, "progress: no DDPRUN_STORE_* variables\n");
+    return 1;
+  }
+  rdzv::TcpStore store(job_store(*env.store));  // job keys are not under the groups' prefix
+  const std::string key = ddp::contract::JobKeys(env.restart_count).progress(env.rank);
+  ddp::contract::ProgressRecord rec;
+  rec.rank = env.rank;
+  rec.pid = getpid();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  rec.host = host;
+  ddp::contract::GroupProgress g;
+  g.group = "0";
+  g.rank = env.rank;
+  g.size = env.world_size;
+  rec.groups.push_back(g);
+  auto& group = rec.groups[0];
+  auto complete = [&](uint64_t seq) {
+    int64_t now = unix_millis_now();
+    group.issued = group.completed = seq;
+    group.current = group.last_completed = call(seq, "completed", now);
+    rec.steps = seq;
+  };
+  auto publish = [&] {
+    rec.time_ms = unix_millis_now();
+    store.set(key, rec.encode());
+  };
+  if (scenario == "steady") {
+    for (uint64_t seq = 1;; ++seq) {
+      complete(seq);
+      if (seq % 5 == 1) publish();
+      usleep(100 * 1000);
+    }
+  }
+  for (uint64_t seq = 1; seq <= before; ++seq) complete(seq);
+  publish();
+  say("progress: completed " + std::to_string(before));
+  if (env.rank != victim) {
+    group.issued = before + 1;
+    const bool failed = scenario == "fail" && env.rank == 0;
+    group.current = call(before + 1, failed ? "failed" : "started", unix_millis_now());
+  }
+  while (true) {
+    publish();
+    usleep(500 * 1000);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -211,13 +291,7 @@ int main(int argc, char** argv) {
       // checks the raw variables).
       const auto env = ddp::contract::WorkerEnv::from_environment();
       if (!env.store) throw std::runtime_error("no DDPRUN_STORE_* variables");
-      rdzv::TcpStoreOptions o;
-      o.host = env.store->addr;
-      o.port = static_cast<uint16_t>(env.store->port);
-      o.token = env.store->token;
-      o.ns = env.store->ns;
-      o.connect_timeout = std::chrono::seconds(10);
-      rdzv::TcpStore base(o);
+      rdzv::TcpStore base(job_store(*env.store));
       rdzv::PrefixStore store(env.store->prefix, base);
       if (rank == 0) store.set("hello", "from rank 0");
       std::string got = store.get("hello", std::chrono::seconds(10));
@@ -233,6 +307,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "store: %s\n", e.what());
       return 1;
     }
+  }
+  if (mode == "progress") {
+    int status = mode_progress(argc, argv);
+    if (status >= 0) return status;
   }
   if (mode == "now") {
     timespec ts{};

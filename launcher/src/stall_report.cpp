@@ -1,0 +1,359 @@
+// The stall report (stall_report.hpp): the cross-rank analysis of the progress
+// records, and the process-level part with native stacks from gdb or py-spy.
+#include "stall_report.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <sstream>
+
+extern char** environ;
+
+namespace ddprun {
+
+using ddp::contract::GroupProgress;
+using ddp::contract::OpSummary;
+using ddp::contract::ProgressRecord;
+
+namespace {
+
+bool waiting(const GroupProgress& g) {
+  return g.current && g.current->state != "completed" && g.issued > g.completed;
+}
+
+std::string seconds_text(int64_t ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(std::max<int64_t>(ms, 0)) / 1000.0);
+  return text;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
+}
+
+}  // namespace
+
+std::string call_name(const std::string& group, const OpSummary& op) {
+  std::string name = op.what.substr(0, op.what.find(' '));
+  return name + " #" + std::to_string(op.seq) + " of group " + group;
+}
+
+uint64_t progress_signature(const ProgressRecords& records) {
+  uint64_t sum = 0;
+  for (const auto& r : records) {
+    if (!r) continue;
+    for (const auto& g : r->groups) sum += g.completed;
+  }
+  return sum;
+}
+
+bool any_rank_waiting(const ProgressRecords& records) {
+  for (const auto& r : records) {
+    if (!r) continue;
+    for (const auto& g : r->groups) {
+      if (waiting(g)) return true;
+    }
+  }
+  return false;
+}
+
+bool any_call_failed(const ProgressRecords& records) {
+  for (const auto& r : records) {
+    if (!r) continue;
+    for (const auto& g : r->groups) {
+      if (g.current && g.current->state == "failed") return true;
+    }
+  }
+  return false;
+}
+
+std::optional<int64_t> last_completion_ms(const ProgressRecords& records) {
+  std::optional<int64_t> latest;
+  for (const auto& r : records) {
+    if (!r) continue;
+    for (const auto& g : r->groups) {
+      if (g.last_completed && (!latest || g.last_completed->since_ms > *latest)) latest = g.last_completed->since_ms;
+    }
+  }
+  return latest;
+}
+
+StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
+  struct Member {
+    int rank;
+    const GroupProgress* group;
+  };
+  std::map<std::string, std::vector<Member>> groups;
+  std::vector<int> no_record;
+  for (size_t r = 0; r < records.size(); ++r) {
+    if (!records[r]) {
+      no_record.push_back(static_cast<int>(r));
+      continue;
+    }
+    for (const auto& g : records[r]->groups) groups[g.group].push_back({static_cast<int>(r), &g});
+  }
+
+  StallAnalysis out;
+  std::ostringstream os;
+  std::vector<int> all_waiting;
+  for (const auto& [name, members] : groups) {
+    const GroupProgress* first_waiter = nullptr;
+    uint64_t target = 0;  // the call the waiting ranks are in (the highest of them)
+    for (const Member& m : members) {
+      if (!waiting(*m.group)) continue;
+      if (!first_waiter || m.group->current->seq > target) {
+        first_waiter = m.group;
+        target = m.group->current->seq;
+      }
+    }
+    if (!first_waiter) continue;
+    OpSummary target_op = *first_waiter->current;
+    target_op.seq = target;
+    os << "  group " << name << " (" << first_waiter->size << " ranks), stuck at " << call_name(name, target_op) << ":\n";
+    std::vector<int> missing, waiters;
+    for (const Member& m : members) {
+      const GroupProgress& g = *m.group;
+      if (waiting(g)) {
+        waiters.push_back(m.rank);
+        all_waiting.push_back(m.rank);
+        os << "    rank " << m.rank << " waits in " << call_name(name, *g.current) << " (" << g.current->what << ", "
+           << g.current->state << ") since " << ddp::contract::clock_time(g.current->since_ms) << ", "
+           << seconds_text(now_ms - g.current->since_ms) << "\n";
+      } else if (g.issued < target) {
+        missing.push_back(m.rank);
+        os << "    rank " << m.rank << " never arrived; last completed ";
+        if (g.last_completed) {
+          os << call_name(name, *g.last_completed) << " (" << g.last_completed->what << ") at "
+             << ddp::contract::clock_time(g.last_completed->since_ms) << "\n";
+        } else {
+          os << "nothing in this group\n";
+        }
+      }
+    }
+    if (static_cast<int>(members.size()) < first_waiter->size) {
+      if (name == "0") {
+        for (int r : no_record) missing.push_back(r);
+      }
+      os << "    " << first_waiter->size - static_cast<int>(members.size())
+         << " member(s) published no progress record"
+         << (name == "0" && !no_record.empty() ? " (ranks " + rank_list(no_record) + ")" : "") << "\n";
+    }
+    if (out.headline.empty()) {
+      if (!missing.empty()) {
+        out.headline = std::string(missing.size() == 1 ? "rank " : "ranks ") + rank_list(missing) +
+                       " never arrived at " + call_name(name, target_op) + ", which " +
+                       (waiters.size() == 1 ? "rank " : "ranks ") + rank_list(waiters) + " wait" +
+                       (waiters.size() == 1 ? "s" : "") + " in";
+        out.stalled = missing;
+      } else {
+        out.headline = std::string(waiters.size() == 1 ? "rank " : "ranks ") + rank_list(waiters) + " wait" +
+                       (waiters.size() == 1 ? "s" : "") + " in " + call_name(name, target_op) +
+                       (target_op.state == "failed" ? ", which failed" : " and it does not complete");
+      }
+    }
+  }
+  if (out.headline.empty()) out.headline = "no rank completed a call, and none waits in one";
+  if (out.stalled.empty()) {
+    std::sort(all_waiting.begin(), all_waiting.end());
+    all_waiting.erase(std::unique(all_waiting.begin(), all_waiting.end()), all_waiting.end());
+    out.stalled = all_waiting;
+  }
+  if (groups.empty()) os << "  no rank published a progress record (workers that do not use the ddprun runtime)\n";
+  out.text = os.str();
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string state_meaning(char c) {
+  switch (c) {
+    case 'R': return "running";
+    case 'S': return "sleeping";
+    case 'D': return "uninterruptible wait";
+    case 'T': return "stopped";
+    case 't': return "traced";
+    case 'Z': return "zombie";
+    case 'X': return "dead";
+    case 'I': return "idle";
+    default: return "unknown";
+  }
+}
+
+// Where an executable lies on PATH, or "".
+std::string on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// Runs argv with stdout and stderr captured, for at most `timeout`; returns what it wrote.
+std::string capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return "(cannot create a pipe)\n";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return "(cannot run " + argv[0] + ")\n";
+  }
+  // ddprun reaps every child it has (it is the subreaper): the pidfd keeps this pid ours.
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  std::string out;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool timed_out = false;
+  char buf[8192];
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    ssize_t n = read(fds[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    if (out.size() < (1u << 20)) out.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  if (timed_out && pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+  if (pidfd >= 0) close(pidfd);
+  waitpid(pid, nullptr, 0);  // may already be reaped by the supervisor: then ECHILD
+  if (timed_out) out += "(gave up after " + std::to_string(timeout.count() / 1000) + " s)\n";
+  return out;
+}
+
+// gdb prints much besides the stacks: keep the thread headers and frames.
+std::string stack_lines(const std::string& text) {
+  std::ostringstream os;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Thread ", 0) == 0 || line.rfind("#", 0) == 0 || line.rfind("(", 0) == 0) os << "      " << line << "\n";
+  }
+  return os.str();
+}
+
+std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
+  std::string exe;
+  std::error_code ec;
+  exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).filename().string();
+  if (exe.rfind("python", 0) == 0) {
+    std::string py_spy = on_path("py-spy");
+    if (!py_spy.empty()) {
+      std::string text = capture({py_spy, "dump", "--pid", std::to_string(pid)}, timeout);
+      std::string indented;
+      std::istringstream in(text);
+      for (std::string line; std::getline(in, line);) indented += "      " + line + "\n";
+      return "    Python stacks (py-spy dump):\n" + indented;
+    }
+  }
+  std::string gdb = on_path("gdb");
+  if (gdb.empty()) return "    no stacks: gdb is not installed (Debian package gdb; scripts/setup installs it)\n";
+  // No debuginfod: a report must not wait on (or reach) the network for symbols.
+  std::string text = capture({gdb, "-p", std::to_string(pid), "-batch", "-nx", "-iex", "set debuginfod enabled off",
+                              "-iex", "set auto-load off", "-ex", "set pagination off", "-ex", "thread apply all bt"},
+                             timeout);
+  std::string frames = stack_lines(text);
+  if (frames.empty()) {
+    std::string last = text.substr(text.rfind('\n', text.size() >= 2 ? text.size() - 2 : 0) + 1);
+    return "    no stacks from gdb (" + (last.empty() ? std::string("no output") : last.substr(0, 200)) +
+           "); gdb needs ptrace rights over the worker (root or kernel.yama.ptrace_scope=0)\n";
+  }
+  return "    native stacks (gdb):\n" + frames;
+}
+
+}  // namespace
+
+std::string process_state(pid_t pid) {
+  std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return "";
+  char c = stat[close + 2];
+  return std::string(1, c) + " (" + state_meaning(c) + ")";
+}
+
+int64_t process_rss_kb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
+  }
+  return -1;
+}
+
+std::string describe_processes(const std::string& host, const std::vector<WorkerProcess>& workers,
+                               const ProcessReportOptions& options) {
+  // Every state first: a debugger attached to one worker must not show in another's.
+  std::vector<std::string> states(workers.size()), wchans(workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    states[i] = process_state(workers[i].pid);
+    wchans[i] = read_text("/proc/" + std::to_string(workers[i].pid) + "/wchan");
+  }
+  std::vector<std::future<std::string>> stacks(workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    bool alive = !states[i].empty() && states[i][0] != 'Z' && states[i][0] != 'X';
+    if (alive && options.stacks) {
+      stacks[i] = std::async(std::launch::async, stacks_of, workers[i].pid, options.stack_timeout);
+    }
+  }
+  std::ostringstream os;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const WorkerProcess& w = workers[i];
+    os << "  rank " << w.rank << " on " << host << ", pid " << w.pid << ": ";
+    if (states[i].empty()) {
+      os << "gone\n";
+      continue;
+    }
+    const std::string& wchan = wchans[i];
+    os << "alive, state " << states[i] << (wchan.empty() || wchan == "0" ? "" : ", wchan " + wchan);
+    int threads = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(w.pid) + "/task", ec);
+         !ec && it != std::filesystem::directory_iterator(); ++it) {
+      ++threads;
+    }
+    os << ", " << threads << " thread(s)\n";
+    if (stacks[i].valid()) os << stacks[i].get();
+  }
+  return os.str();
+}
+
+}  // namespace ddprun

@@ -1,0 +1,312 @@
+// Stall reports and `ddprun status`, end to end: the real ddprun with real workers.
+// test_worker's "progress" modes publish ProgressRecords through the contract as the
+// worker runtime does; the [recorder] cases use the worker runtime itself
+// (collective_worker), so they pass once the runtime publishes its records.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <thread>
+
+#include "e2e.hpp"
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kCollectiveWorker = COLLECTIVE_WORKER_BIN;
+const std::string kRendezvousBin = RENDEZVOUS_BIN;
+
+// Polls `ready` on a process's stderr; returns the seconds since its start when it held.
+std::optional<double> wait_for_stderr(const Process& p, const std::function<bool(const std::string&)>& ready,
+                                      std::chrono::milliseconds timeout) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (ready(p.err())) return p.seconds_since_start();
+    std::this_thread::sleep_for(20ms);
+  }
+  return std::nullopt;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// Every rank printed "progress: completed N": the stall's onset, in seconds since start.
+double onset_of(const Process& p, int ranks) {
+  double at = -1;
+  bool ok = p.wait_for_stdout([&](const std::string& out) { return count_of(out, "progress: completed") >= size_t(ranks); },
+                              30s);
+  REQUIRE(ok);
+  at = p.seconds_since_start();
+  return at;
+}
+
+// An environment whose runtime files go to a folder of this test.
+ProcessOptions runtime_env(const TempDir& dir) {
+  ProcessOptions o;
+  o.set_env["XDG_RUNTIME_DIR"] = dir.path().string();
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that sleeps in its compute loop gets one stall report naming it and the job goes on",
+          "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", "--stall_timeout=2", "--grace_period=2", e2e::kWorker,
+                         "progress", "stall", "1", "5"}),
+            runtime_env(runtime));
+  double onset = onset_of(p, 3);
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 30s);
+  INFO(p.err());
+  REQUIRE(reported);
+  std::printf("stall report %.2f s after the stall began (--stall_timeout=2)\n", *reported - onset);
+  CHECK(*reported - onset < 2 + 5);  // target: timeout + 2 s; margin for a loaded machine
+  const std::string err = p.err();
+  CHECK(contains(err, "rank 1 never arrived at all_reduce #6 of group 0, which ranks 0,2 wait in"));
+  CHECK(contains(err, "rank 0 waits in all_reduce #6 of group 0 (all_reduce 1024×f32 sum, started) since"));
+  CHECK(contains(err, "rank 1 never arrived; last completed all_reduce #5 of group 0"));
+  CHECK(contains(err, "Worker processes:"));
+  for (int r = 0; r < 3; ++r) CHECK(contains(err, "rank " + std::to_string(r) + " on "));
+  CHECK(count_of(err, ": alive, state ") == 3);
+  CHECK(count_of(err, "native stacks (gdb):") == 3);
+  CHECK(contains(err, "Thread 1"));
+  CHECK(contains(err, "mode_progress"));  // the frame rank 1 sleeps in
+  // While the stall lasts, `ddprun status` calls the ranks stalled.
+  auto status = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
+  INFO(status.out << status.err);
+  CHECK(count_of(status.out, " stalled ") == 3);
+  // Once per episode: the job goes on and nothing is printed again while it stays stuck.
+  std::this_thread::sleep_for(4s);
+  CHECK(!p.wait(0ms).has_value());
+  CHECK(count_of(p.err(), "stall report for job") == 1);
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+TEST_CASE("stall action stop ends the job with the stall report as root cause", "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--stall_action=stop",
+                         "--grace_period=2", e2e::kWorker, "progress", "stall", "0", "3"}),
+            runtime_env(runtime));
+  auto status = p.wait(60s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 124);
+  const std::string err = p.err();
+  auto root = err.find("Root cause (ddprun stopped a stalled job, --stall_action=stop):");
+  REQUIRE(root != std::string::npos);
+  std::string rest = err.substr(root);
+  CHECK(contains(rest, "rank 0 never arrived at all_reduce #4 of group 0, which rank 1 waits in"));
+  CHECK(contains(rest, "rank 1 waits in all_reduce #4 of group 0"));
+  CHECK(contains(rest, "native stacks (gdb):"));
+  CHECK(contains(rest, "every node exits with status 124"));
+  CHECK(count_of(err, "stall report for job") == 1);
+}
+
+TEST_CASE("a failed call gets a report at once while the other ranks still live", "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--grace_period=2", e2e::kWorker, "progress", "fail",
+                         "1", "5"}),
+            runtime_env(runtime));
+  double onset = onset_of(p, 2);
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 30s);
+  INFO(p.err());
+  REQUIRE(reported);
+  CHECK(*reported - onset < 5);  // the default --stall_timeout is 300 s: this is the failed state
+  CHECK(contains(p.err(), "a call failed"));
+  CHECK(contains(p.err(), "rank 0 waits in all_reduce #6 of group 0 (all_reduce 1024×f32 sum, failed)"));
+  CHECK(contains(p.err(), "rank 1 never arrived"));
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+TEST_CASE("a worker that never uses the runtime still gets the process-level part", "[e2e][stall]") {
+  TempDir runtime;
+  // Rank 1 is a plain program (no progress record); rank 0 waits in all_reduce #3.
+  std::string script = "if [ \"$RANK\" = 1 ]; then exec sleep 600; else exec " + e2e::kWorker + " progress stall 1 2; fi";
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", script}),
+            runtime_env(runtime));
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 40s);
+  INFO(p.err());
+  REQUIRE(reported);
+  const std::string err = p.err();
+  CHECK(contains(err, "rank 1 never arrived at all_reduce #3 of group 0"));
+  CHECK(contains(err, "1 member(s) published no progress record (ranks 1)"));
+  auto at = err.find("  rank 1 on ");
+  REQUIRE(at != std::string::npos);
+  std::string part = err.substr(at, err.find("The job goes on") - at);
+  CHECK(contains(part, "alive, state S (sleeping), wchan "));
+  CHECK(contains(part, "native stacks (gdb):"));
+  CHECK((contains(part, "nanosleep") || contains(part, "sleep")));
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+TEST_CASE("ddprun status shows a running local job as a table and as JSON and its runtime file goes at exit",
+          "[e2e][status]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--rdzv_id=statusjob", e2e::kWorker, "progress",
+                         "steady"}),
+            runtime_env(runtime));
+  std::filesystem::path dir = runtime / "ddprun";
+  // Until the first records are in: ranks show "running" with a call.
+  RunResult r;
+  for (int i = 0; i < 100; ++i) {
+    r = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
+    if (r.status == 0 && count_of(r.out, "all_reduce #") == 2) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  INFO(r.out << r.err << p.err());
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "job statusjob, attempt 0, 2 rank(s)"));
+  CHECK(contains(r.out, "RANK"));
+  CHECK(count_of(r.out, "running") == 2);
+  CHECK(count_of(r.out, " MiB") == 2);
+  struct stat st {};
+  REQUIRE(stat(dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  int files = 0;
+  for (auto& f : std::filesystem::directory_iterator(dir)) {
+    REQUIRE(stat(f.path().c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+    ++files;
+  }
+  CHECK(files == 1);
+
+  // --json, parsed by a real JSON parser.
+  auto json = run(e2e::ddprun({"status", "--json"}), runtime_env(runtime), 10s);
+  REQUIRE(json.status == 0);
+  write_file(runtime / "status.json", json.out);
+  auto parsed = run({"/usr/bin/python3", "-c",
+                     "import json,sys; d=json.load(open(sys.argv[1])); "
+                     "print(d['run_id'], d['world_size'], ' '.join(r['state']+':'+str(r['call'])+':'+str(r['pid']>0)+"
+                     "':'+str(r['rss_kb']>0) for r in d['ranks']))",
+                     (runtime / "status.json").string()});
+  INFO(json.out);
+  REQUIRE(parsed.status == 0);
+  CHECK(contains(parsed.out, "statusjob 2 running:all_reduce #"));
+  CHECK(count_of(parsed.out, "of group 0:True:True") == 2);
+
+  // --watch: a second reading gives steps/s.
+  Process watch(e2e::ddprun({"status", "--json", "--watch", "0.5"}), runtime_env(runtime));
+  REQUIRE(watch.wait_for_stdout([](const std::string& o) { return count_of(o, "\"run_id\"") >= 2; }, 10s));
+  watch.send_signal(SIGINT);
+  watch.wait(5s);
+  auto second = lines_of(watch.out()).at(1);
+  CHECK(contains(second, "\"steps_per_s\":"));
+  CHECK(!contains(second, "\"steps_per_s\":null"));
+
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+  CHECK(std::filesystem::is_empty(dir));
+  auto after = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
+  CHECK(after.status == 1);
+  CHECK(contains(after.err, "no running ddprun job"));
+}
+
+TEST_CASE("ddprun status removes the stale runtime file of a dead ddprun and says so", "[e2e][status]") {
+  TempDir runtime;
+  std::filesystem::create_directory(runtime / "ddprun");
+  std::filesystem::permissions(runtime / "ddprun", std::filesystem::perms::owner_all);
+  // A pid that no longer runs: a child already reaped.
+  auto gone = run({"/bin/sh", "-c", "echo $$"});
+  std::string text = "run_id=deadjob\npid=" + lines_of(gone.out).at(0) +
+                     "\nstore_addr=127.0.0.1\nstore_port=1\nattempt=0\nworld_size=2\n";
+  write_file(runtime / "ddprun" / ("deadjob." + lines_of(gone.out).at(0)), text);
+  auto r = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "is stale: its ddprun (pid " + lines_of(gone.out).at(0) + ", job deadjob) is gone; removed it"));
+  CHECK(std::filesystem::is_empty(runtime / "ddprun"));
+}
+
+TEST_CASE("ddprun status finds a daemon-served job through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
+  TempDir dir;
+  int port = e2e::free_port();
+  write_file(dir / "token", "status-secret\n");
+  Process daemon({kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file",
+                  (dir / "token").string()});
+  REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  ProcessOptions env = runtime_env(dir);
+  env.set_env["DDPRUN_TOKEN"] = "status-secret";
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  Process job(e2e::ddprun({"--nproc_per_node=2", endpoint, "--rdzv_id=daemonjob", e2e::kWorker, "progress", "steady"}),
+              env);
+  ProcessOptions status_env;  // no runtime files: only the daemon can answer
+  status_env.set_env["DDPRUN_TOKEN"] = "status-secret";
+  status_env.set_env["XDG_RUNTIME_DIR"] = (dir / "none").string();
+  RunResult r;
+  for (int i = 0; i < 100; ++i) {
+    r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=daemonjob", "--json"}), status_env, 10s);
+    if (r.status == 0 && count_of(r.out, "all_reduce #") == 2) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  INFO(r.out << r.err << job.err());
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "\"run_id\":\"daemonjob\",\"attempt\":0,\"world_size\":2"));
+  CHECK(count_of(r.out, "\"state\":\"running\"") == 2);
+  // A wrong token is refused with one message.
+  status_env.set_env["DDPRUN_TOKEN"] = "wrong";
+  auto refused = run(e2e::ddprun({"status", endpoint, "--rdzv_id=daemonjob"}), status_env, 20s);
+  CHECK(refused.status == 1);
+  CHECK(contains(refused.err, "cannot reach job daemonjob's store"));
+  job.send_signal(SIGTERM);
+  REQUIRE(job.wait(30s).has_value());
+}
+
+TEST_CASE("a runtime worker stuck in compute gets a report naming its rank and op and sequence number",
+          "[e2e][stall][recorder]") {
+  TempDir runtime;
+  ProcessOptions env = runtime_env(runtime);
+  env.set_env["DDP_TIMEOUT_SEC"] = "120";
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=3", "--stall_action=stop",
+                         "--grace_period=2", kCollectiveWorker, "stuck", "1"}),
+            env);
+  auto status = p.wait(90s);
+  INFO(p.err() << p.out());
+  REQUIRE(status.has_value());
+  CHECK(*status == 124);
+  CHECK(contains(p.err(), "rank 1 never arrived at all_reduce #"));
+  CHECK(contains(p.err(), "of group 0, which rank 0 waits in"));
+  CHECK(contains(p.err(), "native stacks (gdb):"));
+}
+
+TEST_CASE("status is a subcommand only as the first argument and bad status flags get one line", "[e2e][status]") {
+  TempDir dir;
+  write_file(dir / "status", "#!/bin/sh\necho \"program status ran with $1\"\n", true);
+  ProcessOptions env = runtime_env(dir);
+  env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
+  auto program = run(e2e::ddprun({"--standalone", "--", "status", "x"}), env);
+  INFO(program.err);
+  CHECK(program.status == 0);
+  CHECK(contains(program.out, "[rank0]:program status ran with x"));
+  for (auto args : {std::vector<std::string>{"status", "--bogus"}, {"status", "--watch=0"},
+                    {"status", "--rdzv_endpoint=127.0.0.1:1"}, {"status", "--rdzv_endpoint=nohostport", "--rdzv_id=a"}}) {
+    auto r = run(e2e::ddprun(args), env, 10s);
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(lines_of(r.err).size() == 1);
+    CHECK(contains(r.err, "ddprun status: "));
+  }
+}
+
+TEST_CASE("stall timeout 0 turns stall detection off", "[e2e][stall]") {
+  TempDir runtime;
+  // A failed call would be reported at once (see above); with detection off nothing comes.
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=0", "--grace_period=2", e2e::kWorker,
+                         "progress", "fail", "1", "2"}),
+            runtime_env(runtime));
+  onset_of(p, 2);
+  std::this_thread::sleep_for(4s);
+  INFO(p.err());
+  CHECK(!contains(p.err(), "stall"));
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
