@@ -48,8 +48,8 @@ bool Progress::step_stamp(Xfer& x) {
   Channel& ch = *channels_[x.peer];
   const size_t left = sizeof(Stamp) - x.stamped;
   const size_t n = x.kind == Xfer::Kind::Send
-                       ? ch.write_some(reinterpret_cast<const std::byte*>(&call_) + x.stamped, left)
-                       : ch.read_some(reinterpret_cast<std::byte*>(&x.theirs) + x.stamped, left);
+                       ? ch.stage_some(reinterpret_cast<const std::byte*>(&call_) + x.stamped, left)
+                       : ch.take_some(reinterpret_cast<std::byte*>(&x.theirs) + x.stamped, left);
   x.stamped += static_cast<uint32_t>(n);
   if (x.kind != Xfer::Kind::Send && x.stamped == sizeof(Stamp) && !(x.theirs == expected_)) {
     throw Mismatched{x.peer, x.theirs};
