@@ -9,6 +9,9 @@
 //                                        the error and how long it took to see it.
 //   collective_worker stuck <victim>     <victim> stops calling collectives (alive);
 //                                        the others' all_reduce must time out.
+//   collective_worker mismatch <case> <n>  rank 0 makes another call than the others
+//                                        (all_gather, broadcast, count, dtype, root,
+//                                        reduce_op, skip, p2p): all fail with Mismatch.
 //   collective_worker misuse             bad arguments: refused up front, or (a recv of
 //                                        the wrong size) the group breaks everywhere.
 // Prints "rank R: ..." lines; exits 0 when every check passed, 1 otherwise.
@@ -403,6 +406,60 @@ int disagree(ddp::ProcessGroup& pg) {
   return 0;
 }
 
+// Rank 0 makes another call than the others (mismatch <case> <count>): every rank
+// must fail with Mismatch at once. A rank whose part of the call only sends, or
+// that never hears from rank 0, may complete it: then its data must be right, and
+// its next call (a barrier) fails.
+int mismatch(ddp::ProcessGroup& pg, const std::string& what, size_t count) {
+  const int r = pg.rank();
+  const bool odd = r == 0;
+  pg.barrier();
+  std::vector<float> v(what == "count" && !odd ? 4 * count : count, static_cast<float>(r + 1));
+  std::vector<float> out(v.size() * static_cast<size_t>(pg.size()));
+  std::vector<int32_t> iv(count, r + 1);
+  std::vector<uint8_t> bytes(odd ? count : count - 1, 7);
+  const double t0 = now_s();
+  try {
+    float want = static_cast<float>(r + 1);  // what v holds after a completed call
+    if (what == "all_gather") {
+      odd ? pg.all_reduce(ddp::view(v)) : pg.all_gather(ddp::view(v), ddp::view(out));
+    } else if (what == "broadcast") {
+      odd ? pg.all_reduce(ddp::view(v)) : pg.broadcast(ddp::view(v), 0);
+    } else if (what == "count") {
+      pg.all_reduce(ddp::view(v));
+    } else if (what == "dtype") {
+      odd ? pg.all_reduce(ddp::view(v)) : pg.all_reduce(ddp::view(iv));
+    } else if (what == "root") {
+      pg.broadcast(ddp::view(v), odd ? 0 : 1);
+      want = odd ? 1.0f : 2.0f;
+    } else if (what == "reduce_op") {
+      pg.all_reduce(ddp::view(v), odd ? ddp::ReduceOp::Sum : ddp::ReduceOp::Max);
+    } else if (what == "skip") {  // rank 0 skips the first of two all_reduces
+      if (!odd) pg.all_reduce(ddp::view(v));
+      pg.all_reduce(ddp::view(v));
+      want = static_cast<float>(pg.size() * (pg.size() + 1) / 2);
+    } else if (what == "p2p") {  // rank 0 sends count bytes, rank 1 expects count - 1
+      if (r == 0) pg.send(ddp::view(bytes), 1);
+      if (r == 1) pg.recv(ddp::view(bytes), 0);
+    } else {
+      std::fprintf(stderr, "collective_worker: unknown mismatch case %s\n", what.c_str());
+      return 2;
+    }
+    const bool right = std::all_of(v.begin(), v.end(), [&](float x) { return x == want; });
+    std::printf("rank %d: call returned, data %s\n", r, right ? "right" : "WRONG");
+    pg.barrier();
+    std::printf("rank %d: mismatch went unnoticed\n", r);
+    return 1;
+  } catch (const ddp::Mismatch& e) {
+    std::printf("rank %d: Mismatch after %.3f s: %s\n", r, now_s() - t0, e.what());
+  } catch (const ddp::Error& e) {
+    std::printf("rank %d: other error after %.3f s: %s\n", r, now_s() - t0, e.what());
+  }
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // keep the store up (see die())
+  return 0;
+}
+
 int misuse(ddp::ProcessGroup& pg) {
   const int r = pg.rank();
   std::vector<float> in(4, 1.0f), bad_out(3);
@@ -454,7 +511,9 @@ int main(int argc, char** argv) {
     if (mode == "stuck" && argc > 2) return stuck(*pg, std::atoi(argv[2]));
     if (mode == "misuse") return misuse(*pg);
     if (mode == "disagree") return disagree(*pg);
-    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank> | misuse | disagree\n");
+    if (mode == "mismatch" && argc > 3) return mismatch(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
+    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank> | misuse | disagree | "
+                 "mismatch <case> <count>\n");
     return 2;
   } catch (const ddp::contract::ContractError& e) {
     std::fprintf(stderr, "collective_worker: %s\n", e.what());

@@ -247,7 +247,8 @@ TEST_CASE("ranks that disagree on a large all-reduce's count are all refused, wi
       INFO("DDP_DISABLE_CMA=" << cma_off << " rank " << r << " stdout: " << out << "\nstderr: " << ps[r]->err());
       REQUIRE(status.has_value());
       CHECK(*status == 0);
-      CHECK(out.find("rank " + std::to_string(r) + ": refused: all_reduce: ranks disagree on the buffer") !=
+      CHECK(out.find("rank " + std::to_string(r) +
+                     ": refused: mismatched calls in group 0: rank 0: all_reduce #2 100000×f32 sum; rank ") !=
             std::string::npos);
     }
   }
@@ -265,5 +266,5 @@ TEST_CASE("caller mistakes: refused up front or the group breaks on every rank",
     CHECK(out.find("rank " + std::to_string(r) + ": broken: ") != std::string::npos);
   }
   CHECK(ps[0]->out().find("refused: all_gather: output holds 3 elements") != std::string::npos);
-  CHECK(ps[1]->out().find("it sent 100 bytes") != std::string::npos);
+  CHECK(ps[1]->out().find("rank 0: send #1 100×u8 to 1; rank 1: recv #1 80×u8 from 0") != std::string::npos);
 }

@@ -3,9 +3,12 @@
 //
 // Contract shared by every collective:
 //  - Every rank of the group calls the same collectives in the same order, with the
-//    same counts, dtypes, ops and roots. Violations are detected where cheap
-//    (counts, dtypes) and reported as InvalidArgument; otherwise they hang until the
-//    group's timeout.
+//    same counts, dtypes, ops and roots (and a recv matches its peer's send in count
+//    and dtype). On the CPU backend a violation, a skipped call included, fails the
+//    call on every rank at once with Mismatch naming both sides, before any wrong
+//    data is used, and breaks the group; a rank whose part only sends (a root's
+//    broadcast, a send) may complete it and fails at its next call. On NCCL
+//    mismatches hang until the group's timeout.
 //  - Blocking by default; with CollectiveOptions::async_op the call returns a Work at
 //    once and the operation runs on the group's progress thread. Operations of one
 //    group run one at a time in the order they were issued, sync and async alike.

@@ -25,6 +25,15 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// Ranks of a group made different calls at the same point: another op, count,
+// dtype, reduce op or root, or a skipped call (another sequence number). what()
+// names both sides ("rank 0: all_reduce #3 262144×f32 sum; rank 1: all_gather #3
+// 1048576×f32") and is the same on every rank of the group.
+class Mismatch : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 // A collective did not finish within its timeout (a peer is alive but stuck, or
 // the caller's wait() timeout passed).
 class Timeout : public Error {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "ddp/contract/worker_env.hpp"
 #include "reduce.hpp"
@@ -127,15 +126,14 @@ void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_
 
 void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
+  // Ranks that disagree on the call (count, dtype...) never get here: the stamps of
+  // these messages differ (see stamp.hpp), so nobody touches a buffer of another size.
   struct Where {
     uint64_t address;
     uint64_t region;  // 0: not in shared memory
-    uint64_t count;   // checked: ranks that disagree must not write into each other
-    uint64_t dtype;
   };
-  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.regions.shared_region_of(buf.data, buf.bytes()),
-                   buf.count, static_cast<uint64_t>(buf.dtype)};
-  std::vector<Where> where(static_cast<size_t>(n), Where{0, 0, 0, 0});
+  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.regions.shared_region_of(buf.data, buf.bytes())};
+  std::vector<Where> where(static_cast<size_t>(n), Where{0, 0});
   std::vector<Xfer> xs;
   for (int i = 0; i < n; ++i) {
     if (i == t.me) continue;
@@ -143,18 +141,8 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     xs.push_back(Xfer::recv(t.members[i], &where[static_cast<size_t>(i)], sizeof(Where)));
   }
   run(t, xs);
-  // Every rank sees the same n answers, so all take the same branch (or all throw).
+  // Every rank sees the same n answers, so all take the same branch.
   where[static_cast<size_t>(t.me)] = mine;
-  for (int i = 0; i < n; ++i) {
-    const Where& w = where[static_cast<size_t>(i)];
-    if (w.count != buf.count || w.dtype != static_cast<uint64_t>(buf.dtype)) {
-      throw InvalidArgument("all_reduce: ranks disagree on the buffer: rank " + std::to_string(t.members[i]) +
-                            " has " + std::to_string(w.count) + " elements of " +
-                            (w.dtype <= static_cast<uint64_t>(DType::U8) ? dtype_name(static_cast<DType>(w.dtype))
-                                                                          : "an unknown dtype") +
-                            ", this rank " + std::to_string(buf.count) + " of " + dtype_name(buf.dtype));
-    }
-  }
   std::vector<std::byte*> views(static_cast<size_t>(n), nullptr);
   bool mapped = mine.region != 0;
   for (int i = 0; i < n && mapped; ++i) {
@@ -281,6 +269,15 @@ void broadcast_flat(Team& t, Buffer buf, int root) {
   run(t, xs);
 }
 
+// Rooted calls: a rank may otherwise only send (a root's broadcast) or only
+// receive, and two ranks that disagree on the root might never read each other's
+// stamps. An empty message to the right and one from the left first: if any two
+// ranks disagree, some neighbours do, and they hear of it before a byte moves.
+void check_neighbours(Team& t) {
+  std::vector<Xfer> xs{Xfer::send(t.peer(t.me + 1), nullptr, 0), Xfer::recv(t.peer(t.me - 1), nullptr, 0)};
+  run(t, xs);
+}
+
 Team sub_team(Team& t, std::vector<int> members) {
   int me = 0;
   for (size_t i = 0; i < members.size(); ++i)
@@ -356,6 +353,7 @@ void all_reduce(Team& t, Buffer buf, ReduceOp op) {
 
 void broadcast(Team& t, Buffer buf, int root) {
   if (t.size() == 1 || buf.count == 0) return;
+  check_neighbours(t);
   if (t.size() == 2 || buf.bytes() <= Tuning::get().small_broadcast_bytes) broadcast_flat(t, buf, root);
   else broadcast_scatter_gather(t, buf, root);
 }
@@ -363,6 +361,7 @@ void broadcast(Team& t, Buffer buf, int root) {
 void reduce(Team& t, Buffer buf, int root, ReduceOp op) {
   const int n = t.size();
   if (n == 1 || buf.count == 0) return;
+  check_neighbours(t);
   const size_t bytes = buf.bytes();
   const ReduceOp fold = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   if (bytes <= Tuning::get().small_allreduce_bytes) {
@@ -415,6 +414,7 @@ void all_gather(Team& t, Buffer input, Buffer output) {
 void gather(Team& t, Buffer input, Buffer output, int root) {
   const int n = t.size();
   const size_t bytes = input.bytes();
+  if (n > 1 && bytes > 0) check_neighbours(t);
   std::vector<Xfer> xs;
   if (t.me == root) {
     std::memmove(at(output, input.count * static_cast<size_t>(root)), input.data, bytes);
@@ -429,6 +429,7 @@ void gather(Team& t, Buffer input, Buffer output, int root) {
 void scatter(Team& t, Buffer input, Buffer output, int root) {
   const int n = t.size();
   const size_t bytes = output.bytes();
+  if (n > 1 && bytes > 0) check_neighbours(t);
   std::vector<Xfer> xs;
   if (t.me == root) {
     std::memmove(output.data, at(input, output.count * static_cast<size_t>(root)), bytes);
@@ -489,27 +490,16 @@ void dissemination_barrier(Team& t) {
 }
 }  // namespace
 
-// Point to point: an 8-byte length first, so a mismatched pair is reported
-// instead of corrupting the stream.
+// Point to point: one message; its stamp carries the count, dtype and the send's
+// number, which the receiver checks (see stamp.hpp).
 void send(Team& t, Buffer buf, int dst) {
-  uint64_t bytes = buf.bytes();
-  // One message at a time on a channel: two sends in one run() would interleave.
-  std::vector<Xfer> head{Xfer::send(t.members[dst], &bytes, sizeof(bytes))};
-  run(t, head);
-  std::vector<Xfer> body{Xfer::send(t.members[dst], buf.data, bytes)};
-  run(t, body);
+  std::vector<Xfer> xs{Xfer::send(t.members[dst], buf.data, buf.bytes())};
+  run(t, xs);
 }
 
 void recv(Team& t, Buffer buf, int src) {
-  uint64_t bytes = 0;
-  std::vector<Xfer> head{Xfer::recv(t.members[src], &bytes, sizeof(bytes))};
-  run(t, head);
-  if (bytes != buf.bytes()) {
-    throw InvalidArgument("recv from rank " + std::to_string(src) + ": it sent " + std::to_string(bytes) +
-                          " bytes, the receive buffer holds " + std::to_string(buf.bytes()));
-  }
-  std::vector<Xfer> body{Xfer::recv(t.members[src], buf.data, bytes)};
-  run(t, body);
+  std::vector<Xfer> xs{Xfer::recv(t.members[src], buf.data, buf.bytes())};
+  run(t, xs);
 }
 
 }  // namespace ddp::cpu

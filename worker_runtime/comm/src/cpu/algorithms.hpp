@@ -12,8 +12,9 @@
 //    are reduced in rank order (one step: the latency-optimal choice for small n).
 //  - hierarchical: with several hosts and several ranks on some host, reduce
 //    within each host, all-reduce among one leader per host, broadcast within hosts.
-// Arguments come checked by ProcessGroup (block sizes, roots, peers): only what one
-// rank cannot see alone (ranks that disagree) is found here.
+// Arguments come checked by ProcessGroup (block sizes, roots, peers); ranks that
+// disagree are found by the progress engine, which checks each message's stamp
+// (stamp.hpp) before its bytes are used.
 // Every algorithm leaves bit-identical results on every rank (the same additions
 // in the same order), which data-parallel training relies on.
 #pragma once

@@ -26,6 +26,11 @@ class Channel {
   virtual size_t write_some(const void* p, size_t n) = 0;
   // Copies up to n bytes out; returns how many were available.
   virtual size_t read_some(void* p, size_t n) = 0;
+  // As write_some/read_some, but the bytes may become visible to the peer (or their
+  // space free) only with the next call that moves bytes or ends the message: a
+  // message's stamp costs no extra wake-up.
+  virtual size_t stage_some(const void* p, size_t n) { return write_some(p, n); }
+  virtual size_t take_some(void* p, size_t n) { return read_some(p, n); }
   // Up to `max` readable bytes in place (possibly fewer, possibly none), left
   // unread until consume(); lets a reduction read incoming data without a copy.
   virtual std::span<const std::byte> peek(size_t max) = 0;
@@ -70,6 +75,8 @@ class ShmChannel : public Channel {
              RingControl* recv_ring, std::byte* recv_data, uint64_t ring_bytes);
   size_t write_some(const void* p, size_t n) override;
   size_t read_some(void* p, size_t n) override;
+  size_t stage_some(const void* p, size_t n) override;
+  size_t take_some(void* p, size_t n) override;
   std::span<const std::byte> peek(size_t max) override;
   void consume(size_t n) override;
   void end_send() override;
@@ -89,6 +96,8 @@ class ShmChannel : public Channel {
   uint64_t tail_ = 0;         // my read position in recv ring
   uint64_t peer_tail_ = 0;    // last seen tail of send ring (consumer's position)
   uint64_t peer_head_ = 0;    // last seen head of recv ring
+  bool staged_ = false;       // head_ moved since it was last published
+  bool taken_ = false;        // tail_ moved since it was last published
 };
 
 // ---------------------------------------------------------------------------

@@ -13,7 +13,11 @@
 // possible: one rank per host, DDP_DISABLE_CMA=1, no ptrace permission between the
 // ranks, a kernel before 5.6, or a seccomp policy without memfd_create or pidfd_getfd.
 //
-// Failure: the first PeerLost or StuckTimeout breaks the group. The rank that saw
+// Mismatch: every message carries its sender's stamp (stamp.hpp); a rank that
+// receives another call's stamp than its own fails with Mismatch, recorded in the
+// store like a failure, so every rank of the group reports the same text.
+//
+// Failure: the first PeerLost, StuckTimeout or mismatch breaks the group. The rank that saw
 // it first records the root cause in the store (key "failure"), marks its shared
 // memory and shuts its sockets, so every peer notices at once and names the same
 // dead rank; every later call fails with the same error.
@@ -27,6 +31,7 @@
 #include "ddp/contract/store_keys.hpp"
 #include "../group_memory.hpp"
 #include "algorithms.hpp"
+#include "stamp.hpp"
 #include "backend.hpp"
 #include "transport.hpp"
 #include "work_state.hpp"
@@ -72,7 +77,13 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 
  protected:
   Work run(const Op& op) override {
-    return submit(op_kind_name(op.kind), op.options, [op](cpu::Team& t) { run_algorithm(t, op); }, &op);
+    return submit(
+        op_kind_name(op.kind), op.options,
+        [op](cpu::Team& t) {
+          t.progress.set_call(cpu::stamp_of(op));
+          run_algorithm(t, op);
+        },
+        &op);
   }
 
   // Group memory: every rank of this host maps it (see Transport::share_memory).
@@ -80,6 +91,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     std::unique_ptr<GroupMemory> memory;
     std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
     submit("allocate", {}, [&](cpu::Team& t) {
+      t.progress.set_call(cpu::allocate_stamp());
       try {
         memory = transport_.share_memory(bytes, t.deadline);
       } catch (const Error&) {
@@ -198,6 +210,8 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
         } else {
           error = fail(task.name, lost.peer, lost.detail, false);
         }
+      } catch (const cpu::Mismatched& m) {
+        error = fail(task.name, m.peer, mismatch_text(m), false, true);
       } catch (const cpu::StuckTimeout& stuck) {
         error = fail(task.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
                      "timed out after " + std::to_string(task.timeout.count()) + " ms", true);
@@ -220,8 +234,19 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     task.state->complete(error);
   }
 
-  // Breaks the group; returns the error every pending and later call reports.
-  std::exception_ptr fail(const char* op, int blamed, const std::string& detail, bool timeout) {
+  // "mismatched calls in group 0: rank 0: all_reduce #3 262144×f32 sum; rank 1:
+  // all_gather #3 1048576×f32": the same text on both sides (lower rank first).
+  std::string mismatch_text(const cpu::Mismatched& m) {
+    std::string a = "rank " + std::to_string(rank()) + ": " + cpu::describe(transport_.progress().call());
+    std::string b = "rank " + std::to_string(m.peer) + ": " + cpu::describe(m.theirs);
+    if (m.peer < rank()) std::swap(a, b);
+    return "mismatched calls in group " + name() + ": " + a + "; " + b;
+  }
+
+  // Breaks the group; returns the error every pending and later call reports. A
+  // mismatch is recorded as "<blamed> mismatch\n<text>" and reported as Mismatch.
+  std::exception_ptr fail(const char* op, int blamed, const std::string& detail, bool timeout,
+                          bool mismatch = false) {
     // Someone may already have recorded the root cause: prefer it, so every rank
     // names the same dead rank.
     std::string cause;
@@ -231,9 +256,10 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
       // The store is gone too (its host died or exited): go on with what we saw.
     }
     if (cause.empty() && blamed >= 0) {
-      const std::string mine = std::to_string(blamed) + "\n" +
-                               (timeout ? std::string("no progress from ") + transport_.describe(blamed) + ": " + detail
-                                        : transport_.describe(blamed) + " failed (" + detail + ")");
+      std::string mine = std::to_string(blamed);
+      if (mismatch) mine += " mismatch\n" + detail;
+      else if (timeout) mine += "\nno progress from " + transport_.describe(blamed) + ": " + detail;
+      else mine += "\n" + transport_.describe(blamed) + " failed (" + detail + ")";
       try {
         cause = setup_.store->compare_set(contract::group_keys::failure(), "", mine);
       } catch (const std::exception&) {
@@ -245,11 +271,13 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     if (const auto nl = cause.find('\n'); nl != std::string::npos) {
       root = std::atoi(cause.substr(0, nl).c_str());
       text = cause.substr(nl + 1);
+      mismatch = cause.compare(0, nl, std::to_string(root) + " mismatch") == 0;
     }
     transport_.poison(root);
     std::exception_ptr e;
     const std::string what = std::string(op) + " failed on rank " + std::to_string(rank()) + ": " + text;
-    if (timeout && root == blamed) e = std::make_exception_ptr(Timeout(what));
+    if (mismatch) e = std::make_exception_ptr(Mismatch(text));
+    else if (timeout && root == blamed) e = std::make_exception_ptr(Timeout(what));
     else e = std::make_exception_ptr(PeerError(root, what));
     std::deque<Task> dropped;
     {

@@ -38,22 +38,57 @@ Progress::Progress(const Mesh& mesh, long spin_us) : mesh_(mesh), my_header_(mes
   spin_ns_ = spin_us * 1000;
 }
 
-bool Progress::step(Xfer& x) {
+void Progress::set_call(const Stamp& call) {
+  call_ = call;
+  expected_ = expected_from(call, mesh_.rank());
+}
+
+// The stamp goes first: written from call_, or read into x.theirs and checked.
+bool Progress::step_stamp(Xfer& x) {
   Channel& ch = *channels_[x.peer];
+  const size_t left = sizeof(Stamp) - x.stamped;
+  const size_t n = x.kind == Xfer::Kind::Send
+                       ? ch.stage_some(reinterpret_cast<const std::byte*>(&call_) + x.stamped, left)
+                       : ch.take_some(reinterpret_cast<std::byte*>(&x.theirs) + x.stamped, left);
+  x.stamped += static_cast<uint32_t>(n);
+  if (x.kind != Xfer::Kind::Send && x.stamped == sizeof(Stamp) && !(x.theirs == expected_)) {
+    throw Mismatched{x.peer, x.theirs};
+  }
+  return n > 0;
+}
+
+// A message not yet begun waits while an earlier one in the same direction
+// with the same peer is unfinished: messages must not interleave on a channel.
+bool Progress::waits_behind(std::span<Xfer> xfers, size_t i) {
+  const Xfer& x = xfers[i];
+  const bool out = x.kind == Xfer::Kind::Send;
+  for (size_t j = 0; j < i; ++j) {
+    const Xfer& y = xfers[j];
+    if (!y.closed && y.peer == x.peer && (y.kind == Xfer::Kind::Send) == out) return true;
+  }
+  return false;
+}
+
+bool Progress::step(Xfer& x) {
   bool moved = false;
+  if (x.stamped < sizeof(Stamp)) {
+    moved = step_stamp(x);
+    if (x.stamped < sizeof(Stamp)) return moved;
+  }
+  Channel& ch = *channels_[x.peer];
   // Pieces of at most a quarter ring let both sides work at once on a big message.
   constexpr size_t kPiece = 256 * 1024;
   switch (x.kind) {
     case Xfer::Kind::Send: {
       size_t n = ch.write_some(x.src + x.done, std::min(kPiece, x.bytes - x.done));
       x.done += n;
-      moved = n > 0;
+      moved |= n > 0;
       break;
     }
     case Xfer::Kind::Recv: {
       size_t n = ch.read_some(x.dst + x.done, std::min(kPiece, x.bytes - x.done));
       x.done += n;
-      moved = n > 0;
+      moved |= n > 0;
       break;
     }
     case Xfer::Kind::RecvReduce: {
@@ -86,8 +121,13 @@ void Progress::run(std::span<Xfer> xfers, Clock::time_point deadline) {
     const uint32_t bell = my_header_ ? my_header_->doorbell.load(std::memory_order_acquire) : 0;
     bool progressed = false;
     bool all_done = true;
-    for (auto& x : xfers) {
+    for (size_t i = 0; i < xfers.size(); ++i) {
+      Xfer& x = xfers[i];
       if (x.closed) continue;
+      if (x.stamped == 0 && i > 0 && waits_behind(xfers, i)) {
+        all_done = false;
+        continue;
+      }
       progressed |= step(x);
       all_done &= x.closed;
     }

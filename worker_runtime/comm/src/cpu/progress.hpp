@@ -6,6 +6,10 @@
 // sleeps on the rank's doorbell (a futex in its own segment that peers bump after
 // touching a ring it reads or writes) or in poll() on its sockets. While asleep it
 // wakes every few milliseconds to look for dead peers and the deadline.
+//
+// Every message starts with the stamp of the call its sender runs (stamp.hpp); a
+// receive reads it first and throws Mismatched, before using a byte of the message,
+// unless it is the stamp this rank expects (see set_call).
 #pragma once
 
 #include <atomic>
@@ -16,6 +20,7 @@
 #include "channel.hpp"
 #include "ddp/types.hpp"
 #include "deadline.hpp"
+#include "stamp.hpp"
 
 namespace ddp::cpu {
 
@@ -30,8 +35,10 @@ struct Xfer {
   size_t bytes = 0;
   DType dtype = DType::U8;        // RecvReduce
   ReduceOp op = ReduceOp::Sum;    // RecvReduce
-  size_t done = 0;                // bytes moved so far
+  size_t done = 0;                // bytes moved so far (after the stamp)
+  uint32_t stamped = 0;           // bytes of the stamp moved so far
   bool closed = false;            // message ended on the channel
+  Stamp theirs;                   // Recv, RecvReduce: the stamp that came
 
   static Xfer send(int peer, const void* p, size_t bytes) {
     Xfer x;
@@ -51,6 +58,12 @@ struct Xfer {
   }
 };
 
+// A peer's message carried another call's stamp than this rank expects.
+struct Mismatched {
+  int peer;      // group rank
+  Stamp theirs;  // what that peer runs
+};
+
 // run() gave up: the deadline passed while these peers had not delivered.
 struct StuckTimeout {
   std::vector<int> waiting_for;  // group ranks
@@ -62,7 +75,13 @@ class Progress {
   // before sleeping; -1: DDP_SPIN_US, or 50 with a core per local rank, else 0.
   Progress(const Mesh& mesh, long spin_us);
 
-  // Moves every transfer to completion. Throws PeerLost or StuckTimeout.
+  // The call this rank runs until the next set_call: what its messages carry and
+  // what the peers' must carry (expected_from(call, rank)).
+  void set_call(const Stamp& call);
+  const Stamp& call() const { return call_; }
+
+  // Moves every transfer to completion; messages to (from) one peer in the order
+  // given. Throws PeerLost, StuckTimeout or Mismatched.
   void run(std::span<Xfer> xfers, Clock::time_point deadline);
   void run(std::initializer_list<Xfer> xfers, Clock::time_point deadline) {
     std::vector<Xfer> v(xfers);
@@ -77,6 +96,8 @@ class Progress {
 
  private:
   bool step(Xfer& x);
+  bool step_stamp(Xfer& x);
+  static bool waits_behind(std::span<Xfer> xfers, size_t i);
   void check_health(std::span<Xfer> xfers, Clock::time_point deadline);
   void sleep(std::span<Xfer> xfers, uint32_t doorbell_seen);
 
@@ -84,6 +105,8 @@ class Progress {
   std::vector<Channel*> channels_;        // by group rank (the mesh's; null for self)
   SegmentHeader* my_header_ = nullptr;    // this rank's segment (null: no local peer)
   long spin_ns_ = 0;
+  Stamp call_;      // this rank's call
+  Stamp expected_;  // what peers' messages carry
   Clock::time_point next_health_check_{};
   bool poisoned_ = false;
   std::atomic<bool> interrupted_{false};

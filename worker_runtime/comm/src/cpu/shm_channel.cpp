@@ -30,6 +30,15 @@ ShmChannel::ShmChannel(int peer, int peer_pid_fd, SegmentHeader* peer_header, Ri
       cap_(ring_bytes) {}
 
 size_t ShmChannel::write_some(const void* p, size_t n) {
+  const size_t todo = stage_some(p, n);
+  if (todo == 0) return 0;
+  send_ring_->head.store(head_, std::memory_order_release);
+  staged_ = false;
+  ring_doorbell(peer_header_);
+  return todo;
+}
+
+size_t ShmChannel::stage_some(const void* p, size_t n) {
   if (head_ - peer_tail_ + n > cap_) peer_tail_ = send_ring_->tail.load(std::memory_order_acquire);
   const uint64_t used = head_ - peer_tail_;  // may exceed cap_ by the padding of end_send()
   const uint64_t space = used >= cap_ ? 0 : cap_ - used;
@@ -45,8 +54,7 @@ size_t ShmChannel::write_some(const void* p, size_t n) {
     left -= piece;
     head_ += piece;
   }
-  send_ring_->head.store(head_, std::memory_order_release);
-  ring_doorbell(peer_header_);
+  staged_ = true;
   return todo;
 }
 
@@ -64,11 +72,22 @@ std::span<const std::byte> ShmChannel::peek(size_t max) {
 void ShmChannel::consume(size_t n) {
   if (n == 0) return;
   tail_ += n;
+  taken_ = false;
   recv_ring_->tail.store(tail_, std::memory_order_release);
   ring_doorbell(peer_header_);  // the producer may wait for space
 }
 
 size_t ShmChannel::read_some(void* p, size_t n) {
+  const size_t got = take_some(p, n);
+  if (got > 0) {
+    recv_ring_->tail.store(tail_, std::memory_order_release);
+    taken_ = false;
+    ring_doorbell(peer_header_);
+  }
+  return got;
+}
+
+size_t ShmChannel::take_some(void* p, size_t n) {
   auto* dst = static_cast<std::byte*>(p);
   size_t got = 0;
   while (got < n) {
@@ -78,16 +97,18 @@ size_t ShmChannel::read_some(void* p, size_t n) {
     got += span.size();
     tail_ += span.size();
   }
-  if (got > 0) {
-    recv_ring_->tail.store(tail_, std::memory_order_release);
-    ring_doorbell(peer_header_);
-  }
+  taken_ |= got > 0;
   return got;
 }
 
 // Messages start on 8-byte boundaries so no element straddles the ring's end
 // (the ring size is a multiple of 8). Both sides skip the same padding.
 void ShmChannel::end_send() {
+  if (staged_) {  // a message with nothing after its stamp
+    send_ring_->head.store(head_, std::memory_order_release);
+    staged_ = false;
+    ring_doorbell(peer_header_);
+  }
   const uint64_t aligned = (head_ + 7) & ~uint64_t{7};
   if (aligned == head_) return;
   // The padding needs space too; the consumer frees it when it realigns.
@@ -97,7 +118,8 @@ void ShmChannel::end_send() {
 
 void ShmChannel::end_recv() {
   const uint64_t aligned = (tail_ + 7) & ~uint64_t{7};
-  if (aligned == tail_) return;
+  if (aligned == tail_ && !taken_) return;
+  taken_ = false;
   tail_ = aligned;
   recv_ring_->tail.store(tail_, std::memory_order_release);
   ring_doorbell(peer_header_);
