@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "ddp/contract/store_keys.hpp"
@@ -35,6 +36,7 @@ namespace ddp::detail {
 namespace {
 
 using cpu::Clock;
+constexpr Millis kExitRecordWait{500};  // for ddprun to publish an exit the transport saw first
 
 class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this<CpuProcessGroup> {
  public:
@@ -72,7 +74,8 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 
  protected:
   Work run(const Op& op) override {
-    return submit(op_kind_name(op.kind), op.options, [op](cpu::Team& t) { run_algorithm(t, op); });
+    return submit(op_kind_name(op.kind), op.options, [op](cpu::Team& t) { run_algorithm(t, op); },
+                  std::string(op_kind_name(op.kind)) + " #" + std::to_string(op.seq) + " of group " + name());
   }
 
   // Group memory: every rank of this host maps it (see Transport::share_memory).
@@ -98,12 +101,16 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     GroupSetup sub = with_store_prefix(setup_, contract::group_keys::subgroup(id));
     sub.rank = static_cast<int>(it - ranks.begin());
     sub.size = static_cast<int>(ranks.size());
-    return std::make_shared<CpuProcessGroup>(sub, transport_options_);
+    sub.peers = setup_.peers.narrow(ranks);
+    cpu::TransportOptions topts = transport_options_;
+    topts.peers = sub.peers;
+    return std::make_shared<CpuProcessGroup>(sub, topts);
   }
 
  private:
   struct Task {
     const char* name;
+    std::string label;  // how an exit report names the call: "all_reduce #57 of group 0"
     Millis timeout;
     std::function<void(cpu::Team&)> fn;
     std::shared_ptr<Work::State> state;
@@ -127,9 +134,9 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   }
 
   // ---- execution ------------------------------------------------------------
-  Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn) {
+  Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn, std::string label = {}) {
     auto state = std::make_shared<Work::State>();
-    Task task{name, o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
+    Task task{name, label.empty() ? name : std::move(label), o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
     {
       std::unique_lock lock(mu_);
       if (broken_) std::rethrow_exception(broken_);
@@ -193,7 +200,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
           if (!broken_) broken_ = std::make_exception_ptr(Error(std::string(task.name) + ": " + lost.detail));
           error = broken_;
         } else {
-          error = fail(task.name, lost.peer, lost.detail, false);
+          error = fail(task.name, lost.peer, exit_cause(lost, task.label).value_or(lost.detail), false);
         }
       } catch (const cpu::StuckTimeout& stuck) {
         error = fail(task.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
@@ -217,6 +224,27 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     task.state->complete(error);
   }
 
+  // How `peer`, gone while this rank waited for it in `during`, exited, as ddprun
+  // published it ("rank 1 exited with code 0 at ... on node 0 (hosta), while this rank
+  // waits for it in all_reduce #57 of group 0"); nothing without ddprun.
+  std::optional<std::string> exit_cause(const cpu::PeerLost& lost, const std::string& during) const {
+    const auto& exits = setup_.peers.exits;
+    if (!exits) return std::nullopt;
+    const int global = setup_.peers.global(lost.peer);
+    auto exit = exits->record(global);
+    if (!exit && (lost.detail == "process exited" || lost.detail == "connection closed")) {
+      // Its pidfd or socket may tell a moment before ddprun has reaped it; unless a
+      // peer already recorded the group's root cause (then that names it).
+      try {
+        if (!setup_.store->check({contract::group_keys::failure()})) exit = exits->wait_record(global, kExitRecordWait);
+      } catch (const std::exception&) {
+        // The store is gone too: go on with what the transport saw.
+      }
+    }
+    if (!exit) return std::nullopt;
+    return exit->describe() + ", while this rank waits for it in " + during;
+  }
+
   // Breaks the group; returns the error every pending and later call reports.
   std::exception_ptr fail(const char* op, int blamed, const std::string& detail, bool timeout) {
     // Someone may already have recorded the root cause: prefer it, so every rank
@@ -230,7 +258,8 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     if (cause.empty() && blamed >= 0) {
       const std::string mine = std::to_string(blamed) + "\n" +
                                (timeout ? std::string("no progress from ") + transport_.describe(blamed) + ": " + detail
-                                        : transport_.describe(blamed) + " failed (" + detail + ")");
+                                : detail.starts_with("rank ") ? detail  // an exit as ddprun published it
+                                                                : transport_.describe(blamed) + " failed (" + detail + ")");
       try {
         cause = setup_.store->compare_set(contract::group_keys::failure(), "", mine);
       } catch (const std::exception&) {
@@ -282,6 +311,7 @@ std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup) {
   cpu::TransportOptions topts;
   topts.advertise_host = setup.advertise_host;
   topts.connect_timeout = setup.connect_timeout;
+  topts.peers = setup.peers;
   return std::make_shared<CpuProcessGroup>(setup, topts);
 }
 

@@ -77,7 +77,9 @@ class Progress {
 
  private:
   bool step(Xfer& x);
-  void check_health(std::span<Xfer> xfers, Clock::time_point deadline);
+  // Throws when a peer failed or the deadline passed; true when it moved the last
+  // bytes of a peer that is gone (the caller goes on).
+  bool check_health(std::span<Xfer> xfers, Clock::time_point deadline);
   void sleep(std::span<Xfer> xfers, uint32_t doorbell_seen);
 
   const Mesh& mesh_;

@@ -212,8 +212,7 @@ Communicator::~Communicator() {
 std::exception_ptr Communicator::check() {
   if (auto e = broken()) return e;
   if (const int dead = watch_->dead_peer(); dead >= 0) {
-    fail(std::make_exception_ptr(PeerError(dead, "NCCL: peer " + watch_->describe(dead) +
-                                                     " exited; the communicator was aborted")));
+    fail(std::make_exception_ptr(PeerError(dead, "NCCL: " + watch_->how_gone(dead) + "; the communicator was aborted")));
     return broken();
   }
   ncclResult_t state = ncclSuccess;
