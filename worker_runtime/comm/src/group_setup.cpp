@@ -32,7 +32,7 @@ std::vector<int> missing_ranks(rdzv::Store& store, const std::vector<RankKey>& k
 }
 
 long long whole_seconds(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+  return std::chrono::round<std::chrono::seconds>(d).count();
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ bool agree_all(const detail::GroupSetup& setup, const std::string& prefix, bool 
 
 using Clock = std::chrono::steady_clock;
 
-long long seconds_of(Clock::duration d) { return std::chrono::duration_cast<std::chrono::seconds>(d).count(); }
+long long seconds_of(Clock::duration d) { return std::chrono::round<std::chrono::seconds>(d).count(); }
 
 // Why a connection failed, from a StoreConnectionError's text: "Connection refused".
 std::string reason_of(const rdzv::StoreError& e) {
@@ -46,9 +46,10 @@ std::unique_ptr<rdzv::TcpStore> connect_store(rdzv::TcpStoreOptions so, int rank
                                               Millis notice_every) {
   const auto start = Clock::now();
   const std::string where = so.host + ":" + std::to_string(so.port);
+  auto next_notice = start + notice_every;
   for (;;) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-    so.connect_timeout = std::max(Millis(1), std::min(left, notice_every));
+    so.connect_timeout = std::max(Millis(1), std::min(left, std::chrono::duration_cast<Millis>(next_notice - Clock::now())));
     try {
       return std::make_unique<rdzv::TcpStore>(so);
     } catch (const rdzv::StoreConnectionError& e) {
@@ -57,6 +58,8 @@ std::unique_ptr<rdzv::TcpStore> connect_store(rdzv::TcpStoreOptions so, int rank
         throw Error("cannot reach the store at " + where + " within " + std::to_string(seconds_of(now - start)) +
                     " s (" + reason_of(e) + ")");
       }
+      if (now < next_notice) continue;
+      next_notice += notice_every;
       std::fprintf(stderr, "ddp: rank %d still waiting for the store at %s: %s (%lld s of %lld s)\n", rank,
                    where.c_str(), reason_of(e).c_str(), seconds_of(now - start), seconds_of(deadline - start));
     } catch (const rdzv::StoreError& e) {

@@ -232,9 +232,9 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     if (!exits) return std::nullopt;
     const int global = setup_.peers.global(lost.peer);
     auto exit = exits->record(global);
-    if (!exit && (lost.detail == "process exited" || lost.detail == "connection closed")) {
-      // Its pidfd or socket may tell a moment before ddprun has reaped it; unless a
-      // peer already recorded the group's root cause (then that names it).
+    if (!exit) {
+      // Its pidfd or socket (closed, reset) may tell a moment before ddprun has reaped
+      // it; unless a peer already recorded the group's root cause (then that names it).
       try {
         if (!setup_.store->check({contract::group_keys::failure()})) exit = exits->wait_record(global, kExitRecordWait);
       } catch (const std::exception&) {
