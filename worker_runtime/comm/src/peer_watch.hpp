@@ -42,7 +42,8 @@ class PeerWatch {
   // "rank 3 (pid 4711 on node-b)".
   std::string describe(int rank) const;
   // How dead_peer() `rank` is gone: "rank 3 exited with code 0 at 12:00:01.234 on node 1
-  // (node-b), while this rank waits for it", or "peer rank 3 (pid 4711 on node-b) exited".
+  // (node-b), while this rank waits for it" (a call's name may follow: " in all_reduce"),
+  // or "peer rank 3 (pid 4711 on node-b) exited".
   std::string how_gone(int rank) const;
   // How many peers are watched (those on this host).
   size_t watched() const { return peers_.size(); }
