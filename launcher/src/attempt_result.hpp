@@ -59,10 +59,13 @@ struct AttemptResult {
 // "SIGTERM", or "signal N" for a signal without a name.
 std::string signal_name(int sig);
 
-// What an attempt tells the rest of the job (multi-node), called on ddprun's main thread.
+// What an attempt tells the rest of the job, called on ddprun's main thread.
 struct AttemptHooks {
   std::function<void(const WorkerOutcome&)> on_local_failure;  // this node's first failure
   std::function<void(const std::vector<WorkerOutcome>&)> on_started;  // every worker started (rank, pid)
+  // Every worker the moment it is reaped (any status, also those ddprun stopped);
+  // before on_local_failure when both apply. Must not block.
+  std::function<void(const WorkerOutcome&)> on_worker_exit;
 };
 
 }  // namespace ddprun

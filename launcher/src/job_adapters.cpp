@@ -9,6 +9,24 @@ void SupervisorWorkers::prepare(int attempt) {
   if (plan_.log_root && (attempt > 0 || joins_others_)) create_log_dirs(plan_, attempt);
 }
 
+namespace {
+
+rdzv::TcpStoreOptions loopback_store(int port, const std::string& token) {
+  rdzv::TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = static_cast<uint16_t>(port);
+  o.token = token;
+  return o;
+}
+
+}  // namespace
+
+SingleNodeMembership::SingleNodeMembership(const LaunchPlan& plan, int store_port, std::string store_token)
+    : plan_(plan),
+      store_port_(store_port),
+      store_token_(std::move(store_token)),
+      exits_(loopback_store(store_port_, store_token_)) {}
+
 JobLayout SingleNodeMembership::join(int attempt) {
   JobLayout layout;
   layout.world_size = plan_.nproc;

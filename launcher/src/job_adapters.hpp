@@ -3,6 +3,7 @@
 // a job that has one node only.
 #pragma once
 
+#include "exit_publisher.hpp"
 #include "job_policy.hpp"
 #include "rendezvous_agent.hpp"
 #include "supervisor.hpp"
@@ -42,6 +43,9 @@ class AgentMembership : public Membership {
   std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) override {
     return agent_.publish_failure(attempt, notice);
   }
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) override {
+    agent_.publish_exit(attempt, record);
+  }
   std::optional<FailureNotice> exit_barrier(int attempt) override { return agent_.exit_barrier(attempt); }
   void leave(int attempt, std::chrono::milliseconds linger) override { agent_.leave(attempt, linger); }
 
@@ -49,16 +53,19 @@ class AgentMembership : public Membership {
   RendezvousAgent& agent_;
 };
 
-// One node, and the store it hosts for its workers on loopback: nobody else to tell.
+// One node, and the store it hosts for its workers on loopback: no other node to
+// tell; worker exits go to that store for the workers to see.
 class SingleNodeMembership : public Membership {
  public:
-  SingleNodeMembership(const LaunchPlan& plan, int store_port, std::string store_token)
-      : plan_(plan), store_port_(store_port), store_token_(std::move(store_token)) {}
+  SingleNodeMembership(const LaunchPlan& plan, int store_port, std::string store_token);
 
   JobLayout join(int attempt) override;
   void start_watch(int, std::function<void(const FailureNotice&)>) override {}
   void stop_watch() override {}
   std::optional<FailureNotice> publish_failure(int, const FailureNotice&) override { return std::nullopt; }
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) override {
+    exits_.publish(attempt, record);
+  }
   std::optional<FailureNotice> exit_barrier(int) override { return std::nullopt; }
   void leave(int, std::chrono::milliseconds) override {}
 
@@ -66,6 +73,7 @@ class SingleNodeMembership : public Membership {
   const LaunchPlan& plan_;
   int store_port_;
   std::string store_token_;
+  ExitPublisher exits_;
 };
 
 }  // namespace ddprun

@@ -3,6 +3,7 @@
 #include "job_policy.hpp"
 
 #include <spdlog/spdlog.h>
+#include <sys/wait.h>
 
 #include "error_files.hpp"
 #include "summary.hpp"
@@ -16,6 +17,18 @@ JobPolicy::JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membe
 
 FailureNotice JobPolicy::notice(int rank, int status, std::string what) const {
   return {options_.node_rank, rank, status, options_.hostname, std::move(what)};
+}
+
+ddp::contract::ExitRecord JobPolicy::exit_record(const WorkerOutcome& w) const {
+  ddp::contract::ExitRecord r;
+  r.rank = w.rank;
+  r.node_rank = options_.node_rank;
+  r.host = options_.hostname;
+  r.pid = static_cast<int>(w.pid);
+  if (WIFSIGNALED(w.wait_status)) r.signal = WTERMSIG(w.wait_status);
+  else r.exit_code = WEXITSTATUS(w.wait_status);
+  r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.ended.time_since_epoch()).count();
+  return r;
 }
 
 int JobPolicy::run() {
@@ -48,6 +61,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
     ~StopWatch() { m.stop_watch(); }
   } stop_watch_on_exit{membership_};
   AttemptHooks hooks;
+  hooks.on_worker_exit = [&](const WorkerOutcome& w) { membership_.publish_exit(attempt, exit_record(w)); };
   hooks.on_local_failure = [&](const WorkerOutcome& w) {
     // Other nodes see the exception too, when the worker's @record left one.
     std::string what = w.describe();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "attempt_result.hpp"
+#include "ddp/contract/job_records.hpp"
 #include "failure_notice.hpp"
 #include "launch_plan.hpp"
 
@@ -35,7 +36,8 @@ class Workers {
   // Readies attempt `attempt` before this node joins it (its log folders). Throws LaunchError.
   virtual void prepare(int attempt) = 0;
   // Runs this node's workers for `attempt` until they and everything they started are
-  // gone. hooks.on_local_failure runs on the calling thread for the first worker to fail.
+  // gone. hooks.on_worker_exit runs on the calling thread for every worker reaped,
+  // hooks.on_local_failure for the first worker to fail.
   // Throws LaunchError when the workers cannot be started.
   virtual AttemptResult run(int attempt, const JobLayout& layout, const AttemptHooks& hooks) = 0;
   // Stops `attempt` because the job failed elsewhere. Safe from any thread; ignored
@@ -57,6 +59,9 @@ class Membership {
   // Publishes this node's failure. Returns the job's first failure as every node sees
   // it (maybe another node's), or nothing when no other node takes part in the job.
   virtual std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) = 0;
+  // Tells every rank of `attempt` that one of this node's workers has exited (any
+  // status). Returns at once: the record is written in the background.
+  virtual void publish_exit(int attempt, const ddp::contract::ExitRecord& record) = 0;
   // After this node's workers all succeeded: waits for every node's. Returns the
   // failure that ended the job instead, if any.
   virtual std::optional<FailureNotice> exit_barrier(int attempt) = 0;
@@ -112,6 +117,7 @@ class JobPolicy {
   // After the workers: the job's root cause, as the other nodes agreed on it.
   void settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner);
   FailureNotice notice(int rank, int status, std::string what) const;
+  ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;
 
   const LaunchPlan& plan_;
   Workers& workers_;

@@ -36,6 +36,7 @@ RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, std::string store_host,
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }
   heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
+  exits_ = std::make_unique<ExitPublisher>(store_options(to_ms(plan_.options.join_timeout)));
 }
 
 RendezvousAgent::~RendezvousAgent() {

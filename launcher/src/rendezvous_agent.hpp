@@ -20,6 +20,8 @@
 #include <string>
 #include <thread>
 
+#include "ddp/contract/job_records.hpp"
+#include "exit_publisher.hpp"
 #include "failure_notice.hpp"
 #include "launch_plan.hpp"
 #include "rdzv/tcp_store.hpp"
@@ -49,6 +51,9 @@ class RendezvousAgent {
 
   // Publishes a local worker failure; the first one anywhere wins. Returns the winner.
   FailureNotice publish_failure(int attempt, const FailureNotice& notice);
+
+  // Records a worker's exit for every rank to see (in the background: never blocks).
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) { exits_->publish(attempt, record); }
 
   // After this node's workers succeeded: waits for every node to finish. Returns the
   // failure that ended the job instead, if any.
@@ -82,6 +87,7 @@ class RendezvousAgent {
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_stop_;
   bool heartbeat_done_ = false;
+  std::unique_ptr<ExitPublisher> exits_;  // its own connection (made on first use)
 };
 
 }  // namespace ddprun

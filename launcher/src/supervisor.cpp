@@ -304,6 +304,7 @@ void WorkerGroup::reap() {
       o.ended_after_stop = stopping_;
       --running_;
       group_alive(*workers_[i]);  // forget the group at once if the leader was its last member
+      if (hooks_.on_worker_exit) hooks_.on_worker_exit(o);
       if (o.failed() && !root_cause_ && !stopping_) {
         if (!held_failure_) held_failure_ = i;  // the first failure stays the candidate
         bool by_stop_signal = WIFSIGNALED(o.wait_status) && is_stop_signal(WTERMSIG(o.wait_status));

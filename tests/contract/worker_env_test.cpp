@@ -176,11 +176,12 @@ TEST_CASE("the DDP_* settings are read once, with their defaults, and bad values
   CHECK(d.shm_ring_bytes == 0);
   CHECK(d.small_allreduce_bytes == 32 * 1024);
   CHECK(d.staged_allreduce_bytes == 1024 * 1024);
+  CHECK(d.wait_notice_every.count() == 30000);
 
   const CommSettings s = CommSettings::from_variables(
       Variables(Vars{{"DDP_TIMEOUT_SEC", "2.5"}, {"DDP_BACKEND", "cpu"}, {"DDP_DISABLE_SHM", "1"},
                      {"DDP_DISABLE_CMA", "1"}, {"DDP_SPIN_US", "0"}, {"DDP_SHM_RING_BYTES", "65536"},
-                     {"DDP_SMALL_ALLREDUCE_BYTES", "1024"}}));
+                     {"DDP_SMALL_ALLREDUCE_BYTES", "1024"}, {"DDP_WAIT_NOTICE_SEC", "0.5"}}));
   REQUIRE(s.timeout);
   CHECK(s.timeout->count() == 2500);
   CHECK(*s.backend == "cpu");
@@ -189,12 +190,14 @@ TEST_CASE("the DDP_* settings are read once, with their defaults, and bad values
   CHECK(s.spin_us == 0);
   CHECK(s.shm_ring_bytes == 65536);
   CHECK(s.small_allreduce_bytes == 1024);
+  CHECK(s.wait_notice_every.count() == 500);
 
   auto fails = [](const char* name, const char* value) {
     return CommSettings::from_variables(Variables(Vars{{name, value}}));
   };
   CHECK_THROWS_WITH(fails("DDP_TIMEOUT_SEC", "0"), Catch::Contains("DDP_TIMEOUT_SEC='0'"));
   CHECK_THROWS_WITH(fails("DDP_TIMEOUT_SEC", "nan"), Catch::Contains("DDP_TIMEOUT_SEC"));
+  CHECK_THROWS_WITH(fails("DDP_WAIT_NOTICE_SEC", "-3"), Catch::Contains("DDP_WAIT_NOTICE_SEC='-3'"));
   CHECK_THROWS_WITH(fails("DDP_DISABLE_SHM", "yes"), Catch::Contains("DDP_DISABLE_SHM='yes'"));
   CHECK_THROWS_WITH(fails("DDP_SPIN_US", "5x"), Catch::Contains("DDP_SPIN_US='5x'"));
   CHECK_THROWS_WITH(fails("DDP_SHM_RING_BYTES", "-1"), Catch::Contains("DDP_SHM_RING_BYTES"));

@@ -74,6 +74,10 @@ class FakeMembership : public ddprun::Membership {
     return barrier_result;
   }
   void leave(int attempt, std::chrono::milliseconds linger) override { left.emplace_back(attempt, linger); }
+  std::vector<std::pair<int, ddp::contract::ExitRecord>> exits;  // (attempt, record), as published
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) override {
+    exits.emplace_back(attempt, record);
+  }
 };
 
 ddprun::WorkerOutcome worker(int rank, int exit_code) {
@@ -99,6 +103,8 @@ FakeWorkers::Script fail(int rank, int code) {
     r.workers = {worker(0, 0), worker(1, 0)};
     r.workers[static_cast<size_t>(rank)] = worker(rank, code);
     r.root_cause = static_cast<size_t>(rank);
+    for (const auto& w : r.workers)
+      if (hooks.on_worker_exit) hooks.on_worker_exit(w);
     if (hooks.on_local_failure) hooks.on_local_failure(r.workers[*r.root_cause]);
     return r;
   };
@@ -274,6 +280,35 @@ TEST_CASE("on one node a stop signal is no remote root cause", "[job_policy]") {
                                    Catch::Contains("Workers:"));
   CHECK(alone.join(2).store.prefix == "attempt/2/pg/");
   CHECK(alone.join(0).world_size == 2);
+}
+
+TEST_CASE("every worker's exit is published as it is reaped, whatever its status", "[job_policy]") {
+  Job job;
+  job.workers.attempts = {fail(1, 3), [](FakeWorkers&, const AttemptHooks& hooks) {
+                            AttemptResult r;
+                            r.workers = {worker(0, 0), worker(1, 0)};
+                            r.workers[1].wait_status = SIGKILL;  // killed by ddprun after the grace period
+                            r.workers[1].ended = std::chrono::system_clock::time_point(std::chrono::milliseconds(1234));
+                            for (const auto& w : r.workers) hooks.on_worker_exit(w);
+                            return r;
+                          }};
+  CHECK(job.run(1) == 0);
+  REQUIRE(job.membership.exits.size() == 4);
+  const auto& [attempt0, failed] = job.membership.exits[1];
+  CHECK(attempt0 == 0);
+  CHECK(failed.rank == 1);
+  CHECK(failed.exit_code == 3);
+  CHECK(failed.signal == 0);
+  CHECK(failed.pid == 1001);
+  CHECK(failed.node_rank == kMe);
+  CHECK(failed.host == "hosta");
+  const auto& [attempt1, killed] = job.membership.exits[3];
+  CHECK(attempt1 == 1);
+  CHECK(killed.signal == SIGKILL);
+  CHECK(killed.time_ms == 1234);
+  CHECK(killed.describe() == "rank 1 was killed by signal 9 (SIGKILL) at " + ddp::contract::clock_time(1234) +
+                                 " on node 0 (hosta)");
+  CHECK(job.membership.exits[0].second.succeeded());
 }
 
 TEST_CASE("the exit barrier passes: status 0 and no summary", "[job_policy]") {

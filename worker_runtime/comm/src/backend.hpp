@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ddp/process_group.hpp"
+#include "group_peers.hpp"
 #include "rdzv/store.hpp"
 
 namespace ddp::detail {
@@ -20,6 +21,7 @@ struct GroupSetup {
   std::string advertise_host = "127.0.0.1";  // this host's address as peers on other hosts reach it
   Millis timeout{600000};              // limit of every collective
   Millis connect_timeout{300000};      // limit of forming the group
+  GroupPeers peers;                    // who the ranks are in the job; their exits
 };
 
 // Shared memory within a host, TCP across hosts.
@@ -34,15 +36,27 @@ bool nccl_usable(int local_size);
 // One group over two of the same ranks: collectives on GPU buffers (Device::Cuda) go
 // to `gpu`, all others, barrier and allocate to `host` (backend "auto" on a GPU host).
 std::shared_ptr<ProcessGroup> make_routed_group(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu);
+// One key a wait needs, and the group rank that sets it.
+struct RankKey {
+  int rank;
+  std::string key;
+};
+// Waits until every key exists and returns their values, in order. Waits in short
+// slices: a rank still missing whose exit is published fails it at once (PeerError
+// naming how it exited); every peers.notice_every a line on stderr says who is
+// still missing. Throws Timeout naming the ranks still missing after `timeout`.
+std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankKey>& keys, Millis timeout,
+                                     const GroupPeers& peers);
 // Every rank of a group sets `<prefix><rank>` to `mine` and returns all ranks'
-// values, in rank order. Throws Timeout naming the ranks that did not publish
-// within `timeout`.
+// values, in rank order (waiting as await_ranks does).
 std::vector<std::string> exchange_all(rdzv::Store& store, const std::string& prefix, int rank, int size,
-                                      const std::string& mine, Millis timeout);
+                                      const std::string& mine, Millis timeout, const GroupPeers& peers = {});
 // `setup` with its store narrowed to the keys under `prefix` (kept alive by the view).
 GroupSetup with_store_prefix(const GroupSetup& setup, const std::string& prefix);
 // Rank 0 creates a ncclUniqueId and publishes it under `key`; every rank returns
 // the same 128 raw bytes. Throws Error when NCCL was not built in.
-std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout);
+// Fails at once when rank 0's exit is published (PeerError).
+std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout,
+                                    const GroupPeers& peers = {});
 
 }  // namespace ddp::detail

@@ -1,31 +1,77 @@
-// Helpers for forming groups (backend.hpp): the all-ranks exchange through the
-// store, and narrowing a group's store to a key prefix.
+// Helpers for forming groups (backend.hpp): waiting for the ranks' keys (watching
+// for exits, saying who is missing), the all-ranks exchange through the store, and
+// narrowing a group's store to a key prefix.
+#include <algorithm>
+#include <cstdio>
 #include <unordered_set>
 
 #include "backend.hpp"
 #include "rdzv/prefix_store.hpp"
 
 namespace ddp::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr Millis kSlice{200};  // between looks at the exits of the ranks still missing
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// The global ranks among `keys` that a timed-out wait still missed.
+std::vector<int> missing_ranks(rdzv::Store& store, const std::vector<RankKey>& keys, const rdzv::StoreTimeout& e) {
+  // The timeout names the keys still missing (a store server older than that list
+  // names none: then ask the store).
+  const std::unordered_set<std::string> absent(e.missing_keys().begin(), e.missing_keys().end());
+  std::vector<int> missing;
+  for (const RankKey& k : keys)
+    if (absent.empty() ? !store.check({k.key}) : absent.count(k.key) != 0) missing.push_back(k.rank);
+  return missing;
+}
+
+long long whole_seconds(Clock::duration d) {
+  return std::chrono::round<std::chrono::seconds>(d).count();
+}
+
+}  // namespace
+
+std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankKey>& keys, Millis timeout,
+                                     const GroupPeers& peers) {
+  std::vector<std::string> names;
+  for (const RankKey& k : keys) names.push_back(k.key);
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  auto next_notice = start + peers.notice_every;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    try {
+      return store.multi_get(names, std::clamp(left, Millis(1), kSlice));
+    } catch (const rdzv::StoreTimeout& e) {
+      const std::vector<int> missing = missing_ranks(store, keys, e);
+      peers.throw_if_exited(missing);
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        throw Timeout("process group: ranks " + rank_list(missing) + " did not join within " +
+                      std::to_string(timeout.count()) + " ms");
+      }
+      if (peers.notice_every.count() > 0 && now >= next_notice) {
+        std::fprintf(stderr, "ddp: rank %d still waiting for rank%s %s to join the process group (%lld s of %lld s)\n",
+                     peers.me, missing.size() == 1 ? "" : "s", rank_list(missing).c_str(), whole_seconds(now - start),
+                     whole_seconds(timeout));
+        next_notice += peers.notice_every;
+      }
+    }
+  }
+}
 
 std::vector<std::string> exchange_all(rdzv::Store& store, const std::string& prefix, int rank, int size,
-                                      const std::string& mine, Millis timeout) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-  store.set(keys[static_cast<size_t>(rank)], mine);
-  try {
-    return store.multi_get(keys, timeout);
-  } catch (const rdzv::StoreTimeout& e) {
-    // The timeout names the keys still missing (a store server older than that list
-    // names none: then ask the store).
-    const std::unordered_set<std::string> absent(e.missing_keys().begin(), e.missing_keys().end());
-    std::string missing;
-    for (int r = 0; r < size; ++r) {
-      const std::string& key = keys[static_cast<size_t>(r)];
-      if (absent.empty() ? !store.check({key}) : absent.count(key) != 0)
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    throw Timeout("process group: ranks " + missing + " did not join within " + std::to_string(timeout.count()) + " ms");
-  }
+                                      const std::string& mine, Millis timeout, const GroupPeers& peers) {
+  std::vector<RankKey> keys;
+  for (int r = 0; r < size; ++r) keys.push_back({r, prefix + std::to_string(r)});
+  store.set(keys[static_cast<size_t>(rank)].key, mine);
+  return await_ranks(store, keys, timeout, peers);
 }
 
 GroupSetup with_store_prefix(const GroupSetup& setup, const std::string& prefix) {

@@ -2,9 +2,11 @@
 #include "ddp/init.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "backend.hpp"
 #include "ddp/contract/store_keys.hpp"
+#include "exit_watch.hpp"
 #include "hosted_store.hpp"
 #include "progress_publisher.hpp"
 #include "rdzv/prefix_store.hpp"
@@ -21,9 +23,66 @@ struct StoreBundle {
 };
 
 // True when every rank of the group says `mine` (each publishes under `prefix`).
-bool agree_all(rdzv::Store& store, const std::string& prefix, int rank, int size, bool mine, Millis timeout) {
-  const auto all = detail::exchange_all(store, prefix, rank, size, mine ? "1" : "0", timeout);
+bool agree_all(const detail::GroupSetup& setup, const std::string& prefix, bool mine) {
+  const auto all = detail::exchange_all(*setup.store, prefix, setup.rank, setup.size, mine ? "1" : "0",
+                                        setup.connect_timeout, setup.peers);
   return std::all_of(all.begin(), all.end(), [](const std::string& v) { return v == "1"; });
+}
+
+using Clock = std::chrono::steady_clock;
+
+long long seconds_of(Clock::duration d) { return std::chrono::round<std::chrono::seconds>(d).count(); }
+
+// Why a connection failed, from a StoreConnectionError's text: "Connection refused".
+std::string reason_of(const rdzv::StoreError& e) {
+  const std::string what = e.what();
+  const auto open = what.rfind('(');
+  if (open == std::string::npos || what.back() != ')') return what;
+  return what.substr(open + 1, what.size() - open - 2);
+}
+
+// Connects to the store before `deadline`, saying every `notice_every` on stderr
+// what this rank is waiting for.
+std::unique_ptr<rdzv::TcpStore> connect_store(rdzv::TcpStoreOptions so, int rank, Clock::time_point deadline,
+                                              Millis notice_every) {
+  const auto start = Clock::now();
+  const std::string where = so.host + ":" + std::to_string(so.port);
+  auto next_notice = start + notice_every;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    so.connect_timeout = std::max(Millis(1), std::min(left, std::chrono::duration_cast<Millis>(next_notice - Clock::now())));
+    try {
+      return std::make_unique<rdzv::TcpStore>(so);
+    } catch (const rdzv::StoreConnectionError& e) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        throw Error("cannot reach the store at " + where + " within " + std::to_string(seconds_of(now - start)) +
+                    " s (" + reason_of(e) + ")");
+      }
+      if (now < next_notice) continue;
+      next_notice += notice_every;
+      std::fprintf(stderr, "ddp: rank %d still waiting for the store at %s: %s (%lld s of %lld s)\n", rank,
+                   where.c_str(), reason_of(e).c_str(), seconds_of(now - start), seconds_of(deadline - start));
+    } catch (const rdzv::StoreError& e) {
+      throw Error("cannot reach the store at " + where + ": " + e.what());
+    }
+  }
+}
+
+// Under ddprun: the watch on the job's worker exits (its own connection), or none
+// with a warning when it cannot connect.
+std::shared_ptr<const detail::ExitWatch> watch_exits(const contract::WorkerEnv& env, rdzv::TcpStoreOptions so) {
+  detail::ExitWatch::Options o;
+  so.connect_timeout = Millis(5000);
+  o.store = std::move(so);
+  o.attempt = env.restart_count;
+  o.world_size = env.world_size;
+  try {
+    return std::make_shared<const detail::ExitWatch>(std::move(o));
+  } catch (const rdzv::StoreError& e) {
+    std::fprintf(stderr, "ddp: rank %d cannot watch for exits of other ranks (%s)\n", env.rank, e.what());
+    return nullptr;
+  }
 }
 
 }  // namespace
@@ -42,12 +101,16 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   setup.local_rank = env.local_rank;
   setup.local_size = env.local_world_size;
   setup.timeout = options.timeout;
-  setup.connect_timeout = options.connect_timeout;
+  // DDP_TIMEOUT_SEC bounds everything a rank can wait for: collectives, and the
+  // store and the peers at start.
+  const Millis connect_timeout = settings.timeout.value_or(options.connect_timeout);
+  const auto deadline = Clock::now() + connect_timeout;
   if (settings.timeout) setup.timeout = *settings.timeout;
+  setup.peers.me = env.rank;
+  setup.peers.notice_every = settings.wait_notice_every;
 
   auto bundle = std::make_shared<StoreBundle>();
   rdzv::TcpStoreOptions so;
-  so.connect_timeout = std::chrono::duration_cast<rdzv::Millis>(options.connect_timeout);
   std::string prefix;
   if (env.store) {
     // Under ddprun: the launcher's store, this attempt's process-group prefix.
@@ -81,11 +144,9 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
     }
     prefix = contract::JobKeys::standalone_process_groups(env.run_id, env.restart_count);
   }
-  try {
-    bundle->client = std::make_unique<rdzv::TcpStore>(so);
-  } catch (const rdzv::StoreError& e) {
-    throw Error("cannot reach the store at " + so.host + ":" + std::to_string(so.port) + ": " + e.what());
-  }
+  bundle->client = connect_store(so, env.rank, deadline, settings.wait_notice_every);
+  if (env.store) setup.peers.exits = watch_exits(env, so);
+  setup.connect_timeout = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
   setup.advertise_host = bundle->client->local_address();
   bundle->prefixed = std::make_unique<rdzv::PrefixStore>(prefix, *bundle->client);
   setup.store = std::shared_ptr<rdzv::Store>(bundle, bundle->prefixed.get());
@@ -96,8 +157,8 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
       // Host buffers on the cpu backend; where every rank has a GPU of its own, GPU
       // buffers on nccl too. Every rank must choose alike (a node without GPUs, or
       // with fewer than its ranks, makes the whole job cpu only).
-      const bool nccl = agree_all(*setup.store, contract::group_keys::exchange(contract::group_keys::kAutoNccl), setup.rank, setup.size,
-                                  detail::nccl_usable(setup.local_size), setup.connect_timeout);
+      const bool nccl = agree_all(setup, contract::group_keys::exchange(contract::group_keys::kAutoNccl),
+                                  detail::nccl_usable(setup.local_size));
       auto host = detail::make_cpu_group(detail::with_store_prefix(setup, contract::group_keys::backend("cpu")));
       if (!nccl) return host;
       auto gpu = detail::make_nccl_group(detail::with_store_prefix(setup, contract::group_keys::backend("nccl")));

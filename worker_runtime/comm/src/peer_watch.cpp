@@ -34,8 +34,10 @@ std::string PeerWatch::record_of(int pid) {
   return host_identity() + "\n" + std::to_string(pid) + "\n" + name;
 }
 
-PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout) {
-  const auto records = exchange_all(store, contract::group_keys::exchange(contract::group_keys::kWatch), rank, size, record_of(static_cast<int>(::getpid())), timeout);
+PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout, GroupPeers peers)
+    : group_(std::move(peers)), rank_(rank), size_(size) {
+  const auto records = exchange_all(store, contract::group_keys::exchange(contract::group_keys::kWatch), rank, size,
+                                    record_of(static_cast<int>(::getpid())), timeout, group_);
   const std::string here = host_identity();
   try {
     watch_local_peers(records, rank, here);
@@ -75,18 +77,39 @@ void PeerWatch::close_all() {
   peers_.clear();
 }
 
+// A peer whose exit ddprun published, once that is known for kExitGrace: an exit may
+// come right after the peer's part of an operation that is still finishing here.
+int PeerWatch::published_exit() const {
+  constexpr int64_t kExitGraceNs = 300'000'000;
+  if (!group_.exits || group_.exits->generation() == 0) return -1;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !group_.exits->exited(group_.global(r))) continue;
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    int64_t seen = 0;
+    if (exit_seen_ns_.compare_exchange_strong(seen, now)) seen = now;
+    return now - seen >= kExitGraceNs ? r : -1;
+  }
+  return -1;
+}
+
+std::string PeerWatch::how_gone(int rank) const {
+  if (const auto exit = group_.exit_of(rank)) return exit->describe() + ", while this rank waits for it";
+  return "peer " + describe(rank) + " exited";
+}
+
 int PeerWatch::dead_peer() const {
-  if (peers_.empty()) return -1;
+  if (peers_.empty()) return published_exit();
   std::vector<pollfd> fds;
   fds.reserve(peers_.size());
   for (const Peer& p : peers_) {
     if (p.gone) return p.rank;
     fds.push_back(pollfd{p.fd, POLLIN, 0});
   }
-  if (::poll(fds.data(), fds.size(), 0) <= 0) return -1;
-  for (size_t i = 0; i < fds.size(); ++i)
-    if (fds[i].revents != 0) return peers_[i].rank;
-  return -1;
+  if (::poll(fds.data(), fds.size(), 0) > 0) {
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents != 0) return peers_[i].rank;
+  }
+  return published_exit();
 }
 
 std::string PeerWatch::describe(int rank) const {
@@ -98,6 +121,11 @@ std::string PeerWatch::describe(int rank) const {
 
 std::shared_ptr<PeerWatch> PeerWatch::narrow(const std::vector<int>& ranks) const {
   std::shared_ptr<PeerWatch> sub(new PeerWatch());
+  sub->group_ = group_.narrow(ranks);
+  sub->size_ = static_cast<int>(ranks.size());
+  sub->rank_ = -1;  // this rank's place in the subgroup: set below when a member
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == rank_) sub->rank_ = static_cast<int>(i);
   for (size_t i = 0; i < ranks.size(); ++i) {
     for (const Peer& p : peers_) {
       if (p.rank != ranks[i]) continue;

@@ -4,14 +4,17 @@
 // Ranks publish who they are through the group's store; each rank opens a pidfd for
 // every peer that shares its host (same boot id and mount, pid and ipc namespaces:
 // the peers whose pids mean something here). A pidfd becomes readable when its
-// process exits, so one poll() with no wait says whether any of them died.
+// process exits, so one poll() with no wait says whether any of them died. Peers on
+// other hosts are known gone from their exits as ddprun publishes them (ExitWatch).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ddp/work.hpp"
+#include "group_peers.hpp"
 #include "rdzv/store.hpp"
 
 namespace ddp::detail {
@@ -24,8 +27,9 @@ class PeerWatch {
  public:
   // Every rank of the group calls it: publishes this rank under "watch/<rank>" and
   // reads every other rank's record within `timeout` (Timeout names the ranks that
-  // never published). Throws Error on a malformed record.
-  PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout);
+  // never published, PeerError one whose exit is published). Throws Error on a
+  // malformed record. `peers`: the group's ranks in the job and their exits.
+  PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout, GroupPeers peers = {});
   ~PeerWatch();
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
@@ -37,6 +41,10 @@ class PeerWatch {
   int dead_peer() const;
   // "rank 3 (pid 4711 on node-b)".
   std::string describe(int rank) const;
+  // How dead_peer() `rank` is gone: "rank 3 exited with code 0 at 12:00:01.234 on node 1
+  // (node-b), while this rank waits for it" (a call's name may follow: " in all_reduce"),
+  // or "peer rank 3 (pid 4711 on node-b) exited".
+  std::string how_gone(int rank) const;
   // How many peers are watched (those on this host).
   size_t watched() const { return peers_.size(); }
 
@@ -46,6 +54,7 @@ class PeerWatch {
 
  private:
   PeerWatch() = default;
+  int published_exit() const;
   void watch_local_peers(const std::vector<std::string>& records, int rank, const std::string& here);
   void close_all();
   struct Peer {
@@ -56,6 +65,10 @@ class PeerWatch {
     std::string hostname;
   };
   std::vector<Peer> peers_;
+  GroupPeers group_;  // the group's ranks in the job and their published exits
+  int rank_ = 0;
+  int size_ = 0;
+  mutable std::atomic<int64_t> exit_seen_ns_{0};  // steady clock when an exit was first seen
 };
 
 }  // namespace ddp::detail

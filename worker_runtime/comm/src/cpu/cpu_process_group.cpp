@@ -26,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "ddp/contract/store_keys.hpp"
@@ -40,6 +41,7 @@ namespace ddp::detail {
 namespace {
 
 using cpu::Clock;
+constexpr Millis kExitRecordWait{500};  // for ddprun to publish an exit the transport saw first
 
 class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this<CpuProcessGroup> {
  public:
@@ -110,12 +112,16 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     GroupSetup sub = with_store_prefix(setup_, contract::group_keys::subgroup(id));
     sub.rank = static_cast<int>(it - ranks.begin());
     sub.size = static_cast<int>(ranks.size());
-    return std::make_shared<CpuProcessGroup>(sub, transport_options_);
+    sub.peers = setup_.peers.narrow(ranks);
+    cpu::TransportOptions topts = transport_options_;
+    topts.peers = sub.peers;
+    return std::make_shared<CpuProcessGroup>(sub, topts);
   }
 
  private:
   struct Task {
     const char* name;
+    uint64_t seq;       // the call's number (Op::seq); 0 for allocate
     Millis timeout;
     std::function<void(cpu::Team&)> fn;
     std::shared_ptr<Work::State> state;
@@ -143,7 +149,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn, const Op* call = nullptr) {
     auto state = std::make_shared<Work::State>();
     if (call) state->attach(*call);
-    Task task{name, o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
+    Task task{name, call ? call->seq : 0, o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
     {
       std::unique_lock lock(mu_);
       if (broken_) std::rethrow_exception(broken_);
@@ -208,7 +214,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
           if (!broken_) broken_ = std::make_exception_ptr(Error(std::string(task.name) + ": " + lost.detail));
           error = broken_;
         } else {
-          error = fail(task.name, lost.peer, lost.detail, false);
+          error = fail(task.name, lost.peer, exit_cause(lost, label(task)).value_or(lost.detail), false);
         }
       } catch (const cpu::Mismatched& m) {
         error = fail(task.name, m.peer, mismatch_text(m), false, true);
@@ -243,6 +249,34 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     return "mismatched calls in group " + name() + ": " + a + "; " + b;
   }
 
+  // How errors name a task: "all_reduce #57 of group 0" (built only when one fails).
+  std::string label(const Task& task) const {
+    std::string out = task.name;
+    if (task.seq > 0) out += " #" + std::to_string(task.seq);
+    return out + " of group " + name();
+  }
+
+  // How `peer`, gone while this rank waited for it in `during`, exited, as ddprun
+  // published it ("rank 1 exited with code 0 at ... on node 0 (hosta), while this rank
+  // waits for it in all_reduce #57 of group 0"); nothing without ddprun.
+  std::optional<std::string> exit_cause(const cpu::PeerLost& lost, const std::string& during) const {
+    const auto& exits = setup_.peers.exits;
+    if (!exits) return std::nullopt;
+    const int global = setup_.peers.global(lost.peer);
+    auto exit = exits->record(global);
+    if (!exit) {
+      // Its pidfd or socket (closed, reset) may tell a moment before ddprun has reaped
+      // it; unless a peer already recorded the group's root cause (then that names it).
+      try {
+        if (!setup_.store->check({contract::group_keys::failure()})) exit = exits->wait_record(global, kExitRecordWait);
+      } catch (const std::exception&) {
+        // The store is gone too: go on with what the transport saw.
+      }
+    }
+    if (!exit) return std::nullopt;
+    return exit->describe() + ", while this rank waits for it in " + during;
+  }
+
   // Breaks the group; returns the error every pending and later call reports. A
   // mismatch is recorded as "<blamed> mismatch\n<text>" and reported as Mismatch.
   std::exception_ptr fail(const char* op, int blamed, const std::string& detail, bool timeout,
@@ -259,6 +293,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
       std::string mine = std::to_string(blamed);
       if (mismatch) mine += " mismatch\n" + detail;
       else if (timeout) mine += "\nno progress from " + transport_.describe(blamed) + ": " + detail;
+      else if (detail.starts_with("rank ")) mine += "\n" + detail;  // an exit as ddprun published it
       else mine += "\n" + transport_.describe(blamed) + " failed (" + detail + ")";
       try {
         cause = setup_.store->compare_set(contract::group_keys::failure(), "", mine);
@@ -313,6 +348,7 @@ std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup) {
   cpu::TransportOptions topts;
   topts.advertise_host = setup.advertise_host;
   topts.connect_timeout = setup.connect_timeout;
+  topts.peers = setup.peers;
   return std::make_shared<CpuProcessGroup>(setup, topts);
 }
 

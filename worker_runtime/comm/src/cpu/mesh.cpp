@@ -37,6 +37,7 @@ constexpr size_t kMinRingBytes = 256 << 10;
 constexpr size_t kMaxRingBytes = 4 << 20;
 constexpr int kSocketBufferBytes = 4 << 20;
 constexpr size_t kStagingBytes = Mesh::staging_bytes();
+constexpr int kFormSliceMs = 200;  // forming: between looks at the exits of ranks still missing
 
 [[noreturn]] void fail(const std::string& what) { throw Error("process group: " + what); }
 [[noreturn]] void fail_errno(const std::string& what) { fail(what + ": " + std::strerror(errno)); }
@@ -137,7 +138,7 @@ Mesh::Mesh(rdzv::Store& store, int rank, int size, const MeshOptions& options)
        << hostname() << '\n'
        << my_group_id << '\n'
        << PeerMemory::probe_address() << '\n';
-  const std::vector<std::string> infos = detail::exchange_all(store, contract::group_keys::exchange(contract::group_keys::kInfo), rank, size, info.str(), store_timeout);
+  const std::vector<std::string> infos = detail::exchange_all(store, contract::group_keys::exchange(contract::group_keys::kInfo), rank, size, info.str(), store_timeout, options.peers);
   std::vector<std::string> host_keys(size);
   std::vector<uint64_t> probe_addrs(size);
   pids_.resize(size);
@@ -230,13 +231,13 @@ void Mesh::form_shm(rdzv::Store& store, Clock::time_point deadline) {
   headers_[rank_] = mine;
   store.set(contract::group_keys::record(contract::group_keys::kShmReady, rank_), "1");
 
-  std::vector<std::string> ready, mapped;
+  std::vector<detail::RankKey> ready, mapped;
   for (int r : local) {
     if (r == rank_) continue;
-    ready.push_back(contract::group_keys::record(contract::group_keys::kShmReady, r));
-    mapped.push_back(contract::group_keys::record(contract::group_keys::kShmMapped, r));
+    ready.push_back({r, contract::group_keys::record(contract::group_keys::kShmReady, r)});
+    mapped.push_back({r, contract::group_keys::record(contract::group_keys::kShmMapped, r)});
   }
-  store.wait(ready, store_timeout);
+  detail::await_ranks(store, ready, store_timeout, options_.peers);
   for (int r : local) {
     if (r == rank_) continue;
     base[r] = map(shm_names_[r], false);
@@ -247,7 +248,7 @@ void Mesh::form_shm(rdzv::Store& store, Clock::time_point deadline) {
     pid_fds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, pids_[r], 0));
   }
   store.set(contract::group_keys::record(contract::group_keys::kShmMapped, rank_), "1");
-  store.wait(mapped, store_timeout);
+  detail::await_ranks(store, mapped, store_timeout, options_.peers);
   // Everyone holds a mapping now: the name can go, and nothing is left behind in
   // /dev/shm however the job ends.
   ::shm_unlink(shm_names_[rank_].c_str());
@@ -278,11 +279,11 @@ void Mesh::probe_cma(rdzv::Store& store, const std::vector<uint64_t>& probe_addr
   }
   // Every rank of the host must choose the same algorithm: all or none.
   store.set(contract::group_keys::record(contract::group_keys::kCma, rank_), ok ? "1" : "0");
-  std::vector<std::string> keys;
-  for (int r : local) keys.push_back(contract::group_keys::record(contract::group_keys::kCma, r));
+  std::vector<detail::RankKey> keys;
+  for (int r : local) keys.push_back({r, contract::group_keys::record(contract::group_keys::kCma, r)});
   const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
   bool all = true;
-  for (const auto& v : store.multi_get(keys, std::max(left, Millis(1)))) all &= v == "1";
+  for (const auto& v : detail::await_ranks(store, keys, std::max(left, Millis(1)), options_.peers)) all &= v == "1";
   peer_memory_ = PeerMemory(pids_, all);
 }
 
@@ -321,8 +322,9 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
       if (rc == 0) break;
       const int saved = errno;
       ::close(fd);
-      if (Clock::now() >= deadline) {
+      if (Clock::now() >= deadline || options_.peers.exit_of(r)) {
         ::freeaddrinfo(res);
+        options_.peers.throw_if_exited({r});
         errno = saved;
         fail_errno("cannot connect to " + describe(r) + " at " + ep);
       }
@@ -339,10 +341,17 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
   }
   while (expected_accepts > 0) {
     pollfd p{listen_fd, POLLIN, 0};
-    if (Clock::now() >= deadline || ::poll(&p, 1, ms_until(deadline)) <= 0) {
+    // In slices, looking at the exits of the ranks still to connect between them.
+    if (Clock::now() >= deadline || ::poll(&p, 1, std::min(ms_until(deadline), kFormSliceMs)) <= 0) {
+      std::vector<int> waiting;
       std::string missing;
-      for (int r = rank_ + 1; r < size_; ++r)
-        if (host_of_[r] != host_of_[rank_] && !channels_[r]) missing += std::string(" ") + std::to_string(r);
+      for (int r = rank_ + 1; r < size_; ++r) {
+        if (host_of_[r] == host_of_[rank_] || channels_[r]) continue;
+        waiting.push_back(r);
+        missing += std::string(" ") + std::to_string(r);
+      }
+      options_.peers.throw_if_exited(waiting);
+      if (Clock::now() < deadline) continue;
       fail(std::string("ranks") + missing + " did not connect in time");
     }
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);

@@ -13,6 +13,7 @@
 #include "channel.hpp"
 #include "ddp/types.hpp"
 #include "deadline.hpp"
+#include "../group_peers.hpp"
 #include "peer_memory.hpp"
 #include "rdzv/store.hpp"
 
@@ -22,6 +23,7 @@ struct MeshOptions {
   std::string advertise_host = "127.0.0.1";  // address peers on other hosts connect to
   Millis connect_timeout{300000};
   size_t ring_bytes = 0;  // per shared-memory ring; 0: DDP_SHM_RING_BYTES, or 8 MiB / local peers in [256 KiB, 4 MiB]
+  detail::GroupPeers peers;  // the ranks in the job: formation and transfers fail at once on a published exit
 };
 
 class Mesh {
@@ -41,6 +43,7 @@ class Mesh {
   // The ranks of this rank's host, itself included, in rank order.
   const std::vector<int>& local() const { return hosts_[host_of_[rank_]]; }
   std::string describe(int r) const;  // "rank 3 (pid 123 on node-b)"
+  const detail::GroupPeers& peers() const { return options_.peers; }
 
   // The channel to rank r (null for this rank).
   Channel* channel(int r) const { return channels_[r].get(); }

@@ -150,8 +150,11 @@ void Progress::run(std::span<Xfer> xfers, Clock::time_point deadline) {
       continue;
     }
     if (now >= next_health_check_) {
-      check_health(xfers, deadline);
       next_health_check_ = now + kHealthEvery;
+      if (check_health(xfers, deadline)) {  // a gone peer's last bytes moved
+        spinning = false;
+        continue;
+      }
     }
     sleep(xfers, bell);
   }
@@ -189,7 +192,7 @@ void Progress::interrupt() {
   if (my_header_) ring_doorbell(my_header_);
 }
 
-void Progress::check_health(std::span<Xfer> xfers, Clock::time_point deadline) {
+bool Progress::check_health(std::span<Xfer> xfers, Clock::time_point deadline) {
   if (interrupted_.load()) throw PeerLost{-1, "aborted"};
   // A local peer that saw a failure first says whom it blames.
   for (int r = 0; r < mesh_.size(); ++r) {
@@ -198,12 +201,24 @@ void Progress::check_health(std::span<Xfer> xfers, Clock::time_point deadline) {
     const int blamed = peer->failed.load(std::memory_order_acquire);
     if (blamed != 0) throw PeerLost{blamed - 1, "reported by " + mesh_.describe(r)};
   }
-  // The peers we wait on: has one died or hung up?
+  // The peers we wait on: has one died or hung up? (Within a host its pidfd, or its
+  // exit as ddprun published it; across hosts its socket, which the exit closes
+  // after the last byte it sent.)
+  const detail::GroupPeers& peers = mesh_.peers();
+  const bool any_exit = peers.exits && peers.exits->generation() != 0;
   for (auto& x : xfers) {
     if (x.closed) continue;
-    if (channels_[x.peer]->peer_gone()) {
-      throw PeerLost{x.peer, channels_[x.peer]->fd() < 0 ? "process exited" : "connection closed"};
+    Channel& ch = *channels_[x.peer];
+    if (!ch.peer_gone() && !(any_exit && ch.fd() < 0 && peers.exits->exited(peers.global(x.peer)))) continue;
+    // What it sent before it went may still wait to be read: drain before declaring.
+    bool moved = false;
+    for (size_t j = 0; j < xfers.size(); ++j) {
+      Xfer& y = xfers[j];
+      if (y.closed || y.peer != x.peer || (y.stamped == 0 && j > 0 && waits_behind(xfers, j))) continue;
+      moved |= step(y);  // in message order, as run() moves them
     }
+    if (moved) return true;
+    throw PeerLost{x.peer, ch.fd() < 0 ? "process exited" : "connection closed"};
   }
   if (Clock::now() >= deadline) {
     StuckTimeout t;
@@ -212,6 +227,7 @@ void Progress::check_health(std::span<Xfer> xfers, Clock::time_point deadline) {
         t.waiting_for.push_back(x.peer);
     throw t;
   }
+  return false;
 }
 
 void Progress::poison(int blamed) {

@@ -98,7 +98,9 @@ class Progress {
   bool step(Xfer& x);
   bool step_stamp(Xfer& x);
   static bool waits_behind(std::span<Xfer> xfers, size_t i);
-  void check_health(std::span<Xfer> xfers, Clock::time_point deadline);
+  // Throws when a peer failed or the deadline passed; true when it moved the last
+  // bytes of a peer that is gone (the caller goes on).
+  bool check_health(std::span<Xfer> xfers, Clock::time_point deadline);
   void sleep(std::span<Xfer> xfers, uint32_t doorbell_seen);
 
   const Mesh& mesh_;

@@ -155,7 +155,7 @@ class NcclWork final : public Work::State {
       complete(comm_->broken());
       return true;
     }
-    if (auto error = comm_->check()) {
+    if (auto error = comm_->check(what_)) {
       complete(error);
       return true;
     }
@@ -209,11 +209,11 @@ Communicator::~Communicator() {
   release();
 }
 
-std::exception_ptr Communicator::check() {
+std::exception_ptr Communicator::check(const std::string& during) {
   if (auto e = broken()) return e;
   if (const int dead = watch_->dead_peer(); dead >= 0) {
-    fail(std::make_exception_ptr(PeerError(dead, "NCCL: peer " + watch_->describe(dead) +
-                                                     " exited; the communicator was aborted")));
+    const std::string in = during.empty() ? "" : " in " + during;
+    fail(std::make_exception_ptr(PeerError(dead, "NCCL: " + watch_->how_gone(dead) + in + "; the communicator was aborted")));
     return broken();
   }
   ncclResult_t state = ncclSuccess;

@@ -66,9 +66,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // communicator, or nullptr for color NCCL_SPLIT_NOCOLOR.
   ncclComm_t split(int color, int key, Millis timeout);
 
-  // The error this communicator broke with, after checking the local peers and NCCL's
-  // asynchronous error state (either breaks it). nullptr while healthy.
-  std::exception_ptr check();
+  // The error this communicator broke with, after checking the peers (a gone peer
+  // breaks it; `during` names the call that waits, "all_reduce") and NCCL's
+  // asynchronous error state. nullptr while healthy.
+  std::exception_ptr check(const std::string& during = {});
   // Breaks the communicator with `reason` (the first reason is kept) and aborts it.
   void fail(std::exception_ptr reason);
   std::exception_ptr broken();

@@ -225,7 +225,8 @@ class NcclProcessGroup final : public ProcessGroup {
 
 }  // namespace
 
-std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout) {
+std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout,
+                                    const GroupPeers& peers) {
   if (rank == 0) {
     ncclUniqueId id;
     ncclResult_t r = ncclGetUniqueId(&id);
@@ -240,8 +241,8 @@ std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, 
   }
   std::string bytes;
   try {
-    bytes = store.get(key, timeout);
-  } catch (const rdzv::StoreTimeout&) {
+    bytes = await_ranks(store, {{0, key}}, timeout, peers)[0];  // fails at once if rank 0 has exited
+  } catch (const Timeout&) {
     throw Timeout("rank " + std::to_string(rank) + " waited " + ms_text(timeout) +
                   " for rank 0's NCCL unique id (store key '" + key + "')");
   } catch (const rdzv::StoreError& e) {
@@ -284,8 +285,9 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup) {
   // NCCL takes the current device as the communicator's; it stays current for the
   // caller too, which is what a one-GPU-per-process program expects.
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-  std::string id = exchange_nccl_unique_id(*setup.store, contract::group_keys::nccl_unique_id(), setup.rank, setup.connect_timeout);
-  auto watch = std::make_shared<const PeerWatch>(*setup.store, setup.rank, setup.size, setup.connect_timeout);
+  std::string id = exchange_nccl_unique_id(*setup.store, contract::group_keys::nccl_unique_id(), setup.rank,
+                                           setup.connect_timeout, setup.peers);
+  auto watch = std::make_shared<const PeerWatch>(*setup.store, setup.rank, setup.size, setup.connect_timeout, setup.peers);
   ncclComm_t comm = nccl::init_communicator(id, setup.size, setup.rank, setup.connect_timeout);
   auto communicator = std::make_shared<Communicator>(comm, device, setup.timeout, std::move(watch));
   return std::make_shared<NcclProcessGroup>(setup.rank, setup.size, std::move(communicator), setup.timeout,

@@ -10,7 +10,7 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup&) {
 
 bool nccl_usable(int) { return false; }
 
-std::string exchange_nccl_unique_id(rdzv::Store&, const std::string&, int, Millis) {
+std::string exchange_nccl_unique_id(rdzv::Store&, const std::string&, int, Millis, const GroupPeers&) {
   throw Error("cannot create an NCCL unique id: ddprun was built without NCCL");
 }
 

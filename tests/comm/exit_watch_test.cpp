@@ -1,0 +1,100 @@
+// The exit watch (exit_watch.hpp) against a real store server: it reads the exit
+// slots as ddprun's agents fill them, and group formation fails at once for a rank
+// whose exit it has seen, naming that exit, in subgroups by their global ranks.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "backend.hpp"
+#include "ddp/contract/store_keys.hpp"
+#include "exit_watch.hpp"
+#include "rdzv/memory_store.hpp"
+#include "server_fixture.hpp"
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// What an agent does when it reaps a worker (the slot protocol of store_keys.hpp).
+void publish_exit(rdzv::Store& store, int attempt, const ddp::contract::ExitRecord& r) {
+  const ddp::contract::JobKeys keys(attempt);
+  store.set(keys.exit_slot(store.add(keys.exit_count(), 1) - 1), r.encode());
+}
+
+ddp::contract::ExitRecord exit_of(int rank, int code) {
+  ddp::contract::ExitRecord r;
+  r.rank = rank;
+  r.node_rank = 1;
+  r.host = "hostb";
+  r.pid = 4711;
+  r.exit_code = code;
+  r.time_ms = ddp::contract::unix_millis_now();
+  return r;
+}
+
+std::shared_ptr<const ddp::detail::ExitWatch> watch(const testing::ServerThread& server, int attempt, int world) {
+  ddp::detail::ExitWatch::Options o;
+  o.store = server.client_options();
+  o.attempt = attempt;
+  o.world_size = world;
+  return std::make_shared<const ddp::detail::ExitWatch>(o);
+}
+
+}  // namespace
+
+TEST_CASE("the exit watch sees every exit of its attempt, the first of a rank counting", "[exit_watch]") {
+  testing::ServerThread server;
+  auto agent = server.client();
+  auto w = watch(server, 2, 4);
+  CHECK(w->generation() == 0);
+  CHECK_FALSE(w->exited(1));
+  publish_exit(*agent, 1, exit_of(1, 0));   // another attempt: not watched
+  publish_exit(*agent, 2, exit_of(3, 7));
+  publish_exit(*agent, 2, exit_of(3, 9));   // a second record for the same rank is ignored
+  publish_exit(*agent, 2, exit_of(9, 0));   // no such rank: ignored
+  agent->set(ddp::contract::JobKeys(2).exit_slot(agent->add(ddp::contract::JobKeys(2).exit_count(), 1) - 1), "junk");
+  publish_exit(*agent, 2, exit_of(0, 0));
+  const auto record = w->wait_record(0, 5s);
+  REQUIRE(record);
+  CHECK(w->exited(3));
+  CHECK(w->record(3)->exit_code == 7);
+  CHECK_FALSE(w->exited(1));
+  CHECK(w->generation() == 2);
+}
+
+TEST_CASE("the exit watch stops at once when destroyed", "[exit_watch]") {
+  testing::ServerThread server;
+  auto w = watch(server, 0, 2);
+  std::this_thread::sleep_for(50ms);  // blocked in the store by now
+  const auto start = Clock::now();
+  w.reset();
+  CHECK(Clock::now() - start < 500ms);
+}
+
+TEST_CASE("forming a group fails within a second naming a rank whose exit is published", "[exit_watch]") {
+  testing::ServerThread server;
+  auto agent = server.client();
+  ddp::detail::GroupPeers peers;
+  peers.exits = watch(server, 0, 4);
+  rdzv::MemoryStore group_store;
+  publish_exit(*agent, 0, exit_of(2, 0));
+  REQUIRE(peers.exits->wait_record(2, 5s));
+  const auto start = Clock::now();
+  CHECK_THROWS_MATCHES(ddp::detail::exchange_all(group_store, "info/", 0, 4, "zero", 30s, peers), ddp::PeerError,
+                       Catch::Matchers::Predicate<ddp::PeerError>([](const ddp::PeerError& e) {
+                         const std::string what = e.what();
+                         return e.rank() == 2 && what.find("rank 2 exited with code 0 at ") != std::string::npos &&
+                                what.find(" on node 1 (hostb), before joining the process group") != std::string::npos;
+                       }));
+  CHECK(Clock::now() - start < 1s);
+
+  // A subgroup of global ranks {1, 2}: its rank 1 is global rank 2.
+  const auto sub = peers.narrow({1, 2});
+  CHECK(sub.global(1) == 2);
+  CHECK_THROWS_AS(ddp::detail::exchange_all(group_store, "sub/", 0, 2, "one", 30s, sub), ddp::PeerError);
+  // A subgroup without it forms (and times out) as before.
+  CHECK_THROWS_AS(ddp::detail::exchange_all(group_store, "other/", 0, 2, "x", 300ms, peers.narrow({0, 1})),
+                  ddp::Timeout);
+}
