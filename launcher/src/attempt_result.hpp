@@ -29,8 +29,8 @@ struct WorkerOutcome {
   bool ended_after_stop = false;                  // ddprun had already begun stopping the group
   std::vector<std::string> stderr_tail;           // last lines of its stderr
   std::string stderr_log;                         // its stderr log file, when kept
-  std::string error_file;                         // its TORCHELASTIC_ERROR_FILE, when it had one
   std::vector<LogFailure> incomplete_logs;        // its log files that lack part of its output
+  std::string error_file;                         // its TORCHELASTIC_ERROR_FILE, when it had one
 
   bool failed() const;
   int exit_status() const;        // exit code, or 128+signal

@@ -49,7 +49,7 @@ TEST_CASE("the analysis names the rank that never arrived and the ones that wait
                          Catch::Contains("rank 1 never arrived; last completed all_reduce #4 of group 0"));
 }
 
-TEST_CASE("ranks without a record are named; a failed call is seen", "[stall]") {
+TEST_CASE("ranks without a record are named and a failed call is seen", "[stall]") {
   ProgressRecords recs = {rank_at(0, 2, 0, "failed"), std::nullopt};
   CHECK(ddprun::any_call_failed(recs));
   auto a = ddprun::analyse_stall(recs, kT0 + 1000);
@@ -58,7 +58,7 @@ TEST_CASE("ranks without a record are named; a failed call is seen", "[stall]") 
                          Catch::Contains("failed) since"));
 }
 
-TEST_CASE("with every rank arrived the waiting ranks are the stalled ones; no record at all says so", "[stall]") {
+TEST_CASE("with every rank arrived the waiting ranks are the stalled ones, and no record at all says so", "[stall]") {
   ProgressRecords recs = {rank_at(0, 2, 2, "started"), rank_at(1, 2, 2, "started")};
   auto a = ddprun::analyse_stall(recs, kT0);
   CHECK(a.headline == "ranks 0,1 wait in all_reduce #3 of group 0 and it does not complete");

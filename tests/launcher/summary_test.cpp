@@ -13,10 +13,10 @@ TEST_CASE("the summary names the root cause first and then the others", "[summar
   plan.hostname = "node7";
   ddprun::AttemptResult result;
   ddprun::WorkerOutcome ok, failed, stopped;
-  ok = {0, 0, 100, true, 0 << 8, {}, false, {}, "", {}};
+  ok = {0, 0, 100, true, 0 << 8, {}, false, {}, "", {}, ""};
   failed = {1, 1, 101, true, 3 << 8, {}, false, {"Traceback", "ValueError: bad"}, "/logs/job42/attempt_0/1/stderr.log",
-            {}};
-  stopped = {2, 2, 102, true, SIGTERM, {}, true, {}, "", {}};
+            {}, ""};
+  stopped = {2, 2, 102, true, SIGTERM, {}, true, {}, "", {}, ""};
   result.workers = {ok, failed, stopped};
   result.root_cause = 1;
 
@@ -44,7 +44,7 @@ TEST_CASE("a stop by signal is reported as such and exits 128+signal", "[summary
   plan.hostname = "host-b";
   ddprun::AttemptResult result;
   result.stop_signal = SIGINT;
-  result.workers = {{0, 0, 5, true, SIGINT, {}, true, {}, "", {}}};
+  result.workers = {{0, 0, 5, true, SIGINT, {}, true, {}, "", {}, ""}};
   std::string text = ddprun::format_failure_summary(plan, result, 2);
   CHECK_THAT(text, Catch::Contains("stopped by SIGINT (signal 2) sent to ddprun"));
   CHECK_THAT(text, Catch::Contains("attempt 2"));
@@ -56,8 +56,8 @@ TEST_CASE("a log that could not be written to the end is named in the summary", 
   plan.run_id = "job9";
   plan.hostname = "node3";
   ddprun::AttemptResult result;
-  ddprun::WorkerOutcome root{0, 0, 7, true, 1 << 8, {}, false, {}, "/l/0/stderr.log", {}};
-  ddprun::WorkerOutcome other{1, 1, 8, true, 0, {}, false, {}, "/l/1/stderr.log", {}};
+  ddprun::WorkerOutcome root{0, 0, 7, true, 1 << 8, {}, false, {}, "/l/0/stderr.log", {}, ""};
+  ddprun::WorkerOutcome other{1, 1, 8, true, 0, {}, false, {}, "/l/1/stderr.log", {}, ""};
   root.incomplete_logs = {{"/l/0/stderr.log", "No space left on device"}};
   other.incomplete_logs = {{"/l/1/stdout.log", "Input/output error"}};
   result.workers = {root, other};
