@@ -2,6 +2,7 @@
 // trips, print a table or JSON.
 #include "status.hpp"
 
+#include <algorithm>
 #include <signal.h>
 #include <unistd.h>
 
@@ -185,6 +186,9 @@ struct Reading {
   int64_t time_ms = 0;
 };
 
+// A rank's record is fresh while younger than this (written about once a second).
+constexpr int64_t kFreshRecordMs = 3000;
+
 Reading read_job(rdzv::Store& store, const Target& target) {
   Reading out;
   out.info = target.info;
@@ -266,7 +270,13 @@ Reading read_job(rdzv::Store& store, const Target& target) {
         line.op = latest->current->what;
         line.call_state = latest->current->state;
       }
-      if (auto last = last_completion_ms(ProgressRecords{rec})) line.since_progress_s = (out.time_ms - *last) / 1000.0;
+      if (auto last = last_completion_ms(ProgressRecords{rec})) {
+        // Counted to when the record was written (about every second), so a rank that
+        // keeps completing calls shows about 0 s, not the record's age; a record that
+        // stopped coming (its process hangs hard) counts to now.
+        const int64_t known = out.time_ms - rec->time_ms > kFreshRecordMs ? out.time_ms : rec->time_ms;
+        line.since_progress_s = static_cast<double>(std::max<int64_t>(0, known - *last)) / 1000.0;
+      }
     }
     bool local_pid = target.local && line.host == info.hostname && line.pid > 0;
     if (local_pid) {
