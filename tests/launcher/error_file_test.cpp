@@ -1,6 +1,12 @@
 // Reading the error files PyTorch's @record writes (TORCHELASTIC_ERROR_FILE).
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
 #include "error_files.hpp"
 
 using ddprun::parse_worker_error;
@@ -35,4 +41,24 @@ TEST_CASE("anything else is no error file", "[error_file]") {
   CHECK_FALSE(parse_worker_error(std::string(100, '[')));  // deeper than any error file: refused, no overflow
   CHECK_FALSE(ddprun::read_worker_error("/no/such/file.json"));
   CHECK_FALSE(ddprun::read_worker_error(""));
+}
+
+TEST_CASE("a FIFO, a link or a folder at the error file's path is no error file and never blocks", "[error_file]") {
+  char templ[] = "/tmp/ddprun-error-file-XXXXXX";
+  REQUIRE(mkdtemp(templ) != nullptr);
+  const std::string dir = templ;
+  const std::string good = dir + "/good.json", fifo = dir + "/fifo.json", link = dir + "/link.json";
+  {
+    FILE* f = std::fopen(good.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs(R"({"message": "ValueError: x"})", f);
+    std::fclose(f);
+  }
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);  // nobody ever writes it: a blocking open would hang
+  REQUIRE(symlink(good.c_str(), link.c_str()) == 0);
+  CHECK(ddprun::read_worker_error(good));
+  CHECK_FALSE(ddprun::read_worker_error(fifo));
+  CHECK_FALSE(ddprun::read_worker_error(link));
+  CHECK_FALSE(ddprun::read_worker_error(dir));
+  std::filesystem::remove_all(dir);
 }
