@@ -376,6 +376,38 @@ std::string process_state(pid_t pid) {
   return std::string(1, c) + " (" + state_meaning(c) + ")";
 }
 
+std::optional<uint64_t> process_tree_cpu_ticks(pid_t pid) {
+  constexpr size_t kMostProcesses = 4096;  // a bound on the walk, should the tree churn
+  std::vector<pid_t> todo{pid};
+  uint64_t total = 0;
+  for (size_t seen = 0; !todo.empty() && seen < kMostProcesses; ++seen) {
+    pid_t p = todo.back();
+    todo.pop_back();
+    const std::string dir = "/proc/" + std::to_string(p);
+    std::string stat = read_text(dir + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) {
+      if (p == pid) return std::nullopt;
+      continue;  // a descendant that just ended
+    }
+    if (p == pid && (stat[close + 2] == 'Z' || stat[close + 2] == 'X')) return std::nullopt;
+    // After the name: state (field 3) ... utime stime cutime cstime (fields 14 to 17).
+    std::istringstream fields(stat.substr(close + 2));
+    std::string skip;
+    for (int field = 3; field <= 13; ++field) fields >> skip;
+    uint64_t ticks[4] = {0, 0, 0, 0};
+    for (uint64_t& t : ticks) fields >> t;
+    total += ticks[0] + ticks[1] + ticks[2] + ticks[3];
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(dir + "/task", ec);
+         !ec && it != std::filesystem::directory_iterator(); ++it) {
+      std::istringstream children(read_text(it->path().string() + "/children"));
+      for (pid_t child; children >> child;) todo.push_back(child);
+    }
+  }
+  return total;
+}
+
 int64_t process_rss_kb(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

@@ -54,6 +54,34 @@ ProcessOptions runtime_env(const TempDir& dir) {
   return o;
 }
 
+// Once per episode: the job goes on and nothing is printed again while it stays
+// stuck; then the job is ended.
+void expect_once_per_episode(Process& p) {
+  std::this_thread::sleep_for(4s);
+  CHECK(!p.wait(0ms).has_value());
+  CHECK(count_of(p.err(), "stall report for job") == 1);
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+// Nothing about a stall for `quiet`; then the job is ended.
+void expect_no_stall_report(Process& p, std::chrono::milliseconds quiet) {
+  std::this_thread::sleep_for(quiet);
+  INFO(p.err());
+  CHECK(!contains(p.err(), "stall"));
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+// An environment (runtime files in `dir`) with `dir` first on PATH, holding an
+// executable `name` that runs `script`: a stand-in for a program of that name.
+ProcessOptions with_stand_in(const TempDir& dir, const std::string& name, const std::string& script) {
+  write_file(dir / name, script, true);
+  ProcessOptions env = runtime_env(dir);
+  env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
+  return env;
+}
+
 }  // namespace
 
 TEST_CASE("a rank that sleeps in its compute loop gets one stall report naming it and the job goes on",
@@ -82,12 +110,7 @@ TEST_CASE("a rank that sleeps in its compute loop gets one stall report naming i
   auto status = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
   INFO(status.out << status.err);
   CHECK(count_of(status.out, " stalled ") == 3);
-  // Once per episode: the job goes on and nothing is printed again while it stays stuck.
-  std::this_thread::sleep_for(4s);
-  CHECK(!p.wait(0ms).has_value());
-  CHECK(count_of(p.err(), "stall report for job") == 1);
-  p.send_signal(SIGTERM);
-  REQUIRE(p.wait(30s).has_value());
+  expect_once_per_episode(p);
 }
 
 TEST_CASE("stall action stop ends the job with the stall report as root cause", "[e2e][stall]") {
@@ -280,9 +303,7 @@ TEST_CASE("a runtime worker stuck in compute gets a report naming its rank and o
 
 TEST_CASE("status is a subcommand only as the first argument and bad status flags get one line", "[e2e][status]") {
   TempDir dir;
-  write_file(dir / "status", "#!/bin/sh\necho \"program status ran with $1\"\n", true);
-  ProcessOptions env = runtime_env(dir);
-  env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
+  ProcessOptions env = with_stand_in(dir, "status", "#!/bin/sh\necho \"program status ran with $1\"\n");
   auto program = run(e2e::ddprun({"--standalone", "--", "status", "x"}), env);
   INFO(program.err);
   CHECK(program.status == 0);
@@ -304,9 +325,76 @@ TEST_CASE("stall timeout 0 turns stall detection off", "[e2e][stall]") {
                          "progress", "fail", "1", "2"}),
             runtime_env(runtime));
   onset_of(p, 2);
-  std::this_thread::sleep_for(4s);
+  expect_no_stall_report(p, 4s);
+}
+
+// ---------------------------------------------------------------------------
+// Plain workers (no progress records): the CPU-time fallback.
+// ---------------------------------------------------------------------------
+
+TEST_CASE("plain workers that sleep get one process-level report and the job goes on", "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", "echo started-$RANK; sleep 60"}),
+            runtime_env(runtime));
+  REQUIRE(p.wait_for_stdout([](const std::string& o) { return count_of(o, "started-") == 2; }, 30s));
+  double onset = p.seconds_since_start();
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 40s);
   INFO(p.err());
-  CHECK(!contains(p.err(), "stall"));
+  REQUIRE(reported);
+  CHECK(*reported - onset < 2 + 12);  // the timeout, then gdb on two workers; margin for a loaded machine
+  const std::string err = p.err();
+  CHECK(contains(err, ": no worker used CPU time for "));
+  CHECK(contains(err, "no rank publishes progress records and every worker of node 0 is idle"));
+  CHECK(contains(err, "no rank published a progress record (workers that do not use the ddprun runtime)"));
+  CHECK(count_of(err, ": alive, state S (sleeping)") == 2);
+  CHECK(count_of(err, "native stacks (gdb):") == 2);
+  expect_once_per_episode(p);
+}
+
+TEST_CASE("plain workers that compute get no stall report", "[e2e][stall]") {
+  TempDir runtime;
+  // Rank 0 computes; rank 1 sleeps: one busy worker is progress enough.
+  std::string script = "echo started-$RANK; if [ \"$RANK\" = 0 ]; then while :; do :; done; else exec sleep 60; fi";
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", script}),
+            runtime_env(runtime));
+  REQUIRE(p.wait_for_stdout([](const std::string& o) { return count_of(o, "started-") == 2; }, 30s));
+  expect_no_stall_report(p, 5s);
+}
+
+TEST_CASE("plain workers that sleep are stopped by stall action stop", "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=1", "--standalone", "--stall_timeout=2", "--stall_action=stop",
+                         "--grace_period=2", "/bin/sh", "-c", "sleep 60"}),
+            runtime_env(runtime));
+  auto status = p.wait(60s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 124);
+  CHECK(contains(p.err(), "Root cause (ddprun stopped a stalled job, --stall_action=stop):"));
+  CHECK(contains(p.err(), "every worker of node 0 is idle"));
+}
+
+// ---------------------------------------------------------------------------
+// A debugger that runs out of time (a stand-in gdb first on PATH).
+// ---------------------------------------------------------------------------
+
+TEST_CASE("a debugger that runs out of time leaves the worker running and the job goes on", "[e2e][stall]") {
+  TempDir dir;
+  // Stops the worker as a ptrace attach does, ignores SIGTERM, never ends by itself.
+  ProcessOptions env = with_stand_in(dir, "gdb", "#!/bin/sh\nkill -STOP \"$2\"\ntrap '' TERM\nexec sleep 120\n");
+  // The worker sleeps past the stall timeout, then says so: it can only if it was continued.
+  Process p(e2e::ddprun({"--nproc_per_node=1", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", "echo started; sleep 4; echo resumed; exec sleep 60"}),
+            env);
+  REQUIRE(p.wait_for_stdout([](const std::string& o) { return contains(o, "started"); }, 30s));
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 60s);
+  INFO(p.err() << p.out());
+  REQUIRE(reported);
+  CHECK(contains(p.err(), "(gave up after 10.0 s)"));
+  CHECK(p.wait_for_stdout([](const std::string& o) { return contains(o, "resumed"); }, 20s));
+  CHECK(!p.wait(0ms).has_value());
   p.send_signal(SIGTERM);
-  REQUIRE(p.wait(30s).has_value());
+  REQUIRE(p.wait(60s).has_value());
 }
