@@ -6,9 +6,12 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <memory>
 #include <thread>
 
+#include "ddp/contract/store_keys.hpp"
 #include "e2e.hpp"
+#include "rdzv/tcp_store.hpp"
 
 using namespace testing;
 using namespace std::chrono_literals;
@@ -62,6 +65,23 @@ void expect_once_per_episode(Process& p) {
   CHECK(count_of(p.err(), "stall report for job") == 1);
   p.send_signal(SIGTERM);
   REQUIRE(p.wait(30s).has_value());
+}
+
+// A rendezvous daemon on loopback whose token is "status-secret", once it listens.
+std::unique_ptr<Process> start_daemon(const TempDir& dir, int port) {
+  write_file(dir / "token", "status-secret\n");
+  auto daemon = std::make_unique<Process>(std::vector<std::string>{
+      kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file", (dir / "token").string()});
+  REQUIRE(daemon->wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  return daemon;
+}
+
+// For `ddprun status` with the daemon's token and no runtime files: only the daemon can answer.
+ProcessOptions daemon_only_env(const TempDir& dir) {
+  ProcessOptions env;
+  env.set_env["DDPRUN_TOKEN"] = "status-secret";
+  env.set_env["XDG_RUNTIME_DIR"] = (dir / "none").string();
+  return env;
 }
 
 // Nothing about a stall for `quiet`; then the job is ended.
@@ -253,18 +273,13 @@ TEST_CASE("ddprun status removes the stale runtime file of a dead ddprun and say
 TEST_CASE("ddprun status finds a daemon-served job through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
   TempDir dir;
   int port = e2e::free_port();
-  write_file(dir / "token", "status-secret\n");
-  Process daemon({kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file",
-                  (dir / "token").string()});
-  REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  auto daemon = start_daemon(dir, port);
   ProcessOptions env = runtime_env(dir);
   env.set_env["DDPRUN_TOKEN"] = "status-secret";
   const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
   Process job(e2e::ddprun({"--nproc_per_node=2", endpoint, "--rdzv_id=daemonjob", e2e::kWorker, "progress", "steady"}),
               env);
-  ProcessOptions status_env;  // no runtime files: only the daemon can answer
-  status_env.set_env["DDPRUN_TOKEN"] = "status-secret";
-  status_env.set_env["XDG_RUNTIME_DIR"] = (dir / "none").string();
+  ProcessOptions status_env = daemon_only_env(dir);
   RunResult r;
   for (int i = 0; i < 100; ++i) {
     r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=daemonjob", "--json"}), status_env, 10s);
@@ -397,4 +412,43 @@ TEST_CASE("a debugger that runs out of time leaves the worker running and the jo
   CHECK(!p.wait(0ms).has_value());
   p.send_signal(SIGTERM);
   REQUIRE(p.wait(60s).has_value());
+}
+
+// ---------------------------------------------------------------------------
+// ddprun status and a malformed node registration on the daemon.
+// ---------------------------------------------------------------------------
+
+TEST_CASE("ddprun status refuses a malformed node registration with one message", "[e2e][status]") {
+  TempDir dir;
+  int port = e2e::free_port();
+  auto daemon = start_daemon(dir, port);
+  ProcessOptions status_env = daemon_only_env(dir);
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  struct Case {
+    std::string job;
+    std::vector<std::string> nprocs;  // one registration per node
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"negative", {"-5"}, "the registration of node 0 (attempt 0) is malformed: its worker count is \"-5\""},
+      {"huge", {"2", "99999999999999"}, "the registration of node 1 (attempt 0) is malformed"},
+      {"junk", {"4x"}, "its worker count is \"4x\", not a number from 1 to 65536"},
+      {"total", std::vector<std::string>(17, "65536"), "node registrations add up to more than 1048576 workers"},
+  };
+  for (const Case& c : cases) {
+    rdzv::TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<uint16_t>(port);
+    o.token = "status-secret";
+    o.ns = c.job;
+    rdzv::TcpStore store(o);
+    for (size_t n = 0; n < c.nprocs.size(); ++n) {
+      store.set(ddp::contract::JobKeys(0).node(static_cast<int>(n)), "host\n127.0.0.1:1\n" + c.nprocs[n] + "\n");
+    }
+    auto r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=" + c.job}), status_env, 20s);
+    INFO(c.job << ": " << r.out << r.err);
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, c.message));
+    CHECK(lines_of(r.err).size() == 1);
+  }
 }
