@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/syscall.h>
@@ -251,10 +252,21 @@ std::string capture(const std::vector<std::string>& argv, std::chrono::milliseco
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Signals stay blocked across fork: ddprun's handlers must never run in the child.
+  sigset_t all, before;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &before);
   pid_t pid = fork();
   if (pid == 0) {
     // Only async-signal-safe calls here. The child waits for "go": until then it
     // cannot exit, so the pidfd the parent takes is surely this child's.
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction current {};
+      if (sigaction(sig, nullptr, &current) == 0 && current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
+        signal(sig, SIG_DFL);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
     char go;
     close(go_pipe[1]);
     if (read(go_pipe[0], &go, 1) != 1) _exit(127);
@@ -263,6 +275,7 @@ std::string capture(const std::vector<std::string>& argv, std::chrono::milliseco
     execv(argv[0].c_str(), args.data());
     _exit(127);
   }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
   close(out_pipe[1]);
   close(go_pipe[0]);
   if (pid < 0) {
