@@ -101,6 +101,16 @@ bool StallMonitor::local_workers_alive() const {
   return false;
 }
 
+std::optional<uint64_t> StallMonitor::local_workers_cpu_ticks() const {
+  uint64_t total = 0;
+  for (const WorkerProcess& w : workers_) {
+    auto ticks = process_tree_cpu_ticks(w.pid);
+    if (!ticks) return std::nullopt;
+    total += *ticks;
+  }
+  return total;
+}
+
 // This node's workers; where a worker's record comes from another process of this
 // host (the program under `sh -c`, say), that process is the one to look at.
 std::vector<WorkerProcess> StallMonitor::local_workers(const ProgressRecords& records) const {
@@ -140,6 +150,11 @@ void StallMonitor::run() {
   uint64_t signature = 0;
   int64_t seen_change_ms = 0;
   bool reported = false;
+  // Without any record: the workers' CPU time, and since when it has not changed.
+  std::optional<uint64_t> idle_ticks;
+  int64_t idle_since_ms = 0;
+  uint64_t idle_episode = 0;
+  bool idle_reported = false;
   while (sleep_for(options_.poll_interval)) {
     ProgressRecords records;
     try {
@@ -154,6 +169,25 @@ void StallMonitor::run() {
       return;
     }
     int64_t now = contract::unix_millis_now();
+    if (std::none_of(records.begin(), records.end(), [](const auto& r) { return r.has_value(); })) {
+      auto ticks = local_workers_cpu_ticks();
+      if (!ticks || !idle_ticks || *ticks != *idle_ticks) {
+        idle_ticks = ticks;
+        idle_since_ms = now;
+        idle_reported = false;
+        ++idle_episode;
+      }
+      if (!ticks || idle_reported || now - idle_since_ms < timeout_ms) continue;
+      idle_reported = true;
+      // Episodes of this kind are tagged apart from those counted by progress.
+      report(records,
+             "no worker used CPU time for " + seconds_text((now - idle_since_ms) / 1000.0) + " s (--stall_timeout " +
+                 seconds_text(options_.timeout_s) + ")",
+             "no rank publishes progress records and every worker of node " + std::to_string(options_.node_rank) +
+                 " is idle",
+             (uint64_t{1} << 63) | idle_episode);
+      continue;
+    }
     uint64_t sig = progress_signature(records);
     if (!have_signature || sig != signature) {
       have_signature = true;
@@ -169,7 +203,11 @@ void StallMonitor::run() {
     if (!failed && !stalled) continue;
     if (!local_workers_alive()) continue;
     reported = true;
-    report(records, failed, now - onset, signature);
+    report(records,
+           failed ? "a call failed"
+                  : "no rank completed a call for " + seconds_text((now - onset) / 1000.0) + " s (--stall_timeout " +
+                        seconds_text(options_.timeout_s) + ")",
+           "", signature);
   }
 }
 
@@ -212,10 +250,10 @@ std::string StallMonitor::gather_other_nodes(uint64_t episode) {
   return out;
 }
 
-void StallMonitor::report(const ProgressRecords& records, bool failed, int64_t quiet_ms, uint64_t episode) {
+void StallMonitor::report(const ProgressRecords& records, const std::string& what, const std::string& headline,
+                          uint64_t episode) {
   StallAnalysis analysis = analyse_stall(records, contract::unix_millis_now());
-  std::string what = failed ? "a call failed" : "no rank completed a call for " + seconds_text(quiet_ms / 1000.0) +
-                                                     " s (--stall_timeout " + seconds_text(options_.timeout_s) + ")";
+  if (!headline.empty()) analysis.headline = headline;
   bool stop = options_.action == StallAction::Stop;
   if (options_.node_rank != 0) {
     spdlog::warn("stall: {}; {}; node 0 prints the report{}", what, analysis.headline,

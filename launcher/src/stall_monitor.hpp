@@ -3,7 +3,10 @@
 // once per episode:
 //   - no rank completed a call in any group for --stall_timeout seconds while some
 //     rank waits in one and this node's workers are alive, or
-//   - a record shows a call in state "failed" (a collective that timed out): at once.
+//   - a record shows a call in state "failed" (a collective that timed out): at once, or
+//   - no rank publishes records at all (plain programs, not using the ddprun runtime),
+//     every worker of this node is alive and none used CPU time for --stall_timeout
+//     seconds: the report then has the process-level part only.
 // Every node sees the same records, so every node detects the same stall. Each
 // publishes its own workers' part (process state, stacks) under
 // JobKeys(attempt).stall_report(node_rank); node 0 collects the parts (a bounded
@@ -19,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,10 +68,13 @@ class StallMonitor : public AttemptWatch {
  private:
   void run();
   ProgressRecords read_records();
-  void report(const ProgressRecords& records, bool failed, int64_t quiet_ms, uint64_t episode);
+  // `what` says why ("a call failed"); `headline`, when not empty, replaces the analysis's.
+  void report(const ProgressRecords& records, const std::string& what, const std::string& headline, uint64_t episode);
   std::string gather_other_nodes(uint64_t episode);
   std::vector<WorkerProcess> local_workers(const ProgressRecords& records) const;
   bool local_workers_alive() const;
+  // The CPU time this node's workers used so far, or nothing unless every one is alive.
+  std::optional<uint64_t> local_workers_cpu_ticks() const;
   bool sleep_for(std::chrono::milliseconds d);  // false when stopping
 
   StallMonitorOptions options_;

@@ -4,11 +4,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -214,28 +218,79 @@ std::string on_path(const std::string& name) {
   return "";
 }
 
+// How long a debugger that ran out of time gets to detach, and a killed one to go.
+constexpr std::chrono::milliseconds kDetachGrace{1000};
+
+// Waits until the process behind `pidfd` exits, for at most `timeout`; true when it did.
+// The exit status is collected if the supervisor (which reaps every child of ddprun,
+// the subreaper) has not collected it first: then waitid says ECHILD, which is fine.
+bool wait_exit(int pidfd, std::chrono::milliseconds timeout) {
+  pollfd p{pidfd, POLLIN, 0};
+  int ready;
+  do {
+    ready = poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0) return false;
+  siginfo_t info{};
+  waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
+  return true;
+}
+
 // Runs argv with stdout and stderr captured, for at most `timeout`; returns what it wrote.
-std::string capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return "(cannot create a pipe)\n";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+// The child is only ever addressed through a pidfd taken before it can exit, never by
+// its bare pid: the supervisor may reap it at any time and the pid be reused (by a
+// restarted worker, say). On timeout the debugger is asked to end (and detach) first,
+// then killed, and `target` is continued so that it is never left stopped.
+std::string capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout, int target) {
+  int out_pipe[2], go_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return "(cannot create a pipe)\n";
+  if (pipe2(go_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return "(cannot create a pipe)\n";
+  }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
+  // Signals stay blocked across fork: ddprun's handlers must never run in the child.
+  sigset_t all, before;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &before);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls here. The child waits for "go": until then it
+    // cannot exit, so the pidfd the parent takes is surely this child's.
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction current {};
+      if (sigaction(sig, nullptr, &current) == 0 && current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
+        signal(sig, SIG_DFL);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    char go;
+    close(go_pipe[1]);
+    if (read(go_pipe[0], &go, 1) != 1) _exit(127);
+    int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(out_pipe[1], 2) < 0) _exit(127);
+    execv(argv[0].c_str(), args.data());
+    _exit(127);
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  close(out_pipe[1]);
+  close(go_pipe[0]);
+  if (pid < 0) {
+    close(out_pipe[0]);
+    close(go_pipe[1]);
     return "(cannot run " + argv[0] + ")\n";
   }
-  // ddprun reaps every child it has (it is the subreaper): the pidfd keeps this pid ours.
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  bool started = pidfd >= 0 && write(go_pipe[1], "g", 1) == 1;
+  close(go_pipe[1]);  // without "go" the child exits at once
+  if (!started) {
+    if (pidfd >= 0) close(pidfd);
+    close(out_pipe[0]);
+    return "(cannot run " + argv[0] + ": " + std::strerror(errno) + ")\n";
+  }
   std::string out;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   bool timed_out = false;
@@ -246,17 +301,33 @@ std::string capture(const std::vector<std::string>& argv, std::chrono::milliseco
       timed_out = true;
       break;
     }
-    pollfd p{fds[0], POLLIN, 0};
+    pollfd p{out_pipe[0], POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    ssize_t n = read(fds[0], buf, sizeof(buf));
+    ssize_t n = read(out_pipe[0], buf, sizeof(buf));
     if (n <= 0) break;
     if (out.size() < (1u << 20)) out.append(buf, static_cast<size_t>(n));
   }
-  close(fds[0]);
-  if (timed_out && pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
-  if (pidfd >= 0) close(pidfd);
-  waitpid(pid, nullptr, 0);  // may already be reaped by the supervisor: then ECHILD
-  if (timed_out) out += "(gave up after " + std::to_string(timeout.count() / 1000) + " s)\n";
+  close(out_pipe[0]);
+  if (timed_out) {
+    // A debugger that ends on SIGTERM detaches; one that does not is killed, and the
+    // kernel then detaches it, possibly leaving the target stopped: continue it.
+    syscall(SYS_pidfd_send_signal, pidfd, SIGTERM, nullptr, 0);
+    if (!wait_exit(pidfd, kDetachGrace)) {
+      syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+      wait_exit(pidfd, kDetachGrace);
+    }
+    if (target >= 0) syscall(SYS_pidfd_send_signal, target, SIGCONT, nullptr, 0);
+    out += "(gave up after " + seconds_text(timeout.count()) + ")\n";
+  } else {
+    // The output ended: the child ends too (bounded: a child that closed its output
+    // early but goes on is treated like one that ran out of time).
+    if (!wait_exit(pidfd, kDetachGrace)) {
+      syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+      wait_exit(pidfd, kDetachGrace);
+      if (target >= 0) syscall(SYS_pidfd_send_signal, target, SIGCONT, nullptr, 0);
+    }
+  }
+  close(pidfd);
   return out;
 }
 
@@ -271,14 +342,14 @@ std::string stack_lines(const std::string& text) {
   return os.str();
 }
 
-std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
+std::string stacks_with(pid_t pid, std::chrono::milliseconds timeout, int target) {
   std::string exe;
   std::error_code ec;
   exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).filename().string();
   if (exe.rfind("python", 0) == 0) {
     std::string py_spy = on_path("py-spy");
     if (!py_spy.empty()) {
-      std::string text = capture({py_spy, "dump", "--pid", std::to_string(pid)}, timeout);
+      std::string text = capture({py_spy, "dump", "--pid", std::to_string(pid)}, timeout, target);
       std::string indented;
       std::istringstream in(text);
       for (std::string line; std::getline(in, line);) indented += "      " + line + "\n";
@@ -290,7 +361,7 @@ std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
   // No debuginfod: a report must not wait on (or reach) the network for symbols.
   std::string text = capture({gdb, "-p", std::to_string(pid), "-batch", "-nx", "-iex", "set debuginfod enabled off",
                               "-iex", "set auto-load off", "-ex", "set pagination off", "-ex", "thread apply all bt"},
-                             timeout);
+                             timeout, target);
   std::string frames = stack_lines(text);
   if (frames.empty()) {
     std::string last = text.substr(text.rfind('\n', text.size() >= 2 ? text.size() - 2 : 0) + 1);
@@ -298,6 +369,14 @@ std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
            "); gdb needs ptrace rights over the worker (root or kernel.yama.ptrace_scope=0)\n";
   }
   return "    native stacks (gdb):\n" + frames;
+}
+
+std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
+  // The worker, held by a pidfd: continued after a debugger that ran out of time.
+  int target = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  std::string text = stacks_with(pid, timeout, target);
+  if (target >= 0) close(target);
+  return text;
 }
 
 }  // namespace
@@ -308,6 +387,38 @@ std::string process_state(pid_t pid) {
   if (close == std::string::npos || close + 2 >= stat.size()) return "";
   char c = stat[close + 2];
   return std::string(1, c) + " (" + state_meaning(c) + ")";
+}
+
+std::optional<uint64_t> process_tree_cpu_ticks(pid_t pid) {
+  constexpr size_t kMostProcesses = 4096;  // a bound on the walk, should the tree churn
+  std::vector<pid_t> todo{pid};
+  uint64_t total = 0;
+  for (size_t seen = 0; !todo.empty() && seen < kMostProcesses; ++seen) {
+    pid_t p = todo.back();
+    todo.pop_back();
+    const std::string dir = "/proc/" + std::to_string(p);
+    std::string stat = read_text(dir + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) {
+      if (p == pid) return std::nullopt;
+      continue;  // a descendant that just ended
+    }
+    if (p == pid && (stat[close + 2] == 'Z' || stat[close + 2] == 'X')) return std::nullopt;
+    // After the name: state (field 3) ... utime stime cutime cstime (fields 14 to 17).
+    std::istringstream fields(stat.substr(close + 2));
+    std::string skip;
+    for (int field = 3; field <= 13; ++field) fields >> skip;
+    uint64_t ticks[4] = {0, 0, 0, 0};
+    for (uint64_t& t : ticks) fields >> t;
+    total += ticks[0] + ticks[1] + ticks[2] + ticks[3];
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(dir + "/task", ec);
+         !ec && it != std::filesystem::directory_iterator(); ++it) {
+      std::istringstream children(read_text(it->path().string() + "/children"));
+      for (pid_t child; children >> child;) todo.push_back(child);
+    }
+  }
+  return total;
 }
 
 int64_t process_rss_kb(pid_t pid) {

@@ -61,6 +61,9 @@ std::string describe_processes(const std::string& host, const std::vector<Worker
 
 // /proc/<pid>/stat's state letter with its meaning ("S (sleeping)"), or "" when gone.
 std::string process_state(pid_t pid);
+// CPU time (user + system, in clock ticks) a process, its live descendants and the
+// children it has waited for used so far; nothing when the process is gone.
+std::optional<uint64_t> process_tree_cpu_ticks(pid_t pid);
 // Resident memory in KiB from /proc/<pid>/status, or -1.
 int64_t process_rss_kb(pid_t pid);
 

@@ -145,6 +145,11 @@ std::unique_ptr<rdzv::TcpStore> connect(const contract::StoreEndpoint& e) {
   return std::make_unique<rdzv::TcpStore>(o);
 }
 
+// Bounds on what a node registration may claim: a store's bytes are not trusted
+// with the size of what `ddprun status` allocates.
+constexpr long long kMostWorkersPerNode = 65536;
+constexpr long long kMostRanks = 1 << 20;
+
 // A daemon-served job: the latest attempt with a node 0, and its nodes' worker counts.
 void discover(rdzv::Store& store, RuntimeInfo& info, std::vector<std::string>& node_hosts,
               std::vector<int>& node_nproc) {
@@ -159,8 +164,18 @@ void discover(rdzv::Store& store, RuntimeInfo& info, std::vector<std::string>& n
     std::getline(reg, host);
     std::getline(reg, address);
     std::getline(reg, nproc);
+    auto count = contract::parse_integer(nproc);
+    if (!count || *count < 1 || *count > kMostWorkersPerNode) {
+      throw LaunchError("job " + info.run_id + ": the registration of node " + std::to_string(n) + " (attempt " +
+                        std::to_string(attempt) + ") is malformed: its worker count is \"" + nproc.substr(0, 40) +
+                        "\", not a number from 1 to " + std::to_string(kMostWorkersPerNode));
+    }
+    if (info.world_size + *count > kMostRanks) {
+      throw LaunchError("job " + info.run_id + ": its node registrations add up to more than " +
+                        std::to_string(kMostRanks) + " workers (at node " + std::to_string(n) + "); they are malformed");
+    }
     node_hosts.push_back(host);
-    node_nproc.push_back(std::atoi(nproc.c_str()));
+    node_nproc.push_back(static_cast<int>(*count));
     info.world_size += node_nproc.back();
   }
   info.nnodes = static_cast<int>(node_hosts.size());

@@ -1,7 +1,16 @@
-// The stall report's cross-rank analysis: a pure function of the progress records.
+// The stall report's cross-rank analysis (a pure function of the progress records),
+// and its process-level part with a stand-in debugger.
 #include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
 
 #include "stall_report.hpp"
+#include "subprocess.hpp"
 
 using ddp::contract::GroupProgress;
 using ddp::contract::OpSummary;
@@ -66,4 +75,106 @@ TEST_CASE("with every rank arrived the waiting ranks are the stalled ones, and n
   auto none = ddprun::analyse_stall(ProgressRecords(2), kT0);
   CHECK_THAT(none.text, Catch::Contains("no rank published a progress record"));
   CHECK_FALSE(ddprun::any_rank_waiting(ProgressRecords(2)));
+}
+
+// ---------------------------------------------------------------------------
+// The process-level part with a stand-in debugger: a script named gdb, first on PATH.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Puts `dir` first on PATH for the life of the object.
+class PathFirst {
+ public:
+  explicit PathFirst(const std::filesystem::path& dir) : old_(std::getenv("PATH") ? std::getenv("PATH") : "") {
+    setenv("PATH", (dir.string() + ":" + old_).c_str(), 1);
+  }
+  ~PathFirst() { setenv("PATH", old_.c_str(), 1); }
+
+ private:
+  std::string old_;
+};
+
+// A child that sleeps (the "worker" of these tests), killed and reaped at the end.
+struct SleepingChild {
+  pid_t pid = -1;
+  SleepingChild() {
+    pid = fork();
+    if (pid == 0) {
+      execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~SleepingChild() {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
+char state_letter(pid_t pid) {
+  std::string s = ddprun::process_state(pid);
+  return s.empty() ? '?' : s[0];
+}
+
+}  // namespace
+
+TEST_CASE("a debugger that runs out of time is stopped and the worker it stopped goes on", "[stall]") {
+  testing::TempDir dir;
+  // Stops the worker as a ptrace attach does, ignores SIGTERM, and never ends by itself.
+  testing::write_file(dir.path() / "gdb",
+                      "#!/bin/sh\necho $$ > " + (dir.path() / "debugger.pid").string() +
+                          "\nkill -STOP \"$2\"\ntrap '' TERM\nexec sleep 60\n",
+                      true);
+  PathFirst path(dir.path());
+  SleepingChild worker;
+  REQUIRE(worker.pid > 0);
+  ddprun::ProcessReportOptions options;
+  options.stack_timeout = std::chrono::milliseconds(1000);
+  auto start = std::chrono::steady_clock::now();
+  std::string text = ddprun::describe_processes("h", {{0, worker.pid}}, options);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("gave up after 1.0 s"));
+  CHECK(took < 8);  // 1 s, then 1 s to detach, 1 s after the kill; margin for a loaded machine
+  // The worker is continued, not left stopped.
+  for (int i = 0; i < 100 && state_letter(worker.pid) == 'T'; ++i) usleep(20'000);
+  CHECK(state_letter(worker.pid) == 'S');
+  // The debugger itself is gone (killed: it ignored SIGTERM), and reaped.
+  auto pid_text = testing::read_file(dir.path() / "debugger.pid");
+  pid_t debugger = static_cast<pid_t>(std::atoi(pid_text.c_str()));
+  REQUIRE(debugger > 0);
+  CHECK(ddprun::process_state(debugger).empty());
+}
+
+TEST_CASE("the stacks come through while another thread reaps every child, as ddprun's supervisor does", "[stall]") {
+  testing::TempDir dir;
+  testing::write_file(dir.path() / "gdb", "#!/bin/sh\necho 'Thread 1 (LWP 1):'\necho '#0  fake_frame ()'\n", true);
+  PathFirst path(dir.path());
+  SleepingChild worker;
+  REQUIRE(worker.pid > 0);
+  // Reaps whatever child ends (the debugger, here) while the report waits for it.
+  std::atomic<bool> done{false};
+  std::atomic<int> reaped_worker{0};
+  std::thread reaper([&] {
+    while (!done) {
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid == worker.pid) reaped_worker = 1;
+      if (pid <= 0) usleep(1000);
+    }
+  });
+  ddprun::ProcessReportOptions options;
+  options.stack_timeout = std::chrono::milliseconds(5000);
+  auto start = std::chrono::steady_clock::now();
+  std::string texts;
+  for (int i = 0; i < 5; ++i) texts += ddprun::describe_processes("h", {{0, worker.pid}}, options);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  done = true;
+  reaper.join();
+  INFO(texts);
+  CHECK(took < 10);  // nothing waits for an exit status the reaper took
+  CHECK(Catch::Contains("fake_frame").match(texts));
+  CHECK(texts.find("gave up") == std::string::npos);
+  CHECK(reaped_worker == 0);
+  CHECK(state_letter(worker.pid) == 'S');
 }

@@ -6,9 +6,12 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <memory>
 #include <thread>
 
+#include "ddp/contract/store_keys.hpp"
 #include "e2e.hpp"
+#include "rdzv/tcp_store.hpp"
 
 using namespace testing;
 using namespace std::chrono_literals;
@@ -54,6 +57,51 @@ ProcessOptions runtime_env(const TempDir& dir) {
   return o;
 }
 
+// Once per episode: the job goes on and nothing is printed again while it stays
+// stuck; then the job is ended.
+void expect_once_per_episode(Process& p) {
+  std::this_thread::sleep_for(4s);
+  CHECK(!p.wait(0ms).has_value());
+  CHECK(count_of(p.err(), "stall report for job") == 1);
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+// A rendezvous daemon on loopback whose token is "status-secret", once it listens.
+std::unique_ptr<Process> start_daemon(const TempDir& dir, int port) {
+  write_file(dir / "token", "status-secret\n");
+  auto daemon = std::make_unique<Process>(std::vector<std::string>{
+      kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file", (dir / "token").string()});
+  REQUIRE(daemon->wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  return daemon;
+}
+
+// For `ddprun status` with the daemon's token and no runtime files: only the daemon can answer.
+ProcessOptions daemon_only_env(const TempDir& dir) {
+  ProcessOptions env;
+  env.set_env["DDPRUN_TOKEN"] = "status-secret";
+  env.set_env["XDG_RUNTIME_DIR"] = (dir / "none").string();
+  return env;
+}
+
+// Nothing about a stall for `quiet`; then the job is ended.
+void expect_no_stall_report(Process& p, std::chrono::milliseconds quiet) {
+  std::this_thread::sleep_for(quiet);
+  INFO(p.err());
+  CHECK(!contains(p.err(), "stall"));
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+// An environment (runtime files in `dir`) with `dir` first on PATH, holding an
+// executable `name` that runs `script`: a stand-in for a program of that name.
+ProcessOptions with_stand_in(const TempDir& dir, const std::string& name, const std::string& script) {
+  write_file(dir / name, script, true);
+  ProcessOptions env = runtime_env(dir);
+  env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
+  return env;
+}
+
 }  // namespace
 
 TEST_CASE("a rank that sleeps in its compute loop gets one stall report naming it and the job goes on",
@@ -82,12 +130,7 @@ TEST_CASE("a rank that sleeps in its compute loop gets one stall report naming i
   auto status = run(e2e::ddprun({"status"}), runtime_env(runtime), 10s);
   INFO(status.out << status.err);
   CHECK(count_of(status.out, " stalled ") == 3);
-  // Once per episode: the job goes on and nothing is printed again while it stays stuck.
-  std::this_thread::sleep_for(4s);
-  CHECK(!p.wait(0ms).has_value());
-  CHECK(count_of(p.err(), "stall report for job") == 1);
-  p.send_signal(SIGTERM);
-  REQUIRE(p.wait(30s).has_value());
+  expect_once_per_episode(p);
 }
 
 TEST_CASE("stall action stop ends the job with the stall report as root cause", "[e2e][stall]") {
@@ -230,18 +273,13 @@ TEST_CASE("ddprun status removes the stale runtime file of a dead ddprun and say
 TEST_CASE("ddprun status finds a daemon-served job through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
   TempDir dir;
   int port = e2e::free_port();
-  write_file(dir / "token", "status-secret\n");
-  Process daemon({kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file",
-                  (dir / "token").string()});
-  REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  auto daemon = start_daemon(dir, port);
   ProcessOptions env = runtime_env(dir);
   env.set_env["DDPRUN_TOKEN"] = "status-secret";
   const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
   Process job(e2e::ddprun({"--nproc_per_node=2", endpoint, "--rdzv_id=daemonjob", e2e::kWorker, "progress", "steady"}),
               env);
-  ProcessOptions status_env;  // no runtime files: only the daemon can answer
-  status_env.set_env["DDPRUN_TOKEN"] = "status-secret";
-  status_env.set_env["XDG_RUNTIME_DIR"] = (dir / "none").string();
+  ProcessOptions status_env = daemon_only_env(dir);
   RunResult r;
   for (int i = 0; i < 100; ++i) {
     r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=daemonjob", "--json"}), status_env, 10s);
@@ -280,9 +318,7 @@ TEST_CASE("a runtime worker stuck in compute gets a report naming its rank and o
 
 TEST_CASE("status is a subcommand only as the first argument and bad status flags get one line", "[e2e][status]") {
   TempDir dir;
-  write_file(dir / "status", "#!/bin/sh\necho \"program status ran with $1\"\n", true);
-  ProcessOptions env = runtime_env(dir);
-  env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
+  ProcessOptions env = with_stand_in(dir, "status", "#!/bin/sh\necho \"program status ran with $1\"\n");
   auto program = run(e2e::ddprun({"--standalone", "--", "status", "x"}), env);
   INFO(program.err);
   CHECK(program.status == 0);
@@ -304,9 +340,115 @@ TEST_CASE("stall timeout 0 turns stall detection off", "[e2e][stall]") {
                          "progress", "fail", "1", "2"}),
             runtime_env(runtime));
   onset_of(p, 2);
-  std::this_thread::sleep_for(4s);
+  expect_no_stall_report(p, 4s);
+}
+
+// ---------------------------------------------------------------------------
+// Plain workers (no progress records): the CPU-time fallback.
+// ---------------------------------------------------------------------------
+
+TEST_CASE("plain workers that sleep get one process-level report and the job goes on", "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", "echo started-$RANK; sleep 60"}),
+            runtime_env(runtime));
+  REQUIRE(p.wait_for_stdout([](const std::string& o) { return count_of(o, "started-") == 2; }, 30s));
+  double onset = p.seconds_since_start();
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 40s);
   INFO(p.err());
-  CHECK(!contains(p.err(), "stall"));
+  REQUIRE(reported);
+  CHECK(*reported - onset < 2 + 12);  // the timeout, then gdb on two workers; margin for a loaded machine
+  const std::string err = p.err();
+  CHECK(contains(err, ": no worker used CPU time for "));
+  CHECK(contains(err, "no rank publishes progress records and every worker of node 0 is idle"));
+  CHECK(contains(err, "no rank published a progress record (workers that do not use the ddprun runtime)"));
+  CHECK(count_of(err, ": alive, state S (sleeping)") == 2);
+  CHECK(count_of(err, "native stacks (gdb):") == 2);
+  expect_once_per_episode(p);
+}
+
+TEST_CASE("plain workers that compute get no stall report", "[e2e][stall]") {
+  TempDir runtime;
+  // Rank 0 computes; rank 1 sleeps: one busy worker is progress enough.
+  std::string script = "echo started-$RANK; if [ \"$RANK\" = 0 ]; then while :; do :; done; else exec sleep 60; fi";
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", script}),
+            runtime_env(runtime));
+  REQUIRE(p.wait_for_stdout([](const std::string& o) { return count_of(o, "started-") == 2; }, 30s));
+  expect_no_stall_report(p, 5s);
+}
+
+TEST_CASE("plain workers that sleep are stopped by stall action stop", "[e2e][stall]") {
+  TempDir runtime;
+  Process p(e2e::ddprun({"--nproc_per_node=1", "--standalone", "--stall_timeout=2", "--stall_action=stop",
+                         "--grace_period=2", "/bin/sh", "-c", "sleep 60"}),
+            runtime_env(runtime));
+  auto status = p.wait(60s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 124);
+  CHECK(contains(p.err(), "Root cause (ddprun stopped a stalled job, --stall_action=stop):"));
+  CHECK(contains(p.err(), "every worker of node 0 is idle"));
+}
+
+// ---------------------------------------------------------------------------
+// A debugger that runs out of time (a stand-in gdb first on PATH).
+// ---------------------------------------------------------------------------
+
+TEST_CASE("a debugger that runs out of time leaves the worker running and the job goes on", "[e2e][stall]") {
+  TempDir dir;
+  // Stops the worker as a ptrace attach does, ignores SIGTERM, never ends by itself.
+  ProcessOptions env = with_stand_in(dir, "gdb", "#!/bin/sh\nkill -STOP \"$2\"\ntrap '' TERM\nexec sleep 120\n");
+  // The worker sleeps past the stall timeout, then says so: it can only if it was continued.
+  Process p(e2e::ddprun({"--nproc_per_node=1", "--standalone", "--stall_timeout=2", "--grace_period=2", "/bin/sh",
+                         "-c", "echo started; sleep 4; echo resumed; exec sleep 60"}),
+            env);
+  REQUIRE(p.wait_for_stdout([](const std::string& o) { return contains(o, "started"); }, 30s));
+  auto reported = wait_for_stderr(p, [](const std::string& e) { return contains(e, "The job goes on"); }, 60s);
+  INFO(p.err() << p.out());
+  REQUIRE(reported);
+  CHECK(contains(p.err(), "(gave up after 10.0 s)"));
+  CHECK(p.wait_for_stdout([](const std::string& o) { return contains(o, "resumed"); }, 20s));
+  CHECK(!p.wait(0ms).has_value());
   p.send_signal(SIGTERM);
-  REQUIRE(p.wait(30s).has_value());
+  REQUIRE(p.wait(60s).has_value());
+}
+
+// ---------------------------------------------------------------------------
+// ddprun status and a malformed node registration on the daemon.
+// ---------------------------------------------------------------------------
+
+TEST_CASE("ddprun status refuses a malformed node registration with one message", "[e2e][status]") {
+  TempDir dir;
+  int port = e2e::free_port();
+  auto daemon = start_daemon(dir, port);
+  ProcessOptions status_env = daemon_only_env(dir);
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  struct Case {
+    std::string job;
+    std::vector<std::string> nprocs;  // one registration per node
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"negative", {"-5"}, "the registration of node 0 (attempt 0) is malformed: its worker count is \"-5\""},
+      {"huge", {"2", "99999999999999"}, "the registration of node 1 (attempt 0) is malformed"},
+      {"junk", {"4x"}, "its worker count is \"4x\", not a number from 1 to 65536"},
+      {"total", std::vector<std::string>(17, "65536"), "node registrations add up to more than 1048576 workers"},
+  };
+  for (const Case& c : cases) {
+    rdzv::TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<uint16_t>(port);
+    o.token = "status-secret";
+    o.ns = c.job;
+    rdzv::TcpStore store(o);
+    for (size_t n = 0; n < c.nprocs.size(); ++n) {
+      store.set(ddp::contract::JobKeys(0).node(static_cast<int>(n)), "host\n127.0.0.1:1\n" + c.nprocs[n] + "\n");
+    }
+    auto r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=" + c.job}), status_env, 20s);
+    INFO(c.job << ": " << r.out << r.err);
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, c.message));
+    CHECK(lines_of(r.err).size() == 1);
+  }
 }
