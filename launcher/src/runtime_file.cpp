@@ -61,7 +61,10 @@ std::optional<RuntimeInfo> RuntimeInfo::decode(const std::string& text) {
       if (w >> p.rank >> p.pid) info.workers.push_back(p);
     }
   }
-  if (!have_pid || !have_port || info.store.addr.empty() || info.world_size <= 0) return std::nullopt;
+  // A damaged file must not make status allocate for a billion ranks.
+  if (!have_pid || !have_port || info.store.addr.empty() || info.world_size <= 0 || info.world_size > kMostRanks) {
+    return std::nullopt;
+  }
   return info;
 }
 

@@ -18,6 +18,9 @@
 
 namespace ddprun {
 
+// The most ranks a job may have as ddprun status reads it (registrations, runtime files).
+constexpr int kMostRanks = 1 << 20;
+
 struct RuntimeInfo {
   std::string run_id;
   pid_t pid = 0;               // ddprun's

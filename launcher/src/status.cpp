@@ -148,7 +148,6 @@ std::unique_ptr<rdzv::TcpStore> connect(const contract::StoreEndpoint& e) {
 // Bounds on what a node registration may claim: a store's bytes are not trusted
 // with the size of what `ddprun status` allocates.
 constexpr long long kMostWorkersPerNode = 65536;
-constexpr long long kMostRanks = 1 << 20;
 
 // A daemon-served job: the latest attempt with a node 0, and its nodes' worker counts.
 void discover(rdzv::Store& store, RuntimeInfo& info, std::vector<std::string>& node_hosts,
