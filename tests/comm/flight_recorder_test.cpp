@@ -278,7 +278,9 @@ TEST_CASE("flight recorder: marking a call whose slot a newer call took leaves t
 
   // The same race for real: one thread queues calls, another marks them a little
   // behind, more calls in flight than the ring holds. A call shown started or ended
-  // before the marking thread reached it was overwritten by a stale mark.
+  // before the marking thread reached it was overwritten by a stale mark. (The window
+  // is a few instructions wide: this rarely catches the old check-then-write, so the
+  // deterministic case above is the one that pins the rule.)
   auto ring = FlightRecorder::create(2, 0, 1);
   constexpr uint64_t kCalls = 200000;
   std::atomic<uint64_t> queued_upto{0}, marking{0};
