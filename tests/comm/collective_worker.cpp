@@ -10,6 +10,8 @@
 //   collective_worker stuck <victim>     <victim> stops calling collectives (alive);
 //                                        the others' all_reduce must time out.
 //   collective_worker mismatch <case> <n>  rank 0 makes another call than the others
+//   collective_worker mismatch_in_subgroup <case> <n>  the same in group 0.1 of
+//                                          global ranks 2 and 3 (4 ranks)
 //                                        (all_gather, broadcast, count, dtype, root,
 //                                        reduce_op, skip, p2p): all fail with Mismatch.
 //   collective_worker misuse             bad arguments: refused up front, or (a recv of
@@ -409,9 +411,10 @@ int disagree(ddp::ProcessGroup& pg) {
 // Rank 0 makes another call than the others (mismatch <case> <count>): every rank
 // must fail with Mismatch at once. A rank whose part of the call only sends, or
 // that never hears from rank 0, may complete it: then its data must be right, and
-// its next call (a barrier) fails.
+// its next call (a barrier) fails. Lines name the global rank (g_rank).
 int mismatch(ddp::ProcessGroup& pg, const std::string& what, size_t count) {
   const int r = pg.rank();
+  const int g = g_rank;
   const bool odd = r == 0;
   pg.barrier();
   std::vector<float> v(what == "count" && !odd ? 4 * count : count, static_cast<float>(r + 1));
@@ -434,7 +437,10 @@ int mismatch(ddp::ProcessGroup& pg, const std::string& what, size_t count) {
       want = odd ? 1.0f : 2.0f;
     } else if (what == "reduce_op") {
       pg.all_reduce(ddp::view(v), odd ? ddp::ReduceOp::Sum : ddp::ReduceOp::Max);
-    } else if (what == "skip") {  // rank 0 skips the first of two all_reduces
+    } else if (what == "skip_then_barrier") {
+      // Rank 0 skips the first of two all_reduces. Calls pair by order, so its second
+      // runs with the others' first (same shape: not a mismatch); caught only because
+      // the others' second then meets rank 0's barrier.
       if (!odd) pg.all_reduce(ddp::view(v));
       pg.all_reduce(ddp::view(v));
       want = static_cast<float>(pg.size() * (pg.size() + 1) / 2);
@@ -446,17 +452,31 @@ int mismatch(ddp::ProcessGroup& pg, const std::string& what, size_t count) {
       return 2;
     }
     const bool right = std::all_of(v.begin(), v.end(), [&](float x) { return x == want; });
-    std::printf("rank %d: call returned, data %s\n", r, right ? "right" : "WRONG");
+    std::printf("rank %d: call returned, data %s\n", g, right ? "right" : "WRONG");
     pg.barrier();
-    std::printf("rank %d: mismatch went unnoticed\n", r);
+    std::printf("rank %d: mismatch went unnoticed\n", g);
     return 1;
   } catch (const ddp::Mismatch& e) {
-    std::printf("rank %d: Mismatch after %.3f s: %s\n", r, now_s() - t0, e.what());
+    std::printf("rank %d: Mismatch after %.3f s: %s\n", g, now_s() - t0, e.what());
   } catch (const ddp::Error& e) {
-    std::printf("rank %d: other error after %.3f s: %s\n", r, now_s() - t0, e.what());
+    std::printf("rank %d: other error after %.3f s: %s\n", g, now_s() - t0, e.what());
   }
   std::fflush(stdout);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // keep the store up (see die())
+  return 0;
+}
+
+// mismatch() in group 0.1 (global ranks 2 and 3; group 0.0 holds ranks 0 and 1,
+// which only wait): its text must name global ranks.
+int mismatch_in_subgroup(ddp::ProcessGroup& pg, const std::string& what, size_t count) {
+  if (pg.size() != 4) {
+    std::fprintf(stderr, "collective_worker: mismatch_in_subgroup needs 4 ranks\n");
+    return 2;
+  }
+  auto low = pg.new_group({0, 1});
+  auto high = pg.new_group({2, 3});
+  if (high) return mismatch(*high, what, count);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   return 0;
 }
 
@@ -512,8 +532,11 @@ int main(int argc, char** argv) {
     if (mode == "misuse") return misuse(*pg);
     if (mode == "disagree") return disagree(*pg);
     if (mode == "mismatch" && argc > 3) return mismatch(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
+    if (mode == "mismatch_in_subgroup" && argc > 3) {
+      return mismatch_in_subgroup(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
+    }
     std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank> | misuse | disagree | "
-                 "mismatch <case> <count>\n");
+                 "mismatch[_in_subgroup] <case> <count>\n");
     return 2;
   } catch (const ddp::contract::ContractError& e) {
     std::fprintf(stderr, "collective_worker: %s\n", e.what());

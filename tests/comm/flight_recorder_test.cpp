@@ -4,8 +4,10 @@
 // its calls for real (a one-rank group over an in-memory store). Across processes
 // under ddprun: tests/comm/progress_test.cpp.
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend.hpp"
@@ -70,6 +72,15 @@ std::shared_ptr<FlightRecorder> recorder_named(const std::string& name) {
 }
 
 // Sets an environment variable for one scope.
+// A one-rank CPU group over an in-memory store.
+std::shared_ptr<ddp::ProcessGroup> one_rank_cpu_group() {
+  ddp::detail::GroupSetup setup;
+  setup.store = std::make_shared<rdzv::MemoryStore>();
+  setup.timeout = 5000ms;
+  setup.connect_timeout = 5000ms;
+  return ddp::detail::make_cpu_group(setup);
+}
+
 struct ScopedEnv {
   ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
   ~ScopedEnv() { ::unsetenv(name_); }
@@ -227,11 +238,7 @@ TEST_CASE("flight recorder: a group made of groups records each call once", "[re
 
 TEST_CASE("flight recorder: the CPU backend marks its calls, inline and queued, and a failed one",
           "[recorder]") {
-  ddp::detail::GroupSetup setup;
-  setup.store = std::make_shared<rdzv::MemoryStore>();
-  setup.timeout = 5000ms;
-  setup.connect_timeout = 5000ms;
-  auto pg = ddp::detail::make_cpu_group(setup);
+  auto pg = one_rank_cpu_group();
   auto r = recorder_named("0");
 
   pg->all_reduce(floats(16));  // blocking: inline on this thread
@@ -253,6 +260,73 @@ TEST_CASE("flight recorder: the CPU backend marks its calls, inline and queued, 
   REQUIRE(g.current);
   CHECK(g.current->what == "barrier");
   CHECK(g.current->state == "failed");
+}
+
+TEST_CASE("flight recorder: marking a call whose slot a newer call took leaves the newer one intact",
+          "[recorder]") {
+  auto r = FlightRecorder::create(2, 0, 1);
+  const auto t = RecorderClock::now();
+  for (uint64_t seq = 1; seq <= 3; ++seq) r->queued(call(ddp::OpKind::AllReduce, seq), t);
+  r->started(1, t + 1ms);  // call 3 holds call 1's slot now
+  r->ended(1, true, t + 2ms);
+  const auto calls = r->calls();
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[1].id == 3);
+  CHECK(calls[1].state == CallState::Queued);
+  CHECK(calls[1].started == RecorderClock::time_point{});
+  CHECK(calls[1].ended == RecorderClock::time_point{});
+
+  // The same race for real: one thread queues calls, another marks them a little
+  // behind, more calls in flight than the ring holds. A call shown started or ended
+  // before the marking thread reached it was overwritten by a stale mark. (The window
+  // is a few instructions wide: this rarely catches the old check-then-write, so the
+  // deterministic case above is the one that pins the rule.)
+  auto ring = FlightRecorder::create(2, 0, 1);
+  constexpr uint64_t kCalls = 200000;
+  std::atomic<uint64_t> queued_upto{0}, marking{0};
+  std::thread marker([&] {
+    for (uint64_t id = 1; id <= kCalls; ++id) {
+      while (queued_upto.load(std::memory_order_acquire) < id) std::this_thread::yield();
+      marking.store(id, std::memory_order_release);
+      ring->started(id, RecorderClock::now());
+      ring->ended(id, true);
+    }
+  });
+  uint64_t stale = 0;
+  for (uint64_t seq = 1; seq <= kCalls; ++seq) {
+    queued_upto.store(ring->queued(call(ddp::OpKind::AllReduce, seq), RecorderClock::now()),
+                      std::memory_order_release);
+    if (seq % 16 != 0) continue;
+    const auto snapshot = ring->calls();
+    const uint64_t reached = marking.load(std::memory_order_acquire);
+    for (const auto& c : snapshot) {
+      if (c.id > reached && c.state != CallState::Queued) ++stale;
+    }
+  }
+  marker.join();
+  CHECK(stale == 0);
+  CHECK(ring->calls().back().state == CallState::Completed);
+}
+
+TEST_CASE("flight recorder: more async calls in flight than DDP_FLIGHT_RECORDER holds", "[recorder]") {
+  ScopedEnv two("DDP_FLIGHT_RECORDER", "2");
+  auto pg = one_rank_cpu_group();
+  auto r = recorder_named("0");
+  REQUIRE(r->entries() == 2);
+  constexpr int kCalls = 500;
+  std::vector<ddp::Work> works;
+  for (int i = 0; i < kCalls; ++i) works.push_back(pg->all_reduce(floats(16), ddp::ReduceOp::Sum, {.async_op = true}));
+  for (auto& w : works) w.wait();
+  const auto calls = r->calls();
+  REQUIRE(calls.size() == 2);
+  for (const auto& c : calls) {
+    INFO("call " << c.id);
+    CHECK(c.state == CallState::Completed);
+    CHECK(c.started >= c.queued);
+    CHECK(c.ended >= c.started);
+  }
+  CHECK(calls.back().seq == kCalls);
+  CHECK(r->progress().completed == kCalls);
 }
 
 TEST_CASE("report_step counts steps", "[recorder]") {

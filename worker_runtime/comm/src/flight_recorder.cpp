@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <thread>
 #include <type_traits>
 
 #include "ddp/contract/worker_env.hpp"
@@ -50,8 +51,10 @@ void notify_failure() {
 
 }  // namespace
 
+constexpr uint64_t kWriting = ~uint64_t{0};  // a slot's id while a writer holds it
+
 // One call; every field atomic so a reader never tears a value. `id` is the slot's
-// version: 0 while the issuing thread rewrites it.
+// version: 0 while unused, kWriting while a writer holds it (see claim()).
 struct alignas(64) FlightRecorder::Slot {
   std::atomic<uint64_t> id{0};
   std::atomic<uint64_t> seq{0};
@@ -61,6 +64,25 @@ struct alignas(64) FlightRecorder::Slot {
   std::atomic<uint8_t> state{0};  // CallState; written after the timestamp it implies
   std::atomic<int64_t> queued{0}, started{0}, ended{0};  // steady-clock ns
 };
+
+// Writers take a slot by swapping its id for 0 and give it back by storing the id:
+// queued() takes it whatever call it holds (waiting while another writer has it),
+// started()/ended() only while it still holds call `id`. So marking a call whose
+// slot a newer call took (more calls in flight than the ring holds) leaves the
+// newer entry intact. Writers hold a slot for a few stores.
+bool FlightRecorder::claim(Slot& s, uint64_t id) {
+  for (;;) {
+    uint64_t v = s.id.load(std::memory_order_relaxed);
+    if (v == kWriting) {  // another writer: a few stores (unless it was preempted)
+      std::this_thread::yield();
+      continue;
+    }
+    if (id != 0 && v != id) return false;
+    if (s.id.compare_exchange_weak(v, kWriting, std::memory_order_acquire, std::memory_order_relaxed)) break;
+  }
+  std::atomic_thread_fence(std::memory_order_release);  // readers see kWriting before any new field
+  return true;
+}
 
 RecorderClock::time_point coarse_now() {
   // steady_clock is CLOCK_MONOTONIC: the coarse clock counts from the same origin.
@@ -133,8 +155,7 @@ uint64_t FlightRecorder::queued(const Op& op, RecorderClock::time_point now) {
   const uint64_t id = last_id_.load(relaxed) + 1;
   const Buffer& b = op.input.count == 0 && op.output.count > 0 ? op.output : op.input;
   Slot& s = slot(id);
-  s.id.store(0, relaxed);  // readers of this slot retry from here on
-  std::atomic_thread_fence(std::memory_order_release);
+  claim(s, 0);  // readers of this slot retry from here on
   s.seq.store(op.seq, relaxed);
   s.count.store(b.count, relaxed);
   s.what.store(static_cast<uint32_t>(op.kind) | static_cast<uint32_t>(b.dtype) << 8 |
@@ -156,21 +177,29 @@ uint64_t FlightRecorder::queued(const Op& op, RecorderClock::time_point now) {
 
 void FlightRecorder::started(uint64_t id, RecorderClock::time_point t) {
   Slot& s = slot(id);
-  if (s.id.load(std::memory_order_relaxed) != id) return;
-  if (s.state.load(std::memory_order_relaxed) != static_cast<uint8_t>(CallState::Queued)) return;
-  s.started.store(to_ns(t), std::memory_order_relaxed);
-  s.state.store(static_cast<uint8_t>(CallState::Started), std::memory_order_release);
+  if (!claim(s, id)) return;
+  if (s.state.load(std::memory_order_relaxed) == static_cast<uint8_t>(CallState::Queued)) {
+    s.started.store(to_ns(t), std::memory_order_relaxed);
+    s.state.store(static_cast<uint8_t>(CallState::Started), std::memory_order_relaxed);
+  }
+  s.id.store(id, std::memory_order_release);
 }
 
 void FlightRecorder::ended(uint64_t id, bool ok, RecorderClock::time_point t) {
   Slot& s = slot(id);
-  if (s.id.load(std::memory_order_relaxed) != id) return;
-  if (s.state.load(std::memory_order_relaxed) >= static_cast<uint8_t>(CallState::Completed)) return;
+  if (!claim(s, id)) return;
+  if (s.state.load(std::memory_order_relaxed) >= static_cast<uint8_t>(CallState::Completed)) {
+    s.id.store(id, std::memory_order_release);
+    return;
+  }
   s.ended.store(to_ns(t == RecorderClock::time_point{} ? RecorderClock::now() : t), std::memory_order_relaxed);
-  s.state.store(static_cast<uint8_t>(ok ? CallState::Completed : CallState::Failed), std::memory_order_release);
+  s.state.store(static_cast<uint8_t>(ok ? CallState::Completed : CallState::Failed), std::memory_order_relaxed);
+  const bool collective = !is_point_to_point(static_cast<OpKind>(s.what.load(std::memory_order_relaxed) & 0xff));
+  const uint64_t seq = s.seq.load(std::memory_order_relaxed);
+  s.id.store(id, std::memory_order_release);
   if (!ok) return notify_failure();
-  if (is_point_to_point(static_cast<OpKind>(s.what.load(std::memory_order_relaxed) & 0xff))) return;
-  completed_.store(s.seq.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  if (!collective) return;
+  completed_.store(seq, std::memory_order_relaxed);
   last_completed_.store(id, std::memory_order_release);
 }
 
@@ -178,7 +207,7 @@ std::optional<CallRecord> FlightRecorder::read(uint64_t id) const {
   const Slot& s = slot(id);
   for (int attempt = 0; attempt < 64; ++attempt) {
     const uint64_t version = s.id.load(std::memory_order_acquire);
-    if (version == 0) continue;        // being rewritten: look again
+    if (version == kWriting) continue;  // being rewritten: look again
     if (version != id) return std::nullopt;  // overwritten by a later call
     CallRecord r;
     r.id = id;

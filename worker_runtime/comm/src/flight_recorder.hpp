@@ -78,7 +78,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   // Records `op` (numbered already) as queued at `now`; returns its id. Only the
   // thread that issues the group's calls calls this.
   uint64_t queued(const Op& op, RecorderClock::time_point now);
-  // The backend began call `id` (a call already overwritten is left alone).
+  // The backend began call `id` (a call whose slot a newer call took is left alone,
+  // and so is the newer call).
   void started(uint64_t id, RecorderClock::time_point t);
   // Call `id` ended at `t` (zero: now): completed when ok, else failed. A call that
   // ended already keeps its first outcome (so a backend and issue() may both say it).
@@ -94,6 +95,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   FlightRecorder(size_t entries, int rank, int size);
   struct Slot;
   Slot& slot(uint64_t id) const;
+  // Takes slot `s` for writing if it holds call `id` (0: whatever it holds).
+  static bool claim(Slot& s, uint64_t id);
   std::optional<CallRecord> read(uint64_t id) const;
 
   const size_t entries_;  // calls kept

@@ -4,11 +4,18 @@
 // Contract shared by every collective:
 //  - Every rank of the group calls the same collectives in the same order, with the
 //    same counts, dtypes, ops and roots (and a recv matches its peer's send in count
-//    and dtype). On the CPU backend a violation, a skipped call included, fails the
-//    call on every rank at once with Mismatch naming both sides, before any wrong
-//    data is used, and breaks the group; a rank whose part only sends (a root's
-//    broadcast, a send) may complete it and fails at its next call. On NCCL
-//    mismatches hang until the group's timeout.
+//    and dtype). On the CPU backend calls pair up by their place in each rank's
+//    order (the k-th with the k-th); when paired calls differ in op, count, dtype,
+//    reduce op or root, the call fails on every rank at once with Mismatch naming
+//    both sides, before any wrong data is used, and breaks the group; a rank whose
+//    part only sends (a root's broadcast, a send) may complete it and fails at its
+//    next call. A skipped call is caught so only where the calls it brings together
+//    differ; when they have the same shape they run together, and the rank left
+//    with an extra call waits in it until the group's timeout (the stall report
+//    shows each rank's call). A count-0 call moves no message: paired with a
+//    non-empty one it is caught only at the empty rank's next call with that peer
+//    (waiting until the timeout if none comes). On NCCL mismatches hang until the
+//    timeout.
 //  - Blocking by default; with CollectiveOptions::async_op the call returns a Work at
 //    once and the operation runs on the group's progress thread. Operations of one
 //    group run one at a time in the order they were issued, sync and async alike.

@@ -31,6 +31,16 @@ class Channel {
   // message's stamp costs no extra wake-up.
   virtual size_t stage_some(const void* p, size_t n) { return write_some(p, n); }
   virtual size_t take_some(void* p, size_t n) { return read_some(p, n); }
+  // A message's first bytes: up to stamp_n bytes of its stamp, then (once those are
+  // all in) up to body_n of its body; returns how many moved in all. TCP sends both
+  // in one packet. take_stamp reads only stamp bytes (the body must wait for the
+  // stamp's check), but may take up to `body` bytes of what follows off a socket
+  // in the same read, for later calls to return.
+  virtual size_t write_stamped(const void* stamp, size_t stamp_n, const void* body, size_t body_n) {
+    const size_t n = stage_some(stamp, stamp_n);
+    return n < stamp_n || body_n == 0 ? n : n + write_some(body, body_n);
+  }
+  virtual size_t take_stamp(void* p, size_t n, size_t /*body*/) { return take_some(p, n); }
   // Up to `max` readable bytes in place (possibly fewer, possibly none), left
   // unread until consume(); lets a reduction read incoming data without a copy.
   virtual std::span<const std::byte> peek(size_t max) = 0;
@@ -110,12 +120,15 @@ class TcpChannel : public Channel {
   ~TcpChannel() override;
   size_t write_some(const void* p, size_t n) override;
   size_t read_some(void* p, size_t n) override;
+  size_t write_stamped(const void* stamp, size_t stamp_n, const void* body, size_t body_n) override;
+  size_t take_stamp(void* p, size_t n, size_t body) override;
   std::span<const std::byte> peek(size_t max) override;
   void consume(size_t n) override;
   int fd() const override { return fd_; }
   bool peer_gone() override;
 
  private:
+  size_t receive(std::byte* p, size_t n);  // one non-blocking recv; 0: nothing yet
   int peer_;
   int fd_;
   std::vector<std::byte> staging_;  // peek(): bytes received, [begin_, end_) unread

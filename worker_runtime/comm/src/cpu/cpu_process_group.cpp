@@ -240,11 +240,13 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     task.state->complete(error);
   }
 
-  // "mismatched calls in group 0: rank 0: all_reduce #3 262144×f32 sum; rank 1:
-  // all_gather #3 1048576×f32": the same text on both sides (lower rank first).
+  // "mismatched calls in group 0.1: rank 2: all_reduce #3 262144×f32 sum; rank 3:
+  // all_gather #3 1048576×f32": the same text on both sides (lower rank first), ranks
+  // named by their global rank as exit reports name them (a stamp's root stays a group rank).
   std::string mismatch_text(const cpu::Mismatched& m) {
-    std::string a = "rank " + std::to_string(rank()) + ": " + cpu::describe(transport_.progress().call());
-    std::string b = "rank " + std::to_string(m.peer) + ": " + cpu::describe(m.theirs);
+    const auto& peers = setup_.peers;
+    std::string a = "rank " + std::to_string(peers.global(rank())) + ": " + cpu::describe(transport_.progress().call());
+    std::string b = "rank " + std::to_string(peers.global(m.peer)) + ": " + cpu::describe(m.theirs);
     if (m.peer < rank()) std::swap(a, b);
     return "mismatched calls in group " + name() + ": " + a + "; " + b;
   }

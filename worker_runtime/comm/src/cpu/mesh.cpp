@@ -389,8 +389,10 @@ void Mesh::release() {
 }
 
 std::string Mesh::describe(int r) const {
-  if (r < 0 || r >= size_ || pids_.empty()) return std::string("rank ") + std::to_string(r);
-  return std::string("rank ") + std::to_string(r) + std::string(" (pid ") + std::to_string(pids_[r]) + " on " + hostnames_[r] + ")";
+  if (r < 0 || r >= size_) return std::string("rank ") + std::to_string(r);
+  std::string out = "rank " + std::to_string(options_.peers.global(r));  // as exit reports name it
+  if (pids_.empty()) return out;
+  return out + " (pid " + std::to_string(pids_[r]) + " on " + hostnames_[r] + ")";
 }
 
 }  // namespace ddp::cpu

@@ -42,7 +42,7 @@ class Mesh {
   int host_of(int r) const { return host_of_[r]; }
   // The ranks of this rank's host, itself included, in rank order.
   const std::vector<int>& local() const { return hosts_[host_of_[rank_]]; }
-  std::string describe(int r) const;  // "rank 3 (pid 123 on node-b)"
+  std::string describe(int r) const;  // group rank r as "rank 3 (pid 123 on node-b)", 3 its global rank
   const detail::GroupPeers& peers() const { return options_.peers; }
 
   // The channel to rank r (null for this rank).

@@ -19,6 +19,9 @@
 namespace ddp::cpu {
 namespace {
 
+// Pieces of at most a quarter ring let both sides work at once on a big message.
+constexpr size_t kPiece = 256 * 1024;
+
 constexpr auto kHealthEvery = std::chrono::milliseconds(10);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 
@@ -44,14 +47,21 @@ void Progress::set_call(const Stamp& call) {
 }
 
 // The stamp goes first: written from call_, or read into x.theirs and checked.
+// A send's first body piece goes with it (one packet on TCP).
 bool Progress::step_stamp(Xfer& x) {
   Channel& ch = *channels_[x.peer];
   const size_t left = sizeof(Stamp) - x.stamped;
-  const size_t n = x.kind == Xfer::Kind::Send
-                       ? ch.stage_some(reinterpret_cast<const std::byte*>(&call_) + x.stamped, left)
-                       : ch.take_some(reinterpret_cast<std::byte*>(&x.theirs) + x.stamped, left);
+  if (x.kind == Xfer::Kind::Send) {
+    const size_t n = ch.write_stamped(reinterpret_cast<const std::byte*>(&call_) + x.stamped, left, x.src + x.done,
+                                      std::min(kPiece, x.bytes - x.done));
+    const size_t stamp = std::min(n, left);
+    x.stamped += static_cast<uint32_t>(stamp);
+    x.done += n - stamp;
+    return n > 0;
+  }
+  const size_t n = ch.take_stamp(reinterpret_cast<std::byte*>(&x.theirs) + x.stamped, left, x.bytes - x.done);
   x.stamped += static_cast<uint32_t>(n);
-  if (x.kind != Xfer::Kind::Send && x.stamped == sizeof(Stamp) && !(x.theirs == expected_)) {
+  if (x.stamped == sizeof(Stamp) && !(x.theirs == expected_)) {
     throw Mismatched{x.peer, x.theirs};
   }
   return n > 0;
@@ -76,8 +86,6 @@ bool Progress::step(Xfer& x) {
     if (x.stamped < sizeof(Stamp)) return moved;
   }
   Channel& ch = *channels_[x.peer];
-  // Pieces of at most a quarter ring let both sides work at once on a big message.
-  constexpr size_t kPiece = 256 * 1024;
   switch (x.kind) {
     case Xfer::Kind::Send: {
       size_t n = ch.write_some(x.src + x.done, std::min(kPiece, x.bytes - x.done));

@@ -2,8 +2,9 @@
 // transport, saying which call its sender is running (kind, sequence number,
 // count, dtype, reduce op, root). The progress engine reads it before any byte of
 // the message is used and compares it with the call the receiving rank runs, so
-// ranks that disagree (another op, count, dtype or root, or a skipped call, seen
-// as another sequence number) fail instead of exchanging wrong data.
+// ranks that disagree (another op, count, dtype or root, or another sequence
+// number) fail instead of exchanging wrong data. Each rank numbers its own calls,
+// so a skipped call shows only where the calls it brings together differ.
 #pragma once
 
 #include <cstdint>
