@@ -6,6 +6,9 @@
 #include <chrono>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "backend.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "exit_watch.hpp"
@@ -97,4 +100,49 @@ TEST_CASE("forming a group fails within a second naming a rank whose exit is pub
   // A subgroup without it forms (and times out) as before.
   CHECK_THROWS_AS(ddp::detail::exchange_all(group_store, "other/", 0, 2, "x", 300ms, peers.narrow({0, 1})),
                   ddp::Timeout);
+}
+
+TEST_CASE("a reserved exit slot never written does not hide the exits after it", "[exit_watch]") {
+  testing::ServerThread server;
+  auto agent = server.client();
+  auto w = watch(server, 0, 4);
+  const ddp::contract::JobKeys keys(0);
+  const int64_t lost = agent->add(keys.exit_count(), 1) - 1;  // an agent that died before its set
+  const auto start = Clock::now();
+  publish_exit(*agent, 0, exit_of(2, 0));
+  REQUIRE(w->wait_record(2, 10s));
+  CHECK(Clock::now() - start < 5s);  // about 2 s (the skip) on an idle machine
+  // Written late after all, it still counts.
+  agent->set(keys.exit_slot(lost), exit_of(1, 3).encode());
+  const auto late = w->wait_record(1, 10s);
+  REQUIRE(late);
+  CHECK(late->exit_code == 3);
+}
+
+TEST_CASE("a forked child destroys its copy of the exit watch without hanging", "[exit_watch]") {
+  testing::ServerThread server;
+  auto w = watch(server, 0, 2);
+  std::this_thread::sleep_for(50ms);  // the parent's thread is blocked in the store
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    w.reset();  // joined a thread only the parent has before the fix: hung
+    ::_exit(0);
+  }
+  int status = -1;
+  const auto start = Clock::now();
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (Clock::now() - start > 10s) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      FAIL("the child hung destroying the exit watch");
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The parent's watch still works.
+  auto agent = server.client();
+  publish_exit(*agent, 0, exit_of(1, 0));
+  CHECK(w->wait_record(1, 5s));
 }

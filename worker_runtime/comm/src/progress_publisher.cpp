@@ -71,11 +71,13 @@ ProgressPublisher::ProgressPublisher(PublisherOptions options)
 }
 
 ProgressPublisher::~ProgressPublisher() {
-  remove_failure_listener(listener_);
-  if (static_cast<int>(::getpid()) != owner_pid_) {  // a forked child: the thread is the parent's
+  if (static_cast<int>(::getpid()) != owner_pid_) {
+    // A forked child (exiting): the thread is the parent's, and the listener registry's
+    // mutex may have been held by another parent thread at the fork, so it is left alone.
     thread_.detach();
     return;
   }
+  remove_failure_listener(listener_);
   std::shared_ptr<rdzv::TcpStore> client;
   {
     std::lock_guard lock(mu_);
