@@ -8,7 +8,7 @@
 #include "ddp/types.hpp"
 #include "rdzv/memory_store.hpp"
 #include "rdzv/prefix_store.hpp"
-#include "server_fixture.hpp"
+#include "exit_fixture.hpp"
 
 using namespace std::chrono_literals;
 
@@ -65,11 +65,8 @@ TEST_CASE("without an exit watch a forming rank waits in one long read, not in s
 
 TEST_CASE("with an exit watch a forming rank reads again only the keys still missing", "[group_setup]") {
   testing::ServerThread server;
-  ddp::detail::ExitWatch::Options o;
-  o.store = server.client_options();
-  o.world_size = 4;
   ddp::detail::GroupPeers peers;
-  peers.exits = std::make_shared<const ddp::detail::ExitWatch>(o);
+  peers.exits = testing::watch_exits(server, 0, 4);
   CountingStore store;
   store.set("x/1", "one");
   store.set("x/2", "two");
