@@ -6,12 +6,10 @@
 #include <chrono>
 #include <thread>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "backend.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "exit_fixture.hpp"
+#include "forked.hpp"
 #include "rdzv/memory_store.hpp"
 
 using namespace std::chrono_literals;
@@ -111,24 +109,13 @@ TEST_CASE("a forked child destroys its copy of the exit watch without hanging", 
   testing::ServerThread server;
   auto w = watch_exits(server, 0, 2);
   std::this_thread::sleep_for(50ms);  // the parent's thread is blocked in the store
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  testing::ForkedChild child([&] {
     w.reset();  // joined a thread only the parent has before the fix: hung
-    ::_exit(0);
-  }
-  int status = -1;
-  const auto start = Clock::now();
-  while (::waitpid(child, &status, WNOHANG) == 0) {
-    if (Clock::now() - start > 10s) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      FAIL("the child hung destroying the exit watch");
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+    return std::string("gone");
+  });
+  const auto result = child.wait(10s);  // throws when the child hangs
+  CHECK(result.ok);
+  CHECK(result.payload == "gone");
   // The parent's watch still works.
   auto agent = server.client();
   publish_exit(*agent, 0, exit_of(1, 0));

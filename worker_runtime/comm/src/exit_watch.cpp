@@ -33,8 +33,11 @@ ExitWatch::~ExitWatch() {
   if (static_cast<int>(::getpid()) != owner_pid_) {
     // A forked child: the thread and the connection are the parent's (the socket is
     // shared with it, so it is not aborted either). Leave both alone.
+    // Nor is the condition variable destroyed: it may count a parent thread's wait,
+    // and destroying it would wait for that thread forever (glibc).
     thread_.detach();
     (void)store_.release();
+    (void)cv_.release();
     return;
   }
   stopping_.store(true);
@@ -56,7 +59,7 @@ std::optional<contract::ExitRecord> ExitWatch::record(int rank) const {
 std::optional<contract::ExitRecord> ExitWatch::wait_record(int rank, Millis timeout) const {
   if (rank < 0 || rank >= options_.world_size) return std::nullopt;
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return records_[static_cast<size_t>(rank)].has_value(); });
+  cv_->wait_for(lock, timeout, [&] { return records_[static_cast<size_t>(rank)].has_value(); });
   return records_[static_cast<size_t>(rank)];
 }
 
@@ -70,7 +73,7 @@ void ExitWatch::take(const std::string& text) {
   }
   exited_[static_cast<size_t>(record->rank)].store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
-  cv_.notify_all();
+  cv_->notify_all();
 }
 
 void ExitWatch::loop() {

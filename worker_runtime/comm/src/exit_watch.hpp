@@ -56,7 +56,7 @@ class ExitWatch {
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  std::unique_ptr<std::condition_variable> cv_{new std::condition_variable};  // left to a forked child
   std::vector<std::optional<contract::ExitRecord>> records_;  // by global rank; guarded by mu_
   std::thread thread_;
 };
