@@ -13,6 +13,9 @@ using Millis = std::chrono::milliseconds;
 namespace {
 // How long one record may take to reach the store (connecting included).
 constexpr Millis kStoreLimit{3000};
+// Tries per record, each on a fresh connection after a failure (a stale connection
+// after a store hiccup costs the first).
+constexpr int kTries = 2;
 }  // namespace
 
 ExitPublisher::ExitPublisher(rdzv::TcpStoreOptions store) : options_(std::move(store)) {
@@ -30,7 +33,10 @@ ExitPublisher::~ExitPublisher() {
   cv_.notify_all();
   {
     std::lock_guard lock(mu_);
-    if (busy_ && store_) store_->abort();  // a write still stuck: give up on it now
+    if (busy_) {  // a write still stuck: give up on it now, and on its retries
+      busy_aborted_ = true;
+      if (store_) store_->abort();
+    }
   }
   thread_.join();
 }
@@ -65,20 +71,36 @@ void ExitPublisher::loop() {
 }
 
 void ExitPublisher::write(int attempt, const ddp::contract::ExitRecord& record) {
-  if (unreachable_) return;
-  try {
-    if (!store_) {
-      auto store = std::make_unique<rdzv::TcpStore>(options_);
-      std::lock_guard lock(mu_);
-      store_ = std::move(store);
+  const ddp::contract::JobKeys keys(attempt);
+  int64_t slot = -1;  // reserved once: a retry fills the same slot
+  for (int tries = 0;; ++tries) {
+    try {
+      if (!store_) {
+        auto store = std::make_unique<rdzv::TcpStore>(options_);
+        std::lock_guard lock(mu_);
+        if (busy_aborted_) throw rdzv::StoreError("stopping");
+        store_ = std::move(store);
+      }
+      if (slot < 0) slot = store_->add(keys.exit_count(), 1) - 1;
+      store_->set(keys.exit_slot(slot), record.encode());
+      failing_ = false;
+      return;
+    } catch (const rdzv::StoreError& e) {
+      bool again = false;
+      {
+        // The connection is spent: the next try (and the next record) makes a fresh one.
+        std::lock_guard lock(mu_);
+        store_.reset();
+        again = tries + 1 < kTries && !busy_aborted_;
+      }
+      if (again) continue;
+      if (!failing_) {
+        spdlog::warn("cannot publish a worker exit to the store ({}); other ranks will not hear of it at once",
+                     e.what());
+      }
+      failing_ = true;  // warned; later records still try, each with a fresh connection
+      return;
     }
-    const ddp::contract::JobKeys keys(attempt);
-    const int64_t slot = store_->add(keys.exit_count(), 1) - 1;
-    store_->set(keys.exit_slot(slot), record.encode());
-  } catch (const rdzv::StoreError& e) {
-    unreachable_ = true;
-    spdlog::warn("cannot publish worker exits to the store ({}); other ranks will not hear of them at once",
-                 e.what());
   }
 }
 

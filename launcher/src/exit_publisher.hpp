@@ -4,7 +4,8 @@
 //
 // publish() only queues: a thread of its own, with its own store connection, writes
 // the records, so ddprun's event loop never waits for the store. Every store call is
-// bounded; when the store cannot be reached the record is dropped with one warning.
+// bounded; a record that cannot be written after a retry on a fresh connection is
+// dropped with a warning (once per run of failures). Later records try again.
 // The destructor gives the queue a short while to drain, then gives up.
 #pragma once
 
@@ -42,14 +43,15 @@ class ExitPublisher {
   void write(int attempt, const ddp::contract::ExitRecord& record);
 
   rdzv::TcpStoreOptions options_;
-  std::unique_ptr<rdzv::TcpStore> store_;  // the thread's own; made on first use
-  bool unreachable_ = false;               // warned once; later records are dropped
+  std::unique_ptr<rdzv::TcpStore> store_;  // the thread's own; made on use, dropped on failure (mu_ to change)
+  bool failing_ = false;                   // the last record was dropped (and warned about)
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<int, ddp::contract::ExitRecord>> queue_;
   bool busy_ = false;   // the thread is writing a record it took off the queue
   bool stopping_ = false;
+  bool busy_aborted_ = false;  // the destructor cut the write in flight short: no more tries
   std::thread thread_;
 };
 

@@ -8,20 +8,17 @@
 
 #include "backend.hpp"
 #include "ddp/contract/store_keys.hpp"
-#include "exit_watch.hpp"
+#include "exit_fixture.hpp"
+#include "forked.hpp"
 #include "rdzv/memory_store.hpp"
-#include "server_fixture.hpp"
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// What an agent does when it reaps a worker (the slot protocol of store_keys.hpp).
-void publish_exit(rdzv::Store& store, int attempt, const ddp::contract::ExitRecord& r) {
-  const ddp::contract::JobKeys keys(attempt);
-  store.set(keys.exit_slot(store.add(keys.exit_count(), 1) - 1), r.encode());
-}
+using testing::publish_exit;
+using testing::watch_exits;
 
 ddp::contract::ExitRecord exit_of(int rank, int code) {
   ddp::contract::ExitRecord r;
@@ -34,20 +31,12 @@ ddp::contract::ExitRecord exit_of(int rank, int code) {
   return r;
 }
 
-std::shared_ptr<const ddp::detail::ExitWatch> watch(const testing::ServerThread& server, int attempt, int world) {
-  ddp::detail::ExitWatch::Options o;
-  o.store = server.client_options();
-  o.attempt = attempt;
-  o.world_size = world;
-  return std::make_shared<const ddp::detail::ExitWatch>(o);
-}
-
 }  // namespace
 
 TEST_CASE("the exit watch sees every exit of its attempt, the first of a rank counting", "[exit_watch]") {
   testing::ServerThread server;
   auto agent = server.client();
-  auto w = watch(server, 2, 4);
+  auto w = watch_exits(server, 2, 4);
   CHECK(w->generation() == 0);
   CHECK_FALSE(w->exited(1));
   publish_exit(*agent, 1, exit_of(1, 0));   // another attempt: not watched
@@ -66,7 +55,7 @@ TEST_CASE("the exit watch sees every exit of its attempt, the first of a rank co
 
 TEST_CASE("the exit watch stops at once when destroyed", "[exit_watch]") {
   testing::ServerThread server;
-  auto w = watch(server, 0, 2);
+  auto w = watch_exits(server, 0, 2);
   std::this_thread::sleep_for(50ms);  // blocked in the store by now
   const auto start = Clock::now();
   w.reset();
@@ -77,7 +66,7 @@ TEST_CASE("forming a group fails within a second naming a rank whose exit is pub
   testing::ServerThread server;
   auto agent = server.client();
   ddp::detail::GroupPeers peers;
-  peers.exits = watch(server, 0, 4);
+  peers.exits = watch_exits(server, 0, 4);
   rdzv::MemoryStore group_store;
   publish_exit(*agent, 0, exit_of(2, 0));
   REQUIRE(peers.exits->wait_record(2, 5s));
@@ -97,4 +86,38 @@ TEST_CASE("forming a group fails within a second naming a rank whose exit is pub
   // A subgroup without it forms (and times out) as before.
   CHECK_THROWS_AS(ddp::detail::exchange_all(group_store, "other/", 0, 2, "x", 300ms, peers.narrow({0, 1})),
                   ddp::Timeout);
+}
+
+TEST_CASE("a reserved exit slot never written does not hide the exits after it", "[exit_watch]") {
+  testing::ServerThread server;
+  auto agent = server.client();
+  auto w = watch_exits(server, 0, 4);
+  const ddp::contract::JobKeys keys(0);
+  const int64_t lost = agent->add(keys.exit_count(), 1) - 1;  // an agent that died before its set
+  const auto start = Clock::now();
+  publish_exit(*agent, 0, exit_of(2, 0));
+  REQUIRE(w->wait_record(2, 10s));
+  CHECK(Clock::now() - start < 5s);  // about 2 s (the skip) on an idle machine
+  // Written late after all, it still counts.
+  agent->set(keys.exit_slot(lost), exit_of(1, 3).encode());
+  const auto late = w->wait_record(1, 10s);
+  REQUIRE(late);
+  CHECK(late->exit_code == 3);
+}
+
+TEST_CASE("a forked child destroys its copy of the exit watch without hanging", "[exit_watch]") {
+  testing::ServerThread server;
+  auto w = watch_exits(server, 0, 2);
+  std::this_thread::sleep_for(50ms);  // the parent's thread is blocked in the store
+  testing::ForkedChild child([&] {
+    w.reset();  // joined a thread only the parent has before the fix: hung
+    return std::string("gone");
+  });
+  const auto result = child.wait(10s);  // throws when the child hangs
+  CHECK(result.ok);
+  CHECK(result.payload == "gone");
+  // The parent's watch still works.
+  auto agent = server.client();
+  publish_exit(*agent, 0, exit_of(1, 0));
+  CHECK(w->wait_record(1, 5s));
 }

@@ -11,7 +11,9 @@
 #include "ddp/types.hpp"
 #include "forked.hpp"
 #include "peer_watch.hpp"
+#include "ddp/contract/store_keys.hpp"
 #include "rdzv/memory_store.hpp"
+#include "exit_fixture.hpp"
 
 using namespace std::chrono_literals;
 using ddp::detail::PeerWatch;
@@ -22,10 +24,10 @@ namespace {
 void form(rdzv::Store& store, int size, std::chrono::milliseconds timeout) { PeerWatch w(store, 0, size, timeout); }
 
 // Polls until the watch reports a dead peer or `limit` passes; returns its rank or -1.
-int wait_for_dead(const PeerWatch& w, std::chrono::milliseconds limit) {
+int wait_for_dead(const PeerWatch& w, std::chrono::milliseconds limit, int only = -1) {
   const auto until = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < until) {
-    if (int r = w.dead_peer(); r >= 0) return r;
+    if (int r = w.dead_peer(only); r >= 0) return r;
     std::this_thread::sleep_for(1ms);
   }
   return -1;
@@ -96,4 +98,31 @@ TEST_CASE("peer watch: a subgroup's watch uses the subgroup's ranks", "[peer_wat
   CHECK(sub->dead_peer() == -1);
   REQUIRE(kill(b.pid(), SIGKILL) == 0);
   CHECK(wait_for_dead(*sub, 2000ms) == 0);
+}
+
+TEST_CASE("peer watch: a point-to-point call waits on its peer's published exit alone, each with its own grace",
+          "[peer_watch]") {
+  testing::ServerThread server;
+  ddp::detail::GroupPeers peers;
+  peers.exits = testing::watch_exits(server, 0, 4);
+  rdzv::MemoryStore store;
+  for (int r = 1; r < 4; ++r) store.set("watch/" + std::to_string(r), "another host\n4711\nnode-b");
+  PeerWatch w(store, 0, 4, 1000ms, peers);
+  REQUIRE(w.watched() == 0);  // known gone only from their published exits
+
+  auto agent = server.client();
+  auto publish = [&](int rank) {
+    ddp::contract::ExitRecord e;
+    e.rank = rank;
+    e.host = "node-b";
+    e.time_ms = ddp::contract::unix_millis_now();
+    testing::publish_exit(*agent, 0, e);
+    REQUIRE(peers.exits->wait_record(rank, 5s));
+  };
+  publish(3);  // rank 3 is done: a collective fails, a send/recv between 0 and 1 does not
+  CHECK(wait_for_dead(w, 5s) == 3);
+  CHECK(w.dead_peer(1) == -1);
+  publish(1);
+  CHECK(w.dead_peer(1) == -1);  // its own grace starts now, not at rank 3's exit
+  CHECK(wait_for_dead(w, 5s, 1) == 1);
 }

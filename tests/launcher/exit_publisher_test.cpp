@@ -62,3 +62,22 @@ TEST_CASE("an unreachable store neither blocks publish() nor holds up the exit f
   }
   CHECK(Clock::now() - start < 6s);
 }
+
+TEST_CASE("a publisher whose store failed once publishes the later exits", "[exit_publisher]") {
+  auto first = std::make_unique<testing::ServerThread>();
+  const rdzv::TcpStoreOptions options = first->client_options("job");
+  const uint16_t port = first->port();
+  first.reset();  // the store is gone: the first record cannot be written
+  ddprun::ExitPublisher publisher(options);
+  publisher.publish(0, record(1, 0));
+  CHECK(publisher.flush(10s));
+  testing::ServerThread back({}, port);  // the store is back on the same port
+  auto store = back.client("job");
+  publisher.publish(0, record(2, 5));
+  CHECK(publisher.flush(10s));
+  const ddp::contract::JobKeys keys(0);
+  const auto later = ddp::contract::ExitRecord::decode(store->get(keys.exit_slot(0), 5s));
+  REQUIRE(later);
+  CHECK(later->rank == 2);
+  CHECK(later->exit_code == 5);
+}

@@ -14,9 +14,10 @@ namespace testing {
 
 class ServerThread {
  public:
-  explicit ServerThread(rdzv::ServerOptions options = {}) {
+  // `port` 0: an ephemeral one.
+  explicit ServerThread(rdzv::ServerOptions options = {}, uint16_t port = 0) {
     options.host = "127.0.0.1";
-    options.port = 0;
+    options.port = port;
     server_ = std::make_unique<rdzv::StoreServer>(io_, options);
     token_ = options.token;
     thread_ = std::thread([this] { io_.run(); });

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,7 +29,8 @@ class ExitWatch {
   };
   // Connects and starts watching. Throws rdzv::StoreError when the store cannot be reached.
   explicit ExitWatch(Options options);
-  // Stops within a moment (its blocking read is cut short).
+  // Stops within a moment (its blocking read is cut short). In a forked child it
+  // touches neither the parent's thread nor its connection (they are left as they are).
   ~ExitWatch();
   ExitWatch(const ExitWatch&) = delete;
   ExitWatch& operator=(const ExitWatch&) = delete;
@@ -45,14 +47,16 @@ class ExitWatch {
 
  private:
   void loop();
+  void take(const std::string& text);  // one slot's contents
 
   Options options_;
+  int owner_pid_ = 0;  // the process whose thread this is
   std::unique_ptr<rdzv::TcpStore> store_;
   std::unique_ptr<std::atomic<bool>[]> exited_;  // by global rank
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  std::unique_ptr<std::condition_variable> cv_{new std::condition_variable};  // left to a forked child
   std::vector<std::optional<contract::ExitRecord>> records_;  // by global rank; guarded by mu_
   std::thread thread_;
 };

@@ -15,6 +15,10 @@
 
 namespace ddp::detail {
 
+// Forming a group with an exit watch: how long one wait lasts before the exits of
+// the ranks still missing are looked at again.
+inline constexpr Millis kFormSlice{200};
+
 struct GroupPeers {
   std::shared_ptr<const ExitWatch> exits;  // null: exits are not published (no ddprun)
   std::vector<int> global_ranks;           // group rank -> global rank; empty: the same

@@ -12,7 +12,6 @@ namespace ddp::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr Millis kSlice{200};  // between looks at the exits of the ranks still missing
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -39,18 +38,48 @@ long long whole_seconds(Clock::duration d) {
 
 std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankKey>& keys, Millis timeout,
                                      const GroupPeers& peers) {
-  std::vector<std::string> names;
-  for (const RankKey& k : keys) names.push_back(k.key);
+  std::vector<std::string> values(keys.size());
+  std::vector<size_t> waiting(keys.size());  // indexes into keys of those not read yet
+  for (size_t i = 0; i < keys.size(); ++i) waiting[i] = i;
+  // Without an exit watch there is nothing to look at between slices but the notice.
+  const Millis slice = peers.exits ? kFormSlice
+                                   : (peers.notice_every.count() > 0 ? peers.notice_every : timeout);
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   auto next_notice = start + peers.notice_every;
   for (;;) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    std::vector<RankKey> pending;
+    std::vector<std::string> names;
+    for (size_t i : waiting) {
+      pending.push_back(keys[i]);
+      names.push_back(keys[i].key);
+    }
     try {
-      return store.multi_get(names, std::clamp(left, Millis(1), kSlice));
+      const auto got = store.multi_get(names, std::clamp(left, Millis(1), slice));
+      for (size_t j = 0; j < waiting.size(); ++j) values[waiting[j]] = got[j];
+      return values;
     } catch (const rdzv::StoreTimeout& e) {
-      const std::vector<int> missing = missing_ranks(store, keys, e);
+      const std::vector<int> missing = missing_ranks(store, pending, e);
       peers.throw_if_exited(missing);
+      // Keep what arrived: the next slice fetches only the keys still missing.
+      if (peers.exits && missing.size() < pending.size()) {
+        const std::unordered_set<int> absent(missing.begin(), missing.end());
+        std::vector<size_t> still;
+        std::vector<std::string> present_names;
+        std::vector<size_t> present;
+        for (size_t j = 0; j < pending.size(); ++j) {
+          if (absent.count(pending[j].rank) != 0) {
+            still.push_back(waiting[j]);
+          } else {
+            present.push_back(waiting[j]);
+            present_names.push_back(pending[j].key);
+          }
+        }
+        const auto got = store.multi_get(present_names, Millis(1000));  // all there already
+        for (size_t j = 0; j < present.size(); ++j) values[present[j]] = got[j];
+        waiting = std::move(still);
+      }
       const auto now = Clock::now();
       if (now >= deadline) {
         throw Timeout("process group: ranks " + rank_list(missing) + " did not join within " +

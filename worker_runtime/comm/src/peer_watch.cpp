@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -35,7 +36,8 @@ std::string PeerWatch::record_of(int pid) {
 }
 
 PeerWatch::PeerWatch(rdzv::Store& store, int rank, int size, Millis timeout, GroupPeers peers)
-    : group_(std::move(peers)), rank_(rank), size_(size) {
+    : group_(std::move(peers)), rank_(rank), size_(size),
+      exit_seen_ns_(new std::atomic<int64_t>[static_cast<size_t>(std::max(size, 1))]()) {
   const auto records = exchange_all(store, contract::group_keys::exchange(contract::group_keys::kWatch), rank, size,
                                     record_of(static_cast<int>(::getpid())), timeout, group_);
   const std::string here = host_identity();
@@ -79,15 +81,23 @@ void PeerWatch::close_all() {
 
 // A peer whose exit ddprun published, once that is known for kExitGrace: an exit may
 // come right after the peer's part of an operation that is still finishing here.
-int PeerWatch::published_exit() const {
+// The grace runs per rank, from when this watch first saw that rank's exit.
+bool PeerWatch::past_grace(int rank) const {
   constexpr int64_t kExitGraceNs = 300'000'000;
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  int64_t seen = 0;
+  std::atomic<int64_t>& first = exit_seen_ns_[static_cast<size_t>(rank)];
+  if (first.compare_exchange_strong(seen, now)) seen = now;
+  return now - seen >= kExitGraceNs;
+}
+
+int PeerWatch::published_exit(int only) const {
   if (!group_.exits || group_.exits->generation() == 0) return -1;
-  for (int r = 0; r < size_; ++r) {
+  const int begin = only >= 0 ? only : 0;
+  const int end = only >= 0 ? std::min(only + 1, size_) : size_;
+  for (int r = begin; r < end; ++r) {
     if (r == rank_ || !group_.exits->exited(group_.global(r))) continue;
-    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    int64_t seen = 0;
-    if (exit_seen_ns_.compare_exchange_strong(seen, now)) seen = now;
-    return now - seen >= kExitGraceNs ? r : -1;
+    if (past_grace(r)) return r;
   }
   return -1;
 }
@@ -97,19 +107,23 @@ std::string PeerWatch::how_gone(int rank) const {
   return "peer " + describe(rank) + " exited";
 }
 
-int PeerWatch::dead_peer() const {
-  if (peers_.empty()) return published_exit();
+int PeerWatch::dead_peer(int only) const {
+  if (peers_.empty()) return published_exit(only);
   std::vector<pollfd> fds;
   fds.reserve(peers_.size());
   for (const Peer& p : peers_) {
+    if (only >= 0 && p.rank != only) continue;
     if (p.gone) return p.rank;
     fds.push_back(pollfd{p.fd, POLLIN, 0});
   }
-  if (::poll(fds.data(), fds.size(), 0) > 0) {
-    for (size_t i = 0; i < fds.size(); ++i)
-      if (fds[i].revents != 0) return peers_[i].rank;
+  if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
+    for (const pollfd& f : fds) {
+      if (f.revents == 0) continue;
+      for (const Peer& p : peers_)
+        if (p.fd == f.fd) return p.rank;
+    }
   }
-  return published_exit();
+  return published_exit(only);
 }
 
 std::string PeerWatch::describe(int rank) const {
@@ -123,6 +137,7 @@ std::shared_ptr<PeerWatch> PeerWatch::narrow(const std::vector<int>& ranks) cons
   std::shared_ptr<PeerWatch> sub(new PeerWatch());
   sub->group_ = group_.narrow(ranks);
   sub->size_ = static_cast<int>(ranks.size());
+  sub->exit_seen_ns_.reset(new std::atomic<int64_t>[std::max<size_t>(ranks.size(), 1)]());
   sub->rank_ = -1;  // this rank's place in the subgroup: set below when a member
   for (size_t i = 0; i < ranks.size(); ++i)
     if (ranks[i] == rank_) sub->rank_ = static_cast<int>(i);

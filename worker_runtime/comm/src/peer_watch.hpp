@@ -38,11 +38,12 @@ class PeerWatch {
   static std::string record_of(int pid);
 
   // The group rank of a watched peer that has exited, or -1. Never blocks.
-  int dead_peer() const;
+  // `only`: the one rank a point-to-point call waits on; -1: every rank (a collective).
+  int dead_peer(int only = -1) const;
   // "rank 3 (pid 4711 on node-b)".
   std::string describe(int rank) const;
   // How dead_peer() `rank` is gone: "rank 3 exited with code 0 at 12:00:01.234 on node 1
-  // (node-b), while this rank waits for it" (a call's name may follow: " in all_reduce"),
+  // (node-b), while this rank waits for it" (a call may follow: " in all_reduce #57 of group 0"),
   // or "peer rank 3 (pid 4711 on node-b) exited".
   std::string how_gone(int rank) const;
   // How many peers are watched (those on this host).
@@ -54,7 +55,8 @@ class PeerWatch {
 
  private:
   PeerWatch() = default;
-  int published_exit() const;
+  int published_exit(int only) const;
+  bool past_grace(int rank) const;  // its published exit has been known for the grace
   void watch_local_peers(const std::vector<std::string>& records, int rank, const std::string& here);
   void close_all();
   struct Peer {
@@ -68,7 +70,8 @@ class PeerWatch {
   GroupPeers group_;  // the group's ranks in the job and their published exits
   int rank_ = 0;
   int size_ = 0;
-  mutable std::atomic<int64_t> exit_seen_ns_{0};  // steady clock when an exit was first seen
+  // By group rank: the steady clock when its published exit was first seen (0: not yet).
+  std::unique_ptr<std::atomic<int64_t>[]> exit_seen_ns_;
 };
 
 }  // namespace ddp::detail

@@ -59,42 +59,47 @@ contract::ProgressRecord ProgressPublisher::snapshot(int rank) {
 }
 
 ProgressPublisher::ProgressPublisher(PublisherOptions options)
-    : options_(std::move(options)), owner_pid_(static_cast<int>(::getpid())) {
-  listener_ = add_failure_listener([this] {
+    : options_(std::move(options)), owner_pid_(static_cast<int>(::getpid())), state_(new State) {
+  listener_ = add_failure_listener([state = state_.get()] {
     {
-      std::lock_guard lock(mu_);
-      failed_ = true;
+      std::lock_guard lock(state->mu);
+      state->failed = true;
     }
-    cv_.notify_all();
+    state->cv.notify_all();
   });
   thread_ = std::thread([this] { loop(); });
 }
 
 ProgressPublisher::~ProgressPublisher() {
-  remove_failure_listener(listener_);
-  if (static_cast<int>(::getpid()) != owner_pid_) {  // a forked child: the thread is the parent's
+  if (static_cast<int>(::getpid()) != owner_pid_) {
+    // A forked child (exiting): the thread is the parent's, and the listener registry's
+    // mutex may have been held by another parent thread at the fork, so it is left alone.
+    // So is the state: its condition variable counts the parent thread's wait, and
+    // destroying it would wait for that thread forever (glibc).
     thread_.detach();
+    (void)state_.release();
     return;
   }
+  remove_failure_listener(listener_);
   std::shared_ptr<rdzv::TcpStore> client;
   {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    client = client_;
+    std::lock_guard lock(state_->mu);
+    state_->stopping = true;
+    client = state_->client;
   }
-  cv_.notify_all();
+  state_->cv.notify_all();
   if (client) client->abort();  // a set in flight returns at once
   thread_.join();
 }
 
 void ProgressPublisher::loop() {
-  std::unique_lock lock(mu_);
-  while (!stopping_) {
-    failed_ = false;
+  std::unique_lock lock(state_->mu);
+  while (!state_->stopping) {
+    state_->failed = false;
     lock.unlock();
     publish();
     lock.lock();
-    cv_.wait_for(lock, options_.interval, [&] { return stopping_ || failed_; });
+    state_->cv.wait_for(lock, options_.interval, [&] { return state_->stopping || state_->failed; });
   }
 }
 
@@ -102,8 +107,8 @@ void ProgressPublisher::publish() {
   const std::string record = snapshot(options_.rank).encode();
   std::shared_ptr<rdzv::TcpStore> client;
   {
-    std::lock_guard lock(mu_);
-    client = client_;
+    std::lock_guard lock(state_->mu);
+    client = state_->client;
   }
   if (!client) {
     try {
@@ -111,15 +116,15 @@ void ProgressPublisher::publish() {
     } catch (const std::exception&) {
       return;  // the store is gone (or not yet there): try again next tick
     }
-    std::lock_guard lock(mu_);
-    if (stopping_) return;
-    client_ = client;
+    std::lock_guard lock(state_->mu);
+    if (state_->stopping) return;
+    state_->client = client;
   }
   try {
     client->set(options_.key, record);
   } catch (const std::exception&) {
-    std::lock_guard lock(mu_);
-    if (client_ == client) client_.reset();  // reconnect next tick
+    std::lock_guard lock(state_->mu);
+    if (state_->client == client) state_->client.reset();  // reconnect next tick
   }
 }
 

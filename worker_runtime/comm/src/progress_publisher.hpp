@@ -47,11 +47,15 @@ class ProgressPublisher {
   int listener_ = -1;  // the failure listener's handle
   int owner_pid_;      // a forked child must not join a thread it does not have
 
-  std::mutex mu_;      // guards the fields below; never held during store I/O
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  bool failed_ = false;  // a call failed since the last publish
-  std::shared_ptr<rdzv::TcpStore> client_;
+  // What the thread shares; on the heap so that a forked child can leave it alone.
+  struct State {
+    std::mutex mu;  // guards the fields below; never held during store I/O
+    std::condition_variable cv;
+    bool stopping = false;
+    bool failed = false;  // a call failed since the last publish
+    std::shared_ptr<rdzv::TcpStore> client;
+  };
+  std::unique_ptr<State> state_;
   std::thread thread_;
 };
 

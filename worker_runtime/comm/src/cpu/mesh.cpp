@@ -37,7 +37,6 @@ constexpr size_t kMinRingBytes = 256 << 10;
 constexpr size_t kMaxRingBytes = 4 << 20;
 constexpr int kSocketBufferBytes = 4 << 20;
 constexpr size_t kStagingBytes = Mesh::staging_bytes();
-constexpr int kFormSliceMs = 200;  // forming: between looks at the exits of ranks still missing
 
 [[noreturn]] void fail(const std::string& what) { throw Error("process group: " + what); }
 [[noreturn]] void fail_errno(const std::string& what) { fail(what + ": " + std::strerror(errno)); }
@@ -342,7 +341,8 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
   while (expected_accepts > 0) {
     pollfd p{listen_fd, POLLIN, 0};
     // In slices, looking at the exits of the ranks still to connect between them.
-    if (Clock::now() >= deadline || ::poll(&p, 1, std::min(ms_until(deadline), kFormSliceMs)) <= 0) {
+    const int slice = static_cast<int>(detail::kFormSlice.count());
+    if (Clock::now() >= deadline || ::poll(&p, 1, std::min(ms_until(deadline), slice)) <= 0) {
       std::vector<int> waiting;
       std::string missing;
       for (int r = rank_ + 1; r < size_; ++r) {

@@ -119,9 +119,9 @@ bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == nc
 // ---------------------------------------------------------------------------------
 class NcclWork final : public Work::State {
  public:
-  NcclWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, Clock::time_point deadline, std::string what,
+  NcclWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, Clock::time_point deadline, CallId call,
            Millis timeout)
-      : comm_(std::move(comm)), event_(event), deadline_(deadline), what_(std::move(what)), timeout_(timeout) {}
+      : comm_(std::move(comm)), event_(event), deadline_(deadline), call_(std::move(call)), timeout_(timeout) {}
   ~NcclWork() override { comm_->give_event(event_); }
 
   bool finished() override { return poll(); }
@@ -151,16 +151,16 @@ class NcclWork final : public Work::State {
       return true;
     }
     if (e != cudaErrorNotReady) {
-      comm_->fail(std::make_exception_ptr(Error("NCCL " + what_ + ": CUDA error: " + cudaGetErrorString(e))));
+      comm_->fail(std::make_exception_ptr(Error("NCCL " + call_.label() + ": CUDA error: " + cudaGetErrorString(e))));
       complete(comm_->broken());
       return true;
     }
-    if (auto error = comm_->check(what_)) {
+    if (auto error = comm_->check(call_)) {
       complete(error);
       return true;
     }
     if (Clock::now() >= deadline_) {
-      comm_->fail(std::make_exception_ptr(Timeout("NCCL " + what_ + " did not finish within " + ms_text(timeout_) +
+      comm_->fail(std::make_exception_ptr(Timeout("NCCL " + call_.label() + " did not finish within " + ms_text(timeout_) +
                                                   " (a peer is stuck or gone); the communicator was aborted")));
       complete(comm_->broken());
       return true;
@@ -171,7 +171,7 @@ class NcclWork final : public Work::State {
   std::shared_ptr<Communicator> comm_;
   cudaEvent_t event_;                // recorded after the operation on the group's stream
   Clock::time_point deadline_;       // the operation's timeout, from when it was issued
-  std::string what_;                 // "all_reduce", for messages
+  CallId call_;                      // for messages, and whose peers it waits on
   Millis timeout_;
 };
 
@@ -209,11 +209,18 @@ Communicator::~Communicator() {
   release();
 }
 
-std::exception_ptr Communicator::check(const std::string& during) {
+std::string CallId::label() const {
+  std::string out = what;
+  if (seq > 0) out += " #" + std::to_string(seq);
+  if (!group.empty()) out += " of group " + group;
+  return out;
+}
+
+std::exception_ptr Communicator::check(const CallId& during) {
   if (auto e = broken()) return e;
-  if (const int dead = watch_->dead_peer(); dead >= 0) {
-    const std::string in = during.empty() ? "" : " in " + during;
-    fail(std::make_exception_ptr(PeerError(dead, "NCCL: " + watch_->how_gone(dead) + in + "; the communicator was aborted")));
+  if (const int dead = watch_->dead_peer(during.peer); dead >= 0) {
+    fail(std::make_exception_ptr(PeerError(dead, "NCCL: " + watch_->how_gone(dead) + " in " + during.label() +
+                                                     "; the communicator was aborted")));
     return broken();
   }
   ncclResult_t state = ncclSuccess;
@@ -280,8 +287,7 @@ void Communicator::release() {
   if (scratch_ != nullptr) cudaFree(scratch_);
 }
 
-std::shared_ptr<Work::State> Communicator::launch_erased(const std::string& what, Millis timeout, void* enqueue,
-                                                        EnqueueFn fn) {
+std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis timeout, void* enqueue, EnqueueFn fn) {
   if (auto e = broken()) std::rethrow_exception(e);
   auto deadline = deadline_after(timeout);
   cudaEvent_t event = take_event();
@@ -303,13 +309,13 @@ std::shared_ptr<Work::State> Communicator::launch_erased(const std::string& what
           check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
         } else if (r == ncclInProgress) {
           error = stop_.load() ? broken()
-                               : std::make_exception_ptr(Timeout("NCCL " + what + " could not be enqueued within " +
+                               : std::make_exception_ptr(Timeout("NCCL " + call.label() + " could not be enqueued within " +
                                                                  ms_text(timeout) + "; the communicator was aborted"));
         } else if (is_usage_error(r)) {
           breaks = false;
-          error = std::make_exception_ptr(InvalidArgument("NCCL " + what + ": " + nccl_text(r, comm_)));
+          error = std::make_exception_ptr(InvalidArgument("NCCL " + call.label() + ": " + nccl_text(r, comm_)));
         } else {
-          error = std::make_exception_ptr(Error("NCCL " + what + " failed: " + nccl_text(r, comm_)));
+          error = std::make_exception_ptr(Error("NCCL " + call.label() + " failed: " + nccl_text(r, comm_)));
         }
       }
     } catch (...) {
@@ -322,7 +328,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(const std::string& what
     fail(error);
     std::rethrow_exception(broken());
   }
-  return std::make_shared<NcclWork>(shared_from_this(), event, deadline, what, timeout);
+  return std::make_shared<NcclWork>(shared_from_this(), event, deadline, std::move(call), timeout);
 }
 
 ncclComm_t Communicator::split(int color, int key, Millis timeout) {

@@ -34,6 +34,17 @@ void check_cuda(cudaError_t e, const std::string& what);
 // `timeout`. Throws Timeout when not every rank joined in time, Error otherwise.
 ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout);
 
+// One call as errors name it. Cheap to copy (short strings); the name is built only
+// when an error needs it.
+struct CallId {
+  std::string what;   // "all_reduce"
+  uint64_t seq = 0;   // Op::seq (0: none)
+  std::string group;  // the group's name ("0", "0.1")
+  int peer = -1;      // the one rank a send or recv waits on; -1: every rank
+  // "all_reduce #57 of group 0".
+  std::string label() const;
+};
+
 // The group and every Work it returned hold it, so it lives while operations are
 // pending. After a timeout, an asynchronous NCCL error, the death of a peer on this
 // host or fail(), the ncclComm_t is aborted and every later call fails with the
@@ -56,8 +67,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // the communicator broke with, or InvalidArgument when NCCL refused the call
   // (the communicator stays usable then).
   template <typename Enqueue>
-  std::shared_ptr<Work::State> launch(const std::string& what, Millis timeout, Enqueue&& enqueue) {
-    return launch_erased(what, timeout, &enqueue, [](void* e, ncclComm_t c, cudaStream_t s) {
+  std::shared_ptr<Work::State> launch(CallId call, Millis timeout, Enqueue&& enqueue) {
+    return launch_erased(std::move(call), timeout, &enqueue, [](void* e, ncclComm_t c, cudaStream_t s) {
       return (*static_cast<std::remove_reference_t<Enqueue>*>(e))(c, s);
     });
   }
@@ -66,10 +77,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // communicator, or nullptr for color NCCL_SPLIT_NOCOLOR.
   ncclComm_t split(int color, int key, Millis timeout);
 
-  // The error this communicator broke with, after checking the peers (a gone peer
-  // breaks it; `during` names the call that waits, "all_reduce") and NCCL's
-  // asynchronous error state. nullptr while healthy.
-  std::exception_ptr check(const std::string& during = {});
+  // The error this communicator broke with, after checking the peers `during` waits
+  // on (a gone one breaks it; the error names the call) and NCCL's asynchronous
+  // error state. nullptr while healthy.
+  std::exception_ptr check(const CallId& during);
   // Breaks the communicator with `reason` (the first reason is kept) and aborts it.
   void fail(std::exception_ptr reason);
   std::exception_ptr broken();
@@ -79,7 +90,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
  private:
   using EnqueueFn = ncclResult_t (*)(void* enqueue, ncclComm_t comm, cudaStream_t stream);
-  std::shared_ptr<Work::State> launch_erased(const std::string& what, Millis timeout, void* enqueue, EnqueueFn fn);
+  std::shared_ptr<Work::State> launch_erased(CallId call, Millis timeout, void* enqueue, EnqueueFn fn);
   void release();
 
   std::mutex mu_;                   // serialises every NCCL call on comm_ (not thread-safe)

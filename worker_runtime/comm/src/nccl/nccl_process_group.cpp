@@ -210,7 +210,9 @@ class NcclProcessGroup final : public ProcessGroup {
   Work enqueue(const char* what, const Op& call, Enqueue&& body) {
     const CollectiveOptions& o = call.options;
     Millis timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
-    std::shared_ptr<Work::State> state = comm_->launch(what, timeout, std::forward<Enqueue>(body));
+    // A send or recv waits on its peer alone; a collective on every rank.
+    nccl::CallId id{what, call.seq, name(), is_point_to_point(call.kind) ? call.peer : -1};
+    std::shared_ptr<Work::State> state = comm_->launch(std::move(id), timeout, std::forward<Enqueue>(body));
     state->attach(call, /*keep_recorder_alive=*/true);  // its event may be seen after the group is gone
     state->mark_started(nccl::Clock::now());
     Work work(std::move(state));
