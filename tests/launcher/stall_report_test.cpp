@@ -143,6 +143,9 @@ TEST_CASE("a debugger that runs out of time is stopped and the worker it stopped
   auto pid_text = testing::read_file(dir.path() / "debugger.pid");
   pid_t debugger = static_cast<pid_t>(std::atoi(pid_text.c_str()));
   REQUIRE(debugger > 0);
+  // Gone: killed and reaped (by the report, or a moment later by whoever reaps).
+  for (int i = 0; i < 150 && !ddprun::process_state(debugger).empty(); ++i) usleep(20'000);
+  INFO("the debugger's state: " << ddprun::process_state(debugger));
   CHECK(ddprun::process_state(debugger).empty());
 }
 
