@@ -138,7 +138,8 @@ TEST_CASE("a debugger that runs out of time is stopped and the worker it stopped
   CHECK(took < 8);  // 1 s, then 1 s to detach, 1 s after the kill; margin for a loaded machine
   // The worker is continued, not left stopped.
   for (int i = 0; i < 100 && state_letter(worker.pid) == 'T'; ++i) usleep(20'000);
-  CHECK(state_letter(worker.pid) == 'S');
+  const char state = state_letter(worker.pid);
+  CHECK((state == 'S' || state == 'R'));  // running or sleeping again, not stopped (T)
   // The debugger itself is gone (killed: it ignored SIGTERM), and reaped.
   auto pid_text = testing::read_file(dir.path() / "debugger.pid");
   pid_t debugger = static_cast<pid_t>(std::atoi(pid_text.c_str()));
