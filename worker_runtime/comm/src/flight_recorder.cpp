@@ -187,6 +187,12 @@ void FlightRecorder::started(uint64_t id, RecorderClock::time_point t) {
 
 void FlightRecorder::ended(uint64_t id, bool ok, RecorderClock::time_point t) {
   Slot& s = slot(id);
+  // Already ended (the usual case: issue() settling a call its Work has marked): no
+  // claim. The id is read first, so an outcome seen here is this call's.
+  if (s.id.load(std::memory_order_acquire) == id &&
+      s.state.load(std::memory_order_acquire) >= static_cast<uint8_t>(CallState::Completed)) {
+    return;
+  }
   if (!claim(s, id)) return;
   if (s.state.load(std::memory_order_relaxed) >= static_cast<uint8_t>(CallState::Completed)) {
     s.id.store(id, std::memory_order_release);
