@@ -16,7 +16,7 @@ uint64_t get_le(const char* in, int bytes) {
 }
 
 bool known_type(uint8_t t) {
-  return (t >= 1 && t <= 2) || (t >= 10 && t <= 23) || (t >= 64 && t <= 66);
+  return (t >= 1 && t <= 2) || (t >= 10 && t <= 24) || (t >= 64 && t <= 66);
 }
 
 }  // namespace
@@ -158,6 +158,10 @@ std::string encode_request(const Request& q) {
     case Type::kMultiSet:
       key_list(true);
       break;
+    case Type::kSetWills:
+      key_list(true);
+      w.i64(q.number);
+      break;
     case Type::kDelete:
       w.bytes(q.keys.at(0));
       break;
@@ -219,6 +223,11 @@ Request decode_request(Type type, std::string_view body, const Limits& limits) {
     case Type::kMultiSet:
       keys(true);
       break;
+    case Type::kSetWills:
+      keys(true);
+      q.number = r.i64();
+      if (q.keys.size() > kMaxWills) throw ProtocolError("set_wills: more than " + std::to_string(kMaxWills) + " wills");
+      break;
     case Type::kDelete:
       q.keys.push_back(r.key());
       break;
@@ -230,7 +239,8 @@ Request decode_request(Type type, std::string_view body, const Limits& limits) {
       throw ProtocolError(std::string("a client may not send ") + type_name(type));
   }
   r.finish();
-  if ((type == Type::kGet || type == Type::kWait || type == Type::kMultiGet || type == Type::kSetWill) &&
+  if ((type == Type::kGet || type == Type::kWait || type == Type::kMultiGet || type == Type::kSetWill ||
+       type == Type::kSetWills) &&
       q.number < 0) {
     throw ProtocolError("negative timeout");
   }
@@ -272,6 +282,7 @@ const char* type_name(Type t) {
     case Type::kMultiSet: return "MULTI_SET";
     case Type::kAppend: return "APPEND";
     case Type::kSetWill: return "SET_WILL";
+    case Type::kSetWills: return "SET_WILLS";
     case Type::kGoodbye: return "GOODBYE";
     case Type::kPing: return "PING";
     case Type::kOk: return "OK";

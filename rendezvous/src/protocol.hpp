@@ -42,11 +42,15 @@ enum class Type : uint8_t {
   kSetWill = 21,   // key, value: the server compare_set()s it (if absent) when this connection drops
   kGoodbye = 22,   // clean close: the will is discarded
   kPing = 23,
+  kSetWills = 24,  // keys, values, silence: several wills at once (replacing any held)
   // server -> client
   kOk = 64,
   kError = 65,
   kTimeout = 66,
 };
+
+// The most wills one connection may hold (SET_WILLS).
+inline constexpr size_t kMaxWills = 16;
 
 // Limits a decoder enforces. The server's come from its options.
 struct Limits {
@@ -111,6 +115,7 @@ class BodyReader {
 //   HELLO        values = {namespace, client nonce, mac (empty when the client has no token)}
 //   SET, APPEND  keys = {key}, values = {value}
 //   SET_WILL     keys = {key}, values = {value}, number = silence limit in ms (0: none)
+//   SET_WILLS    keys, values (same length, at most kMaxWills), number = silence limit in ms
 //   GET          keys = {key}, number = timeout in ms
 //   ADD          keys = {key}, number = delta
 //   COMPARE_SET  keys = {key}, values = {expected, desired}

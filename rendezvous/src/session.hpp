@@ -122,7 +122,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool doomed_ = false;               // over its output cap: closes from the event loop, sends nothing more
   std::vector<std::shared_ptr<Waiter>> waiters_;
   size_t waited_keys_ = 0;            // keys across waiters_
-  std::optional<std::pair<std::string, std::string>> will_;
+  // compare_set(key, "", value) for each when the connection ends without GOODBYE.
+  std::vector<std::pair<std::string, std::string>> wills_;
+  size_t will_bytes() const;
 };
 
 // What one connection costs the memory budget from admission to close(): the Session

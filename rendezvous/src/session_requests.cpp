@@ -160,19 +160,24 @@ void Session::handle(uint32_t id, wire::Request& q) {
     case Type::kWait:
     case Type::kMultiGet:
       return start_wait(id, q);
-    case Type::kSetWill: {
-      check_value(q.values[0].size());
-      size_t old = will_ ? will_->first.size() + will_->second.size() : 0;
-      size_t now = q.keys[0].size() + q.values[0].size();
+    case Type::kSetWill:
+    case Type::kSetWills: {
+      size_t now = 0;
+      for (size_t i = 0; i < q.keys.size(); ++i) {
+        check_value(q.values[i].size());
+        now += q.keys[i].size() + q.values[i].size();
+      }
+      size_t old = will_bytes();
       require_fits(static_cast<int64_t>(now) - static_cast<int64_t>(old));
-      will_.emplace(std::move(q.keys[0]), std::move(q.values[0]));
+      wills_.clear();
+      for (size_t i = 0; i < q.keys.size(); ++i) wills_.emplace_back(std::move(q.keys[i]), std::move(q.values[i]));
       server_->budget_.store(static_cast<int64_t>(now) - static_cast<int64_t>(old));  // held in reserve
       if (q.number > 0) watch_silence(Millis(std::min(q.number, kMaxWaitMs)));
       break;
     }
     case Type::kGoodbye:
-      if (will_) server_->budget_.store(-static_cast<int64_t>(will_->first.size() + will_->second.size()));
-      will_.reset();
+      server_->budget_.store(-static_cast<int64_t>(will_bytes()));
+      wills_.clear();
       send(Type::kOk, id, {});
       closing_after_write_ = true;
       clean_close_ = true;
@@ -197,15 +202,23 @@ void Session::hello(uint32_t id, const wire::Request& q) {
   send(Type::kOk, id, wire::BodyWriter().bytes(admission.server_proof).take());
 }
 
-// The will: compare_set(key, "", value), i.e. only if nobody set the key yet.
+size_t Session::will_bytes() const {
+  size_t n = 0;
+  for (const auto& [key, value] : wills_) n += key.size() + value.size();
+  return n;
+}
+
+// The wills: compare_set(key, "", value) each, i.e. only where nobody set the key yet.
 void Session::publish_will(bool clean) noexcept {
-  if (!will_) return;
-  server_->budget_.store(-static_cast<int64_t>(will_->first.size() + will_->second.size()));  // was held in reserve
-  try {
-    if (!clean && ns_->table.find(will_->first) == nullptr) set_key(will_->first, will_->second);
-  } catch (...) {  // out of memory even for this: nothing more can be done for it
+  if (wills_.empty()) return;
+  server_->budget_.store(-static_cast<int64_t>(will_bytes()));  // was held in reserve
+  for (auto& [key, value] : wills_) {
+    try {
+      if (!clean && ns_->table.find(key) == nullptr) set_key(key, value);
+    } catch (...) {  // out of memory even for this: nothing more can be done for it
+    }
   }
-  will_.reset();
+  wills_.clear();
 }
 
 // A client with a will must be heard from (any request, PING included) at least every

@@ -296,6 +296,16 @@ void TcpStore::set_will(const std::string& key, const std::string& value, Millis
   call(request(Type::kSetWill, {key}, {value}, std::max<int64_t>(0, silence_limit.count())), Millis(0));
 }
 
+void TcpStore::set_wills(const std::vector<std::pair<std::string, std::string>>& wills, Millis silence_limit) {
+  if (wills.size() > wire::kMaxWills) throw StoreError("set_wills: more than " + std::to_string(wire::kMaxWills) + " wills");
+  std::vector<std::string> keys, values;
+  for (const auto& [key, value] : wills) {
+    keys.push_back(key);
+    values.push_back(value);
+  }
+  call(request(Type::kSetWills, keys, values, std::max<int64_t>(0, silence_limit.count())), Millis(0));
+}
+
 void TcpStore::ping() { call(request(Type::kPing), Millis(0)); }
 
 void TcpStore::close() {

@@ -142,6 +142,32 @@ TEST_CASE("a will is published when a client drops, not when it says goodbye", "
   CHECK(watcher->get("failure", 1s) == "node 2 lost");  // the first failure stays the root cause
 }
 
+TEST_CASE("several wills are each published when the connection drops, and replaced as a set", "[server]") {
+  ServerThread server;
+  auto watcher = server.client("job");
+  watcher->set("failure", "an earlier failure");
+  {
+    auto node = server.client("job");
+    node->set_wills({{"stale", "replaced before the drop"}});
+    node->set_wills({{"failure", "node 7 lost"}, {"lost/7", "1"}});
+  }  // dropped without close()
+  CHECK(watcher->get("lost/7", 5s) == "1");
+  CHECK(watcher->get("failure", 1s) == "an earlier failure");  // a will never overwrites
+  CHECK_FALSE(watcher->check({"stale"}));
+  {
+    auto node = server.client("job");
+    node->set_wills({{"lost/8", "1"}, {"failure/8", "x"}});
+    node->close();  // GOODBYE discards them all
+  }
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(watcher->check({"lost/8"}));
+  CHECK_FALSE(watcher->check({"failure/8"}));
+  auto greedy = server.client("job");
+  std::vector<std::pair<std::string, std::string>> many;
+  for (int i = 0; i < 17; ++i) many.emplace_back("w" + std::to_string(i), "v");
+  CHECK_THROWS_AS(greedy->set_wills(many), rdzv::StoreError);
+}
+
 TEST_CASE("malformed frames close only that connection, with an error", "[server][protocol]") {
   ServerThread server;
   auto bystander = server.client("job");

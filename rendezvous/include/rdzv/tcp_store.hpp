@@ -46,6 +46,10 @@ class TcpStore : public Store {
   // the server also ends the connection (and publishes the will) when it hears nothing
   // from this client for that long: keep it alive with ping().
   void set_will(const std::string& key, const std::string& value, Millis silence_limit = Millis(0));
+  // Several wills at once (at most 16), replacing those held: each key is compare_set
+  // on its own when the connection drops (an elastic node's failure notice and its
+  // "lost" mark).
+  void set_wills(const std::vector<std::pair<std::string, std::string>>& wills, Millis silence_limit = Millis(0));
 
   // A no-op round trip (keeps a will's silence limit from expiring).
   void ping();
