@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "failure_notice.hpp"
+
 namespace ddprun {
 
 // A worker's log file that ddprun could not write to the end.
@@ -41,7 +43,7 @@ struct WorkerOutcome {
 struct RemoteCause {
   std::string description;  // "rank 5 on node 1 (hostb): exited with code 3"
   int status = 1;           // the status every node exits with
-  bool worker_failure = true;  // a worker failed (a restart may help), not a node lost or stopped
+  NoticeKind kind = NoticeKind::kWorker;  // what ended the attempt there (decides a restart)
   std::string report;          // a stall report that ended the job (--stall_action=stop), whole
 };
 

@@ -1,4 +1,4 @@
-// FailureNotice's text form in the store: "node\nrank\nstatus\nhost\nwhat" (the last
+// FailureNotice's text form in the store: "node\nrank\nstatus\nkind\nhost\nwhat" (the last
 // field may not hold newlines), and the escaping of what another node wrote.
 #include "failure_notice.hpp"
 
@@ -60,16 +60,29 @@ std::string FailureNotice::encode() const {
   for (char& c : line) {
     if (c == '\n') c = ' ';
   }
-  return std::to_string(node) + "\n" + std::to_string(rank) + "\n" + std::to_string(status) + "\n" + host + "\n" + line;
+  return std::to_string(node) + "\n" + std::to_string(rank) + "\n" + std::to_string(status) + "\n" +
+         notice_kind_name(kind) + "\n" + host + "\n" + line;
+}
+
+const char* notice_kind_name(NoticeKind kind) {
+  switch (kind) {
+    case NoticeKind::kWorker: return "worker";
+    case NoticeKind::kNodeLost: return "lost";
+    case NoticeKind::kStop: return "stop";
+    case NoticeKind::kGrow: return "grow";
+    case NoticeKind::kStoreLost: return "store-lost";
+  }
+  return "stop";
 }
 
 FailureNotice FailureNotice::decode(const std::string& text) {
   FailureNotice n;
   std::istringstream in(text);
-  std::string node, rank, status;
+  std::string node, rank, status, kind;
   std::getline(in, node);
   std::getline(in, rank);
   std::getline(in, status);
+  std::getline(in, kind);
   std::getline(in, n.host);
   std::getline(in, n.what);
   n.host = printable_text(n.host);
@@ -78,6 +91,11 @@ FailureNotice FailureNotice::decode(const std::string& text) {
     n.node = std::stoi(node);
     n.rank = std::stoi(rank);
     n.status = std::stoi(status);
+    // Anything else (another version's word, bytes that are no word) ends the job: the
+    // safe reading of a notice this node does not understand.
+    for (NoticeKind k : {NoticeKind::kWorker, NoticeKind::kNodeLost, NoticeKind::kGrow}) {
+      if (kind == notice_kind_name(k)) n.kind = k;
+    }
   } catch (const std::exception&) {
     n = FailureNotice{};
     n.what = "an unreadable failure notice: " + printable_text(std::string_view(text).substr(0, 200));

@@ -8,6 +8,24 @@
 
 namespace ddprun {
 
+// What ended an attempt, which decides what comes next (job_policy.hpp):
+enum class NoticeKind {
+  kWorker,     // a worker failed: a restart may help (one of --max_restarts)
+  kNodeLost,   // a node's ddprun died, froze, was cut off, or left on a stop signal:
+               // an elastic job re-forms without it (one of --max_restarts); a fixed one ends
+  kStop,       // the job was ended on purpose (a stop signal on a fixed job, --stall_action=stop,
+               // the exit barrier's timeout): every node ends, no restart
+  kGrow,       // a new node asks to join an elastic job below MAX: the nodes re-form with it,
+               // and no restart is counted
+  kStoreLost,  // this node lost the store (its host died, or this node is cut off): seen
+               // locally only, never published; this node can take no further part
+};
+const char* notice_kind_name(NoticeKind kind);  // "worker", "lost", "stop", "grow", "store-lost"
+
+// Whether an attempt ended by `kind` uses up one of --max_restarts (torchrun's rule:
+// failures do, membership changes do not).
+inline bool consumes_restart(NoticeKind kind) { return kind != NoticeKind::kGrow; }
+
 // Who failed and how, as published in the store.
 struct FailureNotice {
   int node = -1;         // node rank that reported (or that was lost)
@@ -15,6 +33,7 @@ struct FailureNotice {
   int status = 1;        // the exit status every ddprun then exits with
   std::string host;
   std::string what;      // one line: "exited with code 3", "ddprun ... was lost"
+  NoticeKind kind = NoticeKind::kStop;
 
   std::string encode() const;
   // Another node's bytes: host and what come back as printable_text().

@@ -29,6 +29,8 @@ SingleNodeMembership::SingleNodeMembership(const LaunchPlan& plan, int store_por
 
 JobLayout SingleNodeMembership::join(int attempt) {
   JobLayout layout;
+  layout.attempt = attempt;
+  layout.restart_count = attempt;
   layout.world_size = plan_.nproc;
   layout.master_addr = plan_.options.master_addr;
   layout.master_port = plan_.master_port;

@@ -15,8 +15,8 @@ using std::chrono::seconds;
 JobPolicy::JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options)
     : plan_(plan), workers_(workers), membership_(membership), options_(std::move(options)) {}
 
-FailureNotice JobPolicy::notice(int rank, int status, std::string what) const {
-  return {options_.node_rank, rank, status, options_.hostname, std::move(what)};
+FailureNotice JobPolicy::notice(int rank, int status, std::string what, NoticeKind kind) const {
+  return {options_.node_rank, rank, status, options_.hostname, std::move(what), kind};
 }
 
 ddp::contract::ExitRecord JobPolicy::exit_record(const WorkerOutcome& w) const {
@@ -45,7 +45,8 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   } catch (const Interrupted& stop) {
     std::string sig = signal_name(stop.signal);
     membership_.publish_failure(attempt, notice(-1, 128 + stop.signal, "ddprun received " + sig +
-                                                                          " while joining the rendezvous"));
+                                                                          " while joining the rendezvous",
+                                                                      NoticeKind::kStop));
     membership_.leave(attempt, seconds(0));
     spdlog::error("received {} while joining the rendezvous; no worker was started", sig);
     return 128 + stop.signal;
@@ -53,7 +54,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
 
   std::optional<FailureNotice> winner;  // the job's first failure, once this node published one
   membership_.start_watch(attempt, [this, attempt](const FailureNotice& n) {
-    workers_.stop_for_remote(attempt, {n.describe(), n.status, n.rank >= 0, {}});
+    workers_.stop_for_remote(attempt, {n.describe(), n.status, n.kind, {}});
   });
   // The watch calls into this policy: it must stop before an exception leaves here.
   struct StopWatch {
@@ -66,13 +67,13 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
     // Other nodes see the exception too, when the worker's @record left one.
     std::string what = w.describe();
     if (auto error = read_worker_error(w.error_file); error && !error->message.empty()) what += ": " + error->message;
-    winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), std::move(what)));
+    winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), std::move(what), NoticeKind::kWorker));
   };
   // A watch may end the job (--stall_action=stop): this node's workers stop first, so
   // its own summary carries the whole report, then every other node hears of it.
   auto stop_job = [this, attempt](const JobStop& stop) {
-    workers_.stop_for_remote(attempt, {stop.headline, stop.status, false, stop.report});
-    membership_.publish_failure(attempt, notice(-1, stop.status, stop.headline));
+    workers_.stop_for_remote(attempt, {stop.headline, stop.status, NoticeKind::kStop, stop.report});
+    membership_.publish_failure(attempt, notice(-1, stop.status, stop.headline, NoticeKind::kStop));
   };
   hooks.on_started = [&](const std::vector<WorkerOutcome>& started) {
     for (AttemptWatch* w : options_.watches) w->started(attempt, layout, started, stop_job);
@@ -93,7 +94,8 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   if (result.stop_signal != 0 && !result.root_cause) {
     winner = membership_.publish_failure(
         attempt, notice(-1, 128 + result.stop_signal,
-                        "ddprun received " + signal_name(result.stop_signal) + " and stopped its workers"));
+                        "ddprun received " + signal_name(result.stop_signal) + " and stopped its workers",
+                        NoticeKind::kStop));
   } else if (result.succeeded()) {
     winner = membership_.exit_barrier(attempt);
   }
@@ -109,7 +111,7 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
   // A restart helps after a worker failure; not when a node was lost or told to stop
   // (it will not rejoin, and the others would wait out the join timeout for it).
-  bool worker_failure = result.remote ? result.remote->worker_failure : result.root_cause.has_value();
+  bool worker_failure = result.remote ? result.remote->kind == NoticeKind::kWorker : result.root_cause.has_value();
   if (result.stop_signal == 0 && worker_failure && attempt < options_.max_restarts) {
     spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, options_.max_restarts);
     return std::nullopt;
@@ -123,7 +125,7 @@ void JobPolicy::settle_root_cause(AttemptResult& result, std::optional<FailureNo
   // node's failure, or this node's own notice when it was not a worker of this node.
   bool local_worker_won = winner && result.root_cause && winner->node == options_.node_rank && winner->rank >= 0;
   if (winner && !local_worker_won && !result.remote) {
-    result.remote = RemoteCause{winner->describe(), winner->status, winner->rank >= 0, {}};
+    result.remote = RemoteCause{winner->describe(), winner->status, winner->kind, {}};
   }
 }
 

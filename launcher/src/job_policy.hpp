@@ -45,12 +45,22 @@ class Workers {
   virtual void stop_for_remote(int attempt, RemoteCause cause) = 0;
 };
 
+// Thrown by Membership::join when the job is over without this node: an elastic node
+// that arrives after the job ended (or ends while it waits to be admitted).
+struct JobOver {
+  int status = 0;       // the status the job ended with; this ddprun exits with it
+  std::string message;  // one line for the console
+};
+
 // The job's nodes, as this node takes part in them.
 class Membership {
  public:
   virtual ~Membership() = default;
-  // Joins `attempt` with every node and returns this node's view of it. Throws
-  // Interrupted when a stop signal arrives meanwhile, LaunchError when nodes do not come.
+  // Joins `attempt` with every node and returns this node's view of it. An elastic
+  // membership may join a later attempt than asked (a node that arrives while the job
+  // runs): layout.attempt says which. Throws Interrupted when a stop signal arrives
+  // meanwhile, LaunchError when nodes do not come (an elastic job: fewer than MIN
+  // within the join timeout, named in the message), JobOver when the job ended first.
   virtual JobLayout join(int attempt) = 0;
   // Until stop_watch(): calls `on_failure` (from any thread) once a failure anywhere
   // else ends `attempt`.
@@ -65,8 +75,14 @@ class Membership {
   // After this node's workers all succeeded: waits for every node's. Returns the
   // failure that ended the job instead, if any.
   virtual std::optional<FailureNotice> exit_barrier(int attempt) = 0;
-  // Leaves the job; first waits up to `linger` for the others to leave too.
+  // Leaves the job; first waits up to `linger` for the others to leave too. An elastic
+  // membership also marks this node as gone, so the others re-form without waiting for it.
   virtual void leave(int attempt, std::chrono::milliseconds linger) = 0;
+  // The job is over for every node (no restart follows `attempt`; it ends with
+  // `status`): nodes still waiting to be admitted hear of it and end too. Before leave().
+  virtual void end_job(int attempt, int status, const std::string& why) {
+    (void)attempt, (void)status, (void)why;
+  }
 };
 
 // What a watch beside the attempt (stall detection) may ask for: the job ends with
@@ -93,6 +109,9 @@ struct JobPolicyOptions {
   int node_rank = 0;
   std::string hostname;
   int max_restarts = 0;
+  // --nnodes MIN:MAX: a lost node (or one that leaves on a stop signal) re-forms the job
+  // on the others while restarts are left; a new node re-forms it without using one.
+  bool elastic = false;
   // This node hosts the store the others use: it lingers when leaving, so their last
   // answers get out before the store goes.
   bool hosts_store = false;
@@ -116,7 +135,7 @@ class JobPolicy {
   std::optional<int> run_attempt(int attempt);
   // After the workers: the job's root cause, as the other nodes agreed on it.
   void settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner);
-  FailureNotice notice(int rank, int status, std::string what) const;
+  FailureNotice notice(int rank, int status, std::string what, NoticeKind kind) const;
   ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;
 
   const LaunchPlan& plan_;

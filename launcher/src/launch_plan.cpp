@@ -183,7 +183,7 @@ void create_log_dirs(const LaunchPlan& plan, int attempt) {
 }
 
 contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                    int restart_count, const std::string& error_file) {
+                                    const std::string& error_file) {
   const LaunchOptions& o = plan.options;
   contract::WorkerEnv w;
   w.launcher = contract::Launcher::Ddprun;
@@ -191,13 +191,13 @@ contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& lay
   w.world_size = layout.world_size;
   w.local_rank = local_rank;
   w.local_world_size = plan.nproc;
-  w.group_rank = o.node_rank;
-  w.group_world_size = o.nnodes;
+  w.group_rank = layout.node_rank;
+  w.group_world_size = layout.nnodes;
   w.role_name = o.role;
   w.master_addr = layout.master_addr;
   w.master_port = layout.master_port;
   w.run_id = plan.run_id;
-  w.restart_count = restart_count;
+  w.restart_count = layout.restart_count;
   w.max_restarts = o.max_restarts;
   w.use_agent_store = false;
   w.store = layout.store;
@@ -211,9 +211,8 @@ contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& lay
 }
 
 std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                            int restart_count, const std::string& error_file) {
-  const std::map<std::string, std::string> vars =
-      worker_contract(plan, layout, local_rank, restart_count, error_file).to_env();
+                                            const std::string& error_file) {
+  const std::map<std::string, std::string> vars = worker_contract(plan, layout, local_rank, error_file).to_env();
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);

@@ -35,6 +35,10 @@ struct LaunchPlan {
 
 // What one attempt of the job looks like from this node, once every node joined.
 struct JobLayout {
+  int attempt = 0;                // the attempt joined (an elastic node may join a later one than asked)
+  int node_rank = 0;              // GROUP_RANK: this node's place among the attempt's nodes
+  int nnodes = 1;                 // GROUP_WORLD_SIZE: the attempt's nodes
+  int restart_count = 0;          // TORCHELASTIC_RESTART_COUNT: failures the job restarted after
   int world_size = 1;             // workers in the job
   int rank_offset = 0;            // global rank of this node's local rank 0
   std::string master_addr;        // MASTER_ADDR / MASTER_PORT: where rank 0 may host a store
@@ -56,12 +60,12 @@ void create_log_dirs(const LaunchPlan& plan, int attempt);
 
 // The launch contract of one worker (contract::WorkerEnv); `error_file` becomes its
 // TORCHELASTIC_ERROR_FILE (none when empty).
-contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank, int restart_count,
+contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
                                     const std::string& error_file = {});
 
 // The environment of one worker: ddprun's own environment plus its launch contract.
 std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                            int restart_count, const std::string& error_file = {});
+                                            const std::string& error_file = {});
 
 // Finds `name` as execvp would: a name with a '/' is taken as a path, otherwise
 // each PATH entry is tried. Returns the path of an executable regular file, or

@@ -15,8 +15,10 @@ namespace ddprun {
 
 struct LaunchOptions {
   std::string nproc_per_node = "1";       // "N", "gpu", "cpu" or "auto" (resolved in the plan)
-  int nnodes = 1;
-  int node_rank = 0;
+  int nnodes = 1;                         // a fixed count N, or MAX of --nnodes MIN:MAX
+  int min_nodes = 1;                      // MIN of --nnodes MIN:MAX; == nnodes for a fixed count
+  int node_rank = 0;                      // elastic: only an order hint (0 hosts the embedded store)
+  bool node_rank_given = false;           // --node_rank (or SLURM_NODEID) was given
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;         // unset: 29500, or a free port with --standalone
   bool standalone = false;
@@ -35,6 +37,8 @@ struct LaunchOptions {
   int rdzv_port = 0;
   std::string token;                      // --rdzv_token_file or DDPRUN_TOKEN; empty: none given
   double join_timeout = 600.0;            // seconds to wait for every node to join
+  double last_call_timeout = 30.0;        // elastic: seconds after MIN nodes joined before starting without MAX
+  std::vector<std::string> rdzv_conf_notes;  // --rdzv_conf keys accepted but without effect, and why
   double heartbeat_timeout = 10.0;        // seconds until a silent, unreachable node counts as failed
   double exit_barrier_timeout = 300.0;    // seconds a finished node waits for the others
   double stall_timeout = 300.0;           // seconds without a completed call before a stall report; 0: off
@@ -43,6 +47,9 @@ struct LaunchOptions {
   std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
   std::string program;
   std::vector<std::string> program_args;
+
+  // --nnodes MIN:MAX with MIN < MAX: nodes may leave and join while the job runs.
+  bool elastic() const { return min_nodes < nnodes; }
 };
 
 // What the command line asked for: a launch, or just help/version text (already printed).

@@ -116,7 +116,8 @@ JobLayout RendezvousAgent::join(int attempt) {
   try {
     // If this ddprun dies or is cut off from here on, the server publishes that for us.
     FailureNotice will{me, -1, 1, plan_.hostname,
-                       "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
+                       "ddprun was lost (killed, crashed or cut off from the store) while the job ran",
+                       NoticeKind::kNodeLost};
     store_->set_will(contract::JobKeys(attempt).failure(), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
 
     std::string address = store_->local_address();
@@ -161,6 +162,10 @@ JobLayout RendezvousAgent::join(int attempt) {
     }
 
     JobLayout layout;
+    layout.attempt = attempt;
+    layout.node_rank = me;
+    layout.nnodes = o.nnodes;
+    layout.restart_count = attempt;  // a fixed job re-forms only after a failure
     std::string node0_address;
     for (int r = 0; r < o.nnodes; ++r) {
       std::istringstream in(values[r]);
@@ -216,7 +221,8 @@ void RendezvousAgent::start_watch(int attempt, std::function<void(const FailureN
         failure_seen_ = true;
         FailureNotice lost{0, -1, 1, "",
                            "the rendezvous store at " + store_host_ + ":" + std::to_string(store_port_) +
-                               " is gone (its host died or this node is cut off): " + e.what()};
+                               " is gone (its host died or this node is cut off): " + e.what(),
+                           NoticeKind::kStoreLost};
         on_failure(lost);
         return;
       }
@@ -275,7 +281,8 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
       }
     }
   } catch (const rdzv::StoreError& e) {
-    return FailureNotice{0, -1, 1, "", std::string("exit barrier: lost the rendezvous store: ") + e.what()};
+    return FailureNotice{0, -1, 1, "", std::string("exit barrier: lost the rendezvous store: ") + e.what(),
+                         NoticeKind::kStoreLost};
   }
 }
 

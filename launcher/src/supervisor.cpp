@@ -230,7 +230,7 @@ void WorkerGroup::start() {
     Worker& w = *workers_[i];
     w.outcome.error_file = sup_.error_files_.prepare(attempt_, w.outcome.local_rank);
     std::vector<std::string> env =
-        worker_environment(plan, layout_, w.outcome.local_rank, attempt_, w.outcome.error_file);
+        worker_environment(plan, layout_, w.outcome.local_rank, w.outcome.error_file);
     SpawnRequest req{&plan.command, &env, write_ends[i].first, write_ends[i].second};
     pid_t pid = -1;
     try {

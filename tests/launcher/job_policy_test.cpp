@@ -155,7 +155,7 @@ struct Job {
 };
 
 FailureNotice other_node_worker(int rank, int status) {
-  return {1, rank, status, "hostb", "exited with code " + std::to_string(status)};
+  return {1, rank, status, "hostb", "exited with code " + std::to_string(status), ddprun::NoticeKind::kWorker};
 }
 
 }  // namespace
@@ -210,12 +210,13 @@ TEST_CASE("the restart budget ends the job after max_restarts restarts", "[job_p
 
 TEST_CASE("a lost node is not a worker failure: no restart", "[job_policy]") {
   Job job;
-  FailureNotice lost{1, -1, 1, "hostb", "ddprun was lost (killed, crashed or cut off from the store) while the job ran"};
+  FailureNotice lost{1, -1, 1, "hostb", "ddprun was lost (killed, crashed or cut off from the store) while the job ran",
+                     ddprun::NoticeKind::kNodeLost};
   job.workers.attempts = {stopped_by_remote(job.membership, lost)};
   CHECK(job.run(3) == 1);
   CHECK(job.workers.ran == std::vector<int>{0});
   REQUIRE(job.workers.told_to_stop);
-  CHECK_FALSE(job.workers.told_to_stop->worker_failure);
+  CHECK(job.workers.told_to_stop->kind == ddprun::NoticeKind::kNodeLost);
   CHECK(job.membership.published.empty());  // the cause was not ours to publish
   REQUIRE(job.summaries.size() == 1);
   CHECK_THAT(job.summaries[0], Catch::Contains("Root cause (first failure in the job, on another node") &&

@@ -89,12 +89,12 @@ TEST_CASE("another node's failure record is printed as escaped text, never raw b
   CHECK(printable_text("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");          // past U+10FFFF
 
   // A hostile job's record as it arrives from the store, through to the summary.
-  auto notice = ddprun::FailureNotice::decode("1\n-1\n1\nevil\x1b]0;pwned\x07\nrm -rf \x1b[8m\xff\xc3");
+  auto notice = ddprun::FailureNotice::decode("1\n-1\n1\nlost\nevil\x1b]0;pwned\x07\nrm -rf \x1b[8m\xff\xc3");
   ddprun::LaunchPlan plan;
   plan.run_id = "victim";
   plan.hostname = "node0";
   ddprun::AttemptResult result;
-  result.remote = ddprun::RemoteCause{notice.describe(), notice.status, false, {}};
+  result.remote = ddprun::RemoteCause{notice.describe(), notice.status, notice.kind, {}};
   std::string text = ddprun::format_failure_summary(plan, result, 0);
   INFO(text);
   CHECK_THAT(text, Catch::Contains("node 1 (evil\\x1b]0;pwned\\x07): rm -rf \\x1b[8m\\xff\\xc3"));
