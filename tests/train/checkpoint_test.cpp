@@ -1,5 +1,6 @@
-// Checkpoints: a round trip restores model, optimizer, epoch and step; damaged or
-// mismatched files are refused with a clear error and change nothing.
+// Checkpoints: a round trip restores model, optimizer, epoch, step and run id; damaged
+// or mismatched files are refused with a clear error and change nothing; files of
+// the previous format version still load.
 #include <catch2/catch.hpp>
 #include <stdlib.h>
 
@@ -60,11 +61,27 @@ std::pair<std::string, std::string> save_sgd_checkpoint(const std::string& path)
   auto model = ddp::make_mlp({{6, 5, 3}, 1});
   ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
   train(*model, opt, 1);
-  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1});
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 1, .step = 1, .run_id = "first"});
   std::ostringstream state;
   opt.save_state(state);
   return {read(path), state.str()};
 }
+
+// A checkpoint file of `version` around `payload`: the header's size and CRC-32 made
+// to fit, so that a test can change the payload and see only what it changed.
+std::string with_header(uint32_t version, const std::string& payload) {
+  std::string file = "DDPCKPT";
+  file.push_back('\0');
+  const uint64_t size = payload.size();
+  const auto crc = static_cast<uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), static_cast<uInt>(payload.size())));
+  file.append(reinterpret_cast<const char*>(&version), 4);
+  file.append(reinterpret_cast<const char*>(&size), 8);
+  file.append(reinterpret_cast<const char*>(&crc), 4);
+  return file + payload;
+}
+
+constexpr size_t kHeader = 24;
 
 }  // namespace
 
@@ -74,7 +91,7 @@ TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][
   auto model = ddp::make_mlp({{6, 5, 3}, 1});
   ddp::AdamW opt(model->parameters(), {.lr = 0.01f});
   train(*model, opt, 3);
-  ddp::save_checkpoint(path, *model, &opt, {.epoch = 2, .step = 3});
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 2, .step = 3, .run_id = "r"});
   // Only the checkpoint is left: the temporary file was renamed into place.
   CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}) == 1);
 
@@ -95,7 +112,7 @@ TEST_CASE("a checkpoint round-trips model, optimizer, epoch and step", "[train][
   // Overwriting works, and a model can be loaded without its optimizer.
   ddp::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
   train(*model, sgd, 2);
-  ddp::save_checkpoint(path, *model, &sgd, {.epoch = 5, .step = 7});
+  ddp::save_checkpoint(path, *model, &sgd, {.epoch = 5, .step = 7, .run_id = "r"});
   auto weights_only = ddp::make_mlp({{6, 5, 3}, 3});
   CHECK(ddp::load_checkpoint(path, *weights_only, nullptr).step == 7);
   CHECK(values(*weights_only) == values(*model));
@@ -145,19 +162,13 @@ TEST_CASE("bytes after a valid optimizer state are refused and leave the optimiz
   testing::TempDir dir;
   const std::string path = (dir / "model.ckpt").string();
   const auto [bytes, state] = save_sgd_checkpoint(path);
-  const size_t header = 24, state_size = state.size();
-  std::string payload = bytes.substr(header);
+  const size_t state_size = state.size();
+  std::string payload = bytes.substr(kHeader);
   const size_t size_at = payload.size() - state_size - 8;
   const uint64_t grown = state_size + 2;
   std::memcpy(payload.data() + size_at, &grown, 8);
   payload += "xx";
-  std::string file = bytes.substr(0, header);
-  const uint64_t payload_size = payload.size();
-  const auto crc = static_cast<uint32_t>(
-      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), static_cast<uInt>(payload.size())));
-  std::memcpy(file.data() + 12, &payload_size, 8);
-  std::memcpy(file.data() + 20, &crc, 4);
-  write(path, file + payload);
+  write(path, with_header(2, payload));
 
   auto target = ddp::make_mlp({{6, 5, 3}, 2});
   ddp::SGD target_opt(target->parameters(), {.lr = 0.1f, .momentum = 0.9f});
@@ -201,4 +212,52 @@ TEST_CASE("a checkpoint of another model or optimizer is refused", "[train][chec
 
   CHECK_THROWS_WITH(ddp::save_checkpoint((dir / "no/such/dir/x.ckpt").string(), *model, nullptr, {}),
                     Catch::Contains("no/such/dir"));
+}
+
+TEST_CASE("a checkpoint keeps the run id that wrote it, readable without a model", "[train][checkpoint]") {
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::AdamW opt(model->parameters(), {});
+  train(*model, opt, 2);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 4, .step = 40, .run_id = "job-7"});
+  const ddp::CheckpointInfo peeked = ddp::checkpoint_info(read(path), path);
+  CHECK(peeked.epoch == 4);
+  CHECK(peeked.step == 40);
+  CHECK(peeked.run_id == "job-7");
+  auto restored = ddp::make_mlp({{6, 5, 3}, 2});
+  CHECK(ddp::load_checkpoint(path, *restored, nullptr).run_id == "job-7");
+  CHECK(values(*restored) == values(*model));
+
+  // checkpoint_info validates the header as loading does.
+  std::string flipped = read(path);
+  flipped[flipped.size() - 3] ^= 0x01;
+  CHECK_THROWS_WITH(ddp::checkpoint_info(flipped, path), Catch::Contains(path) && Catch::Contains("checksum"));
+  // A run id that would not read back is refused when saving, not found out later.
+  CHECK_THROWS_WITH(ddp::save_checkpoint(path, *model, &opt, {.run_id = std::string(5000, 'x')}),
+                    Catch::Contains("run id"));
+  CHECK(ddp::checkpoint_info(read(path), path).run_id == "job-7");  // the old file is still there
+}
+
+TEST_CASE("a checkpoint of format version 1 (no run id) still loads", "[train][checkpoint]") {
+  // Version 1's payload is version 2's without the run id (u32 length + bytes)
+  // after epoch and step.
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*model, opt, 2);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 3, .step = 9, .run_id = "abc"});
+  std::string payload = read(path).substr(kHeader);
+  payload.erase(16, 4 + 3);
+  write(path, with_header(1, payload));
+
+  auto restored = ddp::make_mlp({{6, 5, 3}, 2});
+  ddp::SGD opt2(restored->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  const ddp::CheckpointInfo info = ddp::load_checkpoint(path, *restored, &opt2);
+  CHECK(info.epoch == 3);
+  CHECK(info.step == 9);
+  CHECK(info.run_id.empty());
+  CHECK(values(*restored) == values(*model));
+  CHECK(opt2.steps() == 2);
 }

@@ -2,7 +2,7 @@
 //
 // Layout (see ddp/checkpoint.hpp): a 24-byte header (magic, version, payload size,
 // CRC-32) and the payload:
-//   i64 epoch, i64 step, u64 parameter count,
+//   i64 epoch, i64 step, string run id (version 2 on), u64 parameter count,
 //   per parameter: string name, tensor value (binary_io::put_tensor),
 //   u8 has optimizer, and if set: u64 state size + Optimizer::save_state bytes.
 #include "ddp/checkpoint.hpp"
@@ -29,8 +29,11 @@ using binary_io::get;
 using binary_io::put;
 
 constexpr char kMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '\0'};
-constexpr uint32_t kVersion = 1;
+// Version 2 added the run id; version 1 files are still read (their run id is empty).
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 4;
+constexpr uint32_t kMaxRunId = 4096;  // binary_io::get_string's default limit
 
 uint32_t crc32_of(const std::string& bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -66,6 +69,41 @@ std::string directory_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// The payload of a checkpoint's bytes after checking the header (magic, version,
+// size, CRC-32); throws Error naming `path` otherwise.
+std::string checked_payload(const std::string& bytes, const std::string& path, uint32_t& version) {
+  if (bytes.size() < kHeaderSize) {
+    throw Error(path + ": not a checkpoint (truncated header: " + std::to_string(bytes.size()) + " bytes)");
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) throw Error(path + ": not a checkpoint (bad magic)");
+  uint64_t size;
+  uint32_t crc;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  std::memcpy(&size, bytes.data() + 12, 8);
+  std::memcpy(&crc, bytes.data() + 20, 4);
+  if (version < kOldestVersion || version > kVersion) {
+    throw Error(path + ": checkpoint version " + std::to_string(version) + ", this build reads versions " +
+                std::to_string(kOldestVersion) + " to " + std::to_string(kVersion));
+  }
+  const size_t have = bytes.size() - kHeaderSize;
+  if (size != have) {
+    throw Error(path + ": checkpoint payload is " + std::to_string(have) + " bytes, header says " +
+                std::to_string(size) + (have < size ? " (truncated)" : " (trailing bytes)"));
+  }
+  std::string body = bytes.substr(kHeaderSize);
+  if (crc32_of(body) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
+  return body;
+}
+
+// The payload's first fields (epoch, step, run id).
+CheckpointInfo get_info(std::istream& in, uint32_t version) {
+  CheckpointInfo info;
+  info.epoch = get<int64_t>(in, "epoch");
+  info.step = get<int64_t>(in, "step");
+  if (version >= 2) info.run_id = binary_io::get_string(in, "run id", kMaxRunId);
+  return info;
+}
+
 std::string read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path + ": cannot open checkpoint: " + errno_text());
@@ -89,10 +127,15 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info) {
+  if (info.run_id.size() > kMaxRunId) {
+    throw InvalidArgument(path + ": run id of " + std::to_string(info.run_id.size()) + " bytes, at most " +
+                          std::to_string(kMaxRunId) + " fit a checkpoint");
+  }
   // Payload.
   std::ostringstream payload(std::ios::binary);
   put<int64_t>(payload, info.epoch);
   put<int64_t>(payload, info.step);
+  binary_io::put_string(payload, info.run_id);
   const std::vector<Parameter*> params = model.parameters();
   put<uint64_t>(payload, params.size());
   for (const Parameter* p : params) {
@@ -154,35 +197,24 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer
 
 std::string read_checkpoint_file(const std::string& path) { return read_file(path); }
 
+CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path) {
+  uint32_t version = 0;
+  std::istringstream in(checked_payload(bytes, path, version), std::ios::binary);
+  try {
+    return get_info(in, version);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
 CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
                                      Optimizer* optimizer) {
-  if (bytes.size() < kHeaderSize) {
-    throw Error(path + ": not a checkpoint (truncated header: " + std::to_string(bytes.size()) + " bytes)");
-  }
-  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) throw Error(path + ": not a checkpoint (bad magic)");
-  uint32_t version;
-  uint64_t size;
-  uint32_t crc;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&size, bytes.data() + 12, 8);
-  std::memcpy(&crc, bytes.data() + 20, 4);
-  if (version != kVersion) {
-    throw Error(path + ": checkpoint version " + std::to_string(version) + ", this build reads version " +
-                std::to_string(kVersion));
-  }
-  const size_t have = bytes.size() - kHeaderSize;
-  if (size != have) {
-    throw Error(path + ": checkpoint payload is " + std::to_string(have) + " bytes, header says " +
-                std::to_string(size) + (have < size ? " (truncated)" : " (trailing bytes)"));
-  }
-  std::string body = bytes.substr(kHeaderSize);
-  if (crc32_of(body) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
-
+  uint32_t version = 0;
+  std::string body = checked_payload(bytes, path, version);
+  const size_t have = body.size();
   try {
     std::istringstream in(std::move(body), std::ios::binary);
-    CheckpointInfo info;
-    info.epoch = get<int64_t>(in, "epoch");
-    info.step = get<int64_t>(in, "step");
+    const CheckpointInfo info = get_info(in, version);
     const std::vector<Parameter*> params = model.parameters();
     const auto count = get<uint64_t>(in, "parameter count");
     if (count != params.size()) {

@@ -2,9 +2,10 @@
 // file, written atomically and verified when read.
 //
 // File layout (little-endian): magic "DDPCKPT\0", u32 version, u64 payload size,
-// u32 CRC-32 of the payload, then the payload: epoch and step (i64), the parameter
-// count and for each parameter its name, shape and float32 values, and the
-// optimizer's kind and state (Optimizer::save_state) if one was saved.
+// u32 CRC-32 of the payload, then the payload: epoch and step (i64), the run id
+// (version 2; version 1 files, which lack it, still load), the parameter count and
+// for each parameter its name, shape and float32 values, and the optimizer's kind
+// and state (Optimizer::save_state) if one was saved.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,9 @@ namespace ddp {
 struct CheckpointInfo {
   int64_t epoch = 0;  // e.g. the next epoch to run
   int64_t step = 0;   // optimizer steps taken so far
+  // The job that wrote it (TORCHELASTIC_RUN_ID; empty: unknown), so that a job the
+  // launcher restarts or re-forms can tell its own checkpoint from another run's.
+  std::string run_id;
 };
 
 // Writes model's parameter values, optimizer's state (when optimizer is not null)
@@ -40,6 +44,9 @@ CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer
 // naming it when it cannot), broadcasts them, and every rank loads them. `path`
 // only names the checkpoint in error messages.
 std::string read_checkpoint_file(const std::string& path);
+// The info of a checkpoint's bytes, validated as load_checkpoint_bytes validates
+// the header, without a model: whether to resume can be decided before loading.
+CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path);
 CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
                                      Optimizer* optimizer);
 
