@@ -9,6 +9,9 @@
 // schedule, evaluates on the 10,000 test images (accuracy all-reduced) and prints
 // one line per epoch from rank 0.
 //
+// --checkpoint F: rank 0 saves after every epoch; a job the launcher restarts or
+// re-forms with another world size continues from F by itself (resume.hpp).
+//
 // --device cuda trains on the GPU (a build with CUDA): each worker on the GPU its
 // NCCL communicator uses (local rank, or the only visible one), the gradient buckets
 // reduced over NCCL. The data stays on the host and each batch is copied over.
@@ -17,10 +20,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,7 @@
 #include "ddp/optim.hpp"            // AdamW, SGD
 #include "ddp/sampler.hpp"          // DistributedSampler
 #include "ddp/trace.hpp"            // --trace timeline
+#include "resume.hpp"               // resume_from_checkpoint: this run's own checkpoint, or --resume
 
 namespace {
 
@@ -52,7 +56,7 @@ struct Args {
   uint64_t seed = 0;
   std::string data = ddp::kFashionMnistDir;
   std::string checkpoint;    // written by rank 0 after every epoch
-  bool resume = false;       // continue from --checkpoint when it exists
+  bool resume = false;       // continue from --checkpoint even when another run wrote it
   std::string trace;         // Chrome trace-event JSON of the whole run
   bool no_allreduce = false; // measurement only: skip gradient averaging
   int accumulate = 1;        // micro-batches per optimizer step (no_sync for all but the last)
@@ -205,37 +209,13 @@ int train(const Args& a) {
   } else {
     throw ddp::InvalidArgument("--optimizer must be adamw or sgd, not '" + a.optimizer + "'");
   }
-  int first_epoch = 0;
-  int64_t step = 0;
-  if (a.resume && !a.checkpoint.empty()) {
-    // Rank 0 wrote the checkpoint, so rank 0 reads it and sends its bytes to every
-    // rank: all of them resume alike even where the path exists on rank 0's node only.
-    // What rank 0 sends: {kind, length} then `length` bytes: the file, or why it
-    // could not read it (so every rank fails with that reason, not "rank 0 died").
-    enum : int64_t { kNone = 0, kFile = 1, kUnreadable = 2 };
-    std::string bytes;
-    int64_t head[2] = {kNone, 0};
-    if (lead && std::filesystem::exists(a.checkpoint)) {
-      try {
-        bytes = ddp::read_checkpoint_file(a.checkpoint);
-        head[0] = kFile;
-      } catch (const ddp::Error& e) {
-        bytes = e.what();
-        head[0] = kUnreadable;
-      }
-      head[1] = static_cast<int64_t>(bytes.size());
-    }
-    pg->broadcast(ddp::view(std::span<int64_t>(head, 2)), 0);
-    bytes.resize(static_cast<size_t>(head[1]));
-    if (head[0] != kNone) pg->broadcast(ddp::Buffer{bytes.data(), bytes.size(), ddp::DType::U8}, 0);
-    if (head[0] == kUnreadable) throw ddp::Error("--resume: " + bytes);
-    if (head[0] == kFile) {
-      const auto info = ddp::load_checkpoint_bytes(bytes, a.checkpoint, *model, opt.get());
-      first_epoch = static_cast<int>(info.epoch);
-      step = info.step;
-      if (lead) std::printf("resumed from %s: epoch %d, step %lld\n", a.checkpoint.c_str(), first_epoch, static_cast<long long>(step));
-    }
-  }
+  // A restarted or re-formed job resumes by itself from its own run's checkpoint
+  // (resume.hpp), with this attempt's world: the sampler reshards below, the peak
+  // rate is scaled_lr of the new world, and the schedule's place is kept by epoch.
+  const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
+  const std::optional<ddp::CheckpointInfo> resumed = fashion_mnist::resume_from_checkpoint(
+      {.checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id}, *pg, *model, opt.get());
+  const int first_epoch = resumed ? static_cast<int>(resumed->epoch) : 0;
   ddp::DistributedDataParallel ddp_model(*model, pg, dopts);
 
   ddp::DistributedSampler sampler(train_set.size(), {.num_replicas = static_cast<size_t>(world),
@@ -245,14 +225,23 @@ int train(const Args& a) {
   const size_t micro = static_cast<size_t>(a.batch);
   const size_t per_step = micro * static_cast<size_t>(a.accumulate);
   const int64_t steps_per_epoch = static_cast<int64_t>((sampler.size() + per_step - 1) / per_step);
+  // Steps per epoch change with the world, so the step the schedule resumes at is
+  // the resumed epoch's first (equal to the saved step when the world is the same).
+  int64_t step = steps_per_epoch * first_epoch;
   ddp::WarmupCosine schedule({.base_lr = peak_lr,
                               .warmup_steps = static_cast<int64_t>(a.warmup_epochs * static_cast<double>(steps_per_epoch)),
                               .total_steps = std::max<int64_t>(1, steps_per_epoch * a.epochs),
                               .min_lr = 0.0});
   if (lead) {
-    std::printf("fashion_mnist: %d worker(s) (%s) on %s, %zu train / %zu test images, batch %d per worker, %s, peak lr %.4g\n",
+    // The restart count says which attempt of the job this is (elastic tests check it).
+    std::printf("fashion_mnist: %d worker(s) (%s) on %s, %zu train / %zu test images, batch %d per worker, %s, peak lr %.4g, "
+                "restart_count %d\n",
                 world, pg->backend().c_str(), ddp::device_name(device), train_set.size(), test_set.size(), a.batch,
-                a.optimizer.c_str(), peak_lr);
+                a.optimizer.c_str(), peak_lr, env.restart_count);
+    if (resumed) {
+      std::printf("resumed from %s at epoch %d, step %lld of %lld (world %d)\n", a.checkpoint.c_str(), first_epoch + 1,
+                  static_cast<long long>(step), static_cast<long long>(steps_per_epoch * a.epochs), world);
+    }
     std::fflush(stdout);
   }
 
@@ -324,7 +313,7 @@ int train(const Args& a) {
       std::fflush(stdout);
     }
     if (!a.checkpoint.empty() && lead) {
-      ddp::save_checkpoint(a.checkpoint, *model, opt.get(), {.epoch = epoch + 1, .step = step});
+      ddp::save_checkpoint(a.checkpoint, *model, opt.get(), {.epoch = epoch + 1, .step = step, .run_id = env.run_id});
     }
     if (!a.checkpoint.empty()) pg->barrier();  // nobody reads a half-written file next
     if (a.stop_after > 0 && epoch + 1 >= a.stop_after && epoch + 1 < a.epochs) {
@@ -369,7 +358,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed);
   app.add_option("--data", a.data, "directory of the IDX files");
   app.add_option("--checkpoint", a.checkpoint, "file rank 0 writes after every epoch");
-  app.add_flag("--resume", a.resume, "continue from --checkpoint when it exists");
+  app.add_flag("--resume", a.resume,
+               "continue from --checkpoint even when another run wrote it (this run's own is resumed without it)");
   app.add_option("--trace", a.trace, "write a Chrome trace-event JSON timeline here");
   app.add_flag("--no-allreduce", a.no_allreduce, "skip gradient averaging (for measuring overlap only)");
   app.add_option("--accumulate", a.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 1 << 16));
