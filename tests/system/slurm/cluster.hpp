@@ -20,9 +20,15 @@
 
 namespace testing {
 
+struct SlurmClusterOptions {
+  // SlurmdTimeout: how long until slurmctld declares a silent node DOWN (Slurm's
+  // default is 300 s). Until then a step with a task on a failed node does not end.
+  int slurmd_timeout_s = 300;
+};
+
 class SlurmCluster {
  public:
-  explicit SlurmCluster(int nodes) : nodes_(nodes) {
+  explicit SlurmCluster(int nodes, SlurmClusterOptions options = {}) : nodes_(nodes), options_(options) {
     if (geteuid() != 0) FAIL("Slurm tests need root to start slurmctld/slurmd in namespaces (CI runs as root)");
     try {
       start();
@@ -40,6 +46,8 @@ class SlurmCluster {
     return n.insert(0, 1, 'n');  // (not "n" + ...: GCC 12 warns falsely on that form)
   }
   std::string address(int node) const { return network_->address(node); }
+  // Fails node i as a host fails: its link goes down; its slurmd and tasks go silent.
+  void cut(int node) { network_->cut(node); }
   const std::filesystem::path& dir() const { return dir_.path(); }
 
   // argv running `command` on node i (its namespaces), with SLURM_CONF set.
@@ -114,6 +122,7 @@ class SlurmCluster {
       << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
       << "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nMpiDefault=none\n"
       << "ReturnToService=2\nKillWait=5\nSchedulerType=sched/backfill\n"
+      << "SlurmdTimeout=" << options_.slurmd_timeout_s << "\n"
       << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
       << "StateSaveLocation=" << d << "/state\n"
       << "SlurmdSpoolDir=" << d << "/spool/%n\n"
@@ -155,6 +164,7 @@ class SlurmCluster {
   }
 
   int nodes_;
+  SlurmClusterOptions options_;
   TempDir dir_;
   std::unique_ptr<NetnsCluster> network_;
   std::filesystem::path conf_;

@@ -1,5 +1,5 @@
 // ddprun under a real Slurm (slurmctld + slurmd per node, munge): batch jobs with
-// `srun ddprun`, the task-per-GPU style, and scancel.
+// `srun ddprun`, the task-per-GPU style, scancel, and an elastic job that loses a node.
 #include <catch2/catch.hpp>
 #include <signal.h>
 
@@ -9,8 +9,9 @@
 #include <regex>
 #include <sstream>
 
-#include "e2e.hpp"
 #include "cluster.hpp"
+#include "e2e.hpp"
+#include "fashion_output.hpp"
 
 using namespace testing;
 using namespace std::chrono_literals;
@@ -216,4 +217,47 @@ TEST_CASE("a failing node ends the Slurm job on all nodes with the summary in it
   // Both nodes' ddprun printed a summary naming the same root cause.
   CHECK_THAT(out, Catch::Contains("rank 3 (local_rank 1) on n1") && Catch::Contains("exited with code 7"));
   CHECK_THAT(out, Catch::Contains("rank 3 on node 1 (n1): exited with code 7"));
+}
+
+TEST_CASE("elastic srun ddprun --nnodes=2:3 in a --no-kill allocation drops a failed node and finishes on two",
+          "[slurm_cluster][elastic]") {
+  // A node fails as a host does: its link goes down. Slurm declares it DOWN after
+  // SlurmdTimeout (10 s here); ddprun re-forms on the two others within its heartbeat
+  // timeout, long before. What Slurm must be told so that it does not end the job
+  // itself (found by trying, Slurm 22.05; see the README's Slurm section):
+  //   sbatch/salloc --no-kill      else the whole job is cancelled (and requeued) when
+  //                                the node is declared DOWN;
+  //   srun --no-kill               else the step's other tasks are killed then;
+  //   srun --kill-on-bad-exit=0    else a node whose ddprun exits non-zero (a site's
+  //                                KillOnBadExit=1) ends the step.
+  SlurmCluster c(3, {.slurmd_timeout_s = 10});
+  const std::string ckpt = (c.dir() / "fm.ckpt").string();
+  auto id = submit(c, "elastic",
+                   "srun --no-kill --kill-on-bad-exit=0 " + e2e::kDdprun +
+                       " --nnodes=2:3 --nproc_per_node=1 --rdzv_conf=last_call_timeout=1 --heartbeat_timeout=3"
+                       " --max_restarts=1 " + FASHION_MNIST_BIN + " --epochs 6 --checkpoint " + ckpt + "\n",
+                   {"-N3", "--ntasks-per-node=1", "--no-kill"});
+  // Wait until the three-node job has trained an epoch, then fail node 2 (node 0
+  // holds the store and slurmctld).
+  const auto out_file = c.dir() / "elastic.out";
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  auto trained_on_three = [&] {
+    const std::string out = read_file(out_file);
+    const auto at = out.find("fashion_mnist: 3 worker(s)");
+    return at != std::string::npos && out.find("epoch 1 loss", at) != std::string::npos;
+  };
+  while (!trained_on_three() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(200ms);
+  REQUIRE(trained_on_three());
+  c.cut(2);
+  const std::string out = wait_job(c, "elastic", id, 300s);
+  INFO(out);
+  CHECK(job_state(c, id) == "COMPLETED");  // srun itself succeeded: the failed node was dropped
+  std::vector<std::pair<int, int>> attempts;
+  for (const auto& s : fashion::starts(out)) attempts.emplace_back(s.world, s.restart_count);
+  CHECK(attempts == std::vector<std::pair<int, int>>{{3, 0}, {2, 1}});
+  CHECK(fashion::resumed_at(out).size() == 1);
+  CHECK_THAT(out, Catch::Contains("RESULT world 2 "));
+  const auto acc = fashion::final_accuracy(out);
+  REQUIRE(acc);
+  CHECK(*acc >= 0.885);
 }
