@@ -213,8 +213,10 @@ int train(const Args& a) {
   // (resume.hpp), with this attempt's world: the sampler reshards below, the peak
   // rate is scaled_lr of the new world, and the schedule's place is kept by epoch.
   const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
-  const std::optional<ddp::CheckpointInfo> resumed = fashion_mnist::resume_from_checkpoint(
-      {.checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id}, *pg, *model, opt.get());
+  const fashion_mnist::ResumeOptions resume_options{
+      .checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id, .restart_count = env.restart_count};
+  const std::optional<ddp::CheckpointInfo> resumed =
+      fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model, opt.get());
   const int first_epoch = resumed ? static_cast<int>(resumed->epoch) : 0;
   ddp::DistributedDataParallel ddp_model(*model, pg, dopts);
 
@@ -305,15 +307,17 @@ int train(const Args& a) {
     total_time += dt;
     double test_loss = 0;
     if (a.eval) std::tie(acc, test_loss) = evaluate(*model, test_set, *pg, device);
+    // Saved before the epoch is reported: a job that re-forms after the line was
+    // printed resumes after that epoch.
+    if (!a.checkpoint.empty() && lead) {
+      ddp::save_checkpoint(a.checkpoint, *model, opt.get(), {.epoch = epoch + 1, .step = step, .run_id = env.run_id});
+    }
     if (lead) {
       // The epoch's training time split: waiting for communication that backward did
       // not hide, and everything else (forward, backward, optimizer, batching).
       std::printf("epoch %d loss %.4f test_acc %.4f samples_per_s %.0f time_s %.2f comm_s %.3f compute_s %.3f step_ms_median %.3f\n",
                   epoch + 1, sums[0] / sums[1], acc, sums[1] / dt, dt, comm, dt - comm, median(step_times) * 1e3);
       std::fflush(stdout);
-    }
-    if (!a.checkpoint.empty() && lead) {
-      ddp::save_checkpoint(a.checkpoint, *model, opt.get(), {.epoch = epoch + 1, .step = step, .run_id = env.run_id});
     }
     if (!a.checkpoint.empty()) pg->barrier();  // nobody reads a half-written file next
     if (a.stop_after > 0 && epoch + 1 >= a.stop_after && epoch + 1 < a.epochs) {

@@ -39,9 +39,8 @@ Decision decide(const ResumeOptions& o) {
     std::printf("not resuming: %s; starting from epoch 1\n", e.what());
     return {};
   }
-  if (o.resume) return {kFile, std::move(bytes)};
-  if (identifies_a_run(o.run_id) && info.run_id == o.run_id) return {kFile, std::move(bytes)};
-  const std::string why = identifies_a_run(o.run_id)
+  if (o.resume || own_checkpoint(o, info.run_id)) return {kFile, std::move(bytes)};
+  const std::string why = info.run_id != o.run_id
                               ? "it was written by " + run_name(info.run_id) + ", this is " + run_name(o.run_id)
                               : "this run's id '" + o.run_id + "' is not unique to it (give the launcher --rdzv_id)";
   std::printf("not resuming from %s: %s; starting from epoch 1 and overwriting it (--resume continues from it)\n",
@@ -52,6 +51,11 @@ Decision decide(const ResumeOptions& o) {
 }  // namespace
 
 bool identifies_a_run(const std::string& run_id) { return !run_id.empty() && run_id != "none"; }
+
+bool own_checkpoint(const ResumeOptions& options, const std::string& written_by) {
+  if (written_by != options.run_id) return false;
+  return identifies_a_run(options.run_id) || options.restart_count > 0;
+}
 
 std::optional<ddp::CheckpointInfo> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
                                                           ddp::Module& model, ddp::Optimizer* optimizer) {

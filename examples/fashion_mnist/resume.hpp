@@ -7,7 +7,9 @@
 // same TORCHELASTIC_RUN_ID, which stays through every restart and re-forming, where
 // TORCHELASTIC_RESTART_COUNT does not change when a node joins). A checkpoint of
 // another run is only used with --resume; without it the run says that it starts
-// afresh, and overwrites that file.
+// afresh, and overwrites that file. torchrun's default run id "none" is every such
+// job's: its checkpoint is taken as this run's only once the job has restarted
+// (a first attempt finds none of its own).
 #pragma once
 
 #include <optional>
@@ -24,11 +26,15 @@ struct ResumeOptions {
   std::string checkpoint;  // --checkpoint (empty: none, nothing to resume)
   bool resume = false;     // --resume: continue from the checkpoint whoever wrote it
   std::string run_id;      // this run's id (TORCHELASTIC_RUN_ID); empty: unknown
+  int restart_count = 0;   // TORCHELASTIC_RESTART_COUNT
 };
 
 // Whether `run_id` names one run: torchrun's default rendezvous id "none" (and an
 // empty one) is shared by unrelated jobs, so it cannot tell a checkpoint's owner.
 bool identifies_a_run(const std::string& run_id);
+
+// Whether a checkpoint stamped `written_by` is this run's own (see above).
+bool own_checkpoint(const ResumeOptions& options, const std::string& written_by);
 
 // Collective (every rank calls it): rank 0 reads the checkpoint and decides; when
 // it resumes, every rank loads the same bytes into model and optimizer and gets the

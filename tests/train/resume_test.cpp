@@ -83,23 +83,27 @@ TEST_CASE("a checkpoint of another run is not picked up without --resume, and is
   CHECK(fashion::resumed_at(c.out) == std::vector<int>{4});
   CHECK(fashion::epochs_run(c.out).empty());
 
-  // torchrun's default rendezvous id "none" is shared by unrelated jobs: not a match.
+  // torchrun's default rendezvous id "none" is shared by unrelated jobs: a first
+  // attempt does not take a "none" checkpoint as its own.
+  train(1, "none", quick);
   auto none = train(1, "none", quick);
   CHECK(none.out.find("this run's id 'none' is not unique to it") != std::string::npos);
   CHECK(fashion::epochs_run(none.out) == std::vector<int>{1, 2, 3});
 }
 
-TEST_CASE("a worker killed mid-training: ddprun restarts the job and the example resumes from its checkpoint",
-          "[ddp][checkpoint][resume]") {
-  TempDir dir;
-  const std::string ckpt = (dir / "fm.ckpt").string();
-  Process job({e2e::kDdprun, "--nproc_per_node=2", "--max_restarts", "1", kFashion, "--epochs", "6", "--checkpoint",
-               ckpt});
+// Starts the job, kills one of its fashion_mnist workers (a descendant of the
+// launcher `job`) once epoch 2 is reported, and checks what the job printed: a
+// second start with restart count 1 that resumed after the last saved epoch, and
+// training to the end at the accuracy target.
+void kill_a_worker_and_check_resume(Process& job) {
   REQUIRE(job.wait_for_stdout([](const std::string& out) { return out.find("epoch 2 loss") != std::string::npos; },
                               120s));
-  std::vector<pid_t> workers;
-  for (pid_t p : child_pids(job.pid())) {
+  std::vector<pid_t> workers, look = child_pids(job.pid());
+  while (!look.empty()) {  // torchrun's workers may be grandchildren
+    const pid_t p = look.back();
+    look.pop_back();
     if (command_name(p) == "fashion_mnist") workers.push_back(p);
+    for (pid_t c : child_pids(p)) look.push_back(c);
   }
   REQUIRE(workers.size() == 2);
   ::kill(workers.back(), SIGKILL);
@@ -122,4 +126,23 @@ TEST_CASE("a worker killed mid-training: ddprun restarts the job and the example
   const auto acc = fashion::final_accuracy(job.out());
   REQUIRE(acc);
   CHECK(*acc >= kTargetAccuracy);
+}
+
+TEST_CASE("a worker killed mid-training: ddprun restarts the job and the example resumes from its checkpoint",
+          "[ddp][checkpoint][resume]") {
+  TempDir dir;
+  Process job({e2e::kDdprun, "--nproc_per_node=2", "--max_restarts", "1", kFashion, "--epochs", "6", "--checkpoint",
+               (dir / "fm.ckpt").string()});
+  kill_a_worker_and_check_resume(job);
+}
+
+TEST_CASE("under torchrun (run id 'none') a restarted job resumes from its checkpoint without --resume",
+          "[ddp][checkpoint][resume][torchrun]") {
+  // Debian's torchrun; its default rendezvous id "none" is every job's, so only a
+  // restart (TORCHELASTIC_RESTART_COUNT > 0) takes a "none" checkpoint as its own.
+  TempDir dir;
+  Process job({"/usr/bin/python3", TORCHRUN_PY, "--nproc_per_node=2", "--max_restarts=1", "--monitor_interval=0.1",
+               "--master_port", std::to_string(e2e::free_port()), "--no_python", kFashion, "--epochs", "6",
+               "--checkpoint", (dir / "fm.ckpt").string()});
+  kill_a_worker_and_check_resume(job);
 }
