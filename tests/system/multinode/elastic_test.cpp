@@ -308,5 +308,6 @@ TEST_CASE("elastic 2:3: a node that joins and dies three times within a minute d
   REQUIRE(!epochs.empty());
   CHECK(*std::max_element(epochs.begin(), epochs.end()) == 40);
   CHECK(out.find("RESULT world 2 ") != std::string::npos);
+  CHECK(job.starts_of(2) >= 3);  // it re-formed on two after the first and the last flap
   for (const auto& start : s) CHECK(start.restart_count <= 3);
 }
