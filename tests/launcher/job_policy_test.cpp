@@ -53,9 +53,14 @@ class FakeMembership : public ddprun::Membership {
   std::function<void(const FailureNotice&)> watcher;     // set between start_watch and stop_watch
   int watches = 0, unwatches = 0;
 
-  ddprun::JobLayout join(int) override {
+  std::vector<int> joins;                                // attempts asked for
+  ddprun::JobLayout join(int attempt) override {
+    joins.push_back(attempt);
     if (signal_during_join != 0) throw ddprun::Interrupted{signal_during_join};
-    return {};
+    ddprun::JobLayout layout;  // a fixed job's: the attempt asked, one restart per attempt
+    layout.attempt = layout.restart_count = attempt;
+    layout.node_rank = kMe;
+    return layout;
   }
   void start_watch(int, std::function<void(const FailureNotice&)> on_failure) override {
     ++watches;
@@ -242,7 +247,7 @@ TEST_CASE("a stop signal during the join publishes it and starts no worker", "[j
   job.membership.signal_during_join = SIGTERM;
   CHECK(job.run(3) == 128 + SIGTERM);
   CHECK(job.workers.ran.empty());
-  CHECK(job.workers.prepared == std::vector<int>{0});
+  CHECK(job.workers.prepared.empty());  // readied only once joined
   REQUIRE(job.membership.published.size() == 1);
   const FailureNotice& n = job.membership.published[0];
   CHECK(n.node == kMe);
