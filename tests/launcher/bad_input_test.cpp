@@ -37,6 +37,10 @@ TEST_CASE("invalid flag values are usage errors (exit 2)", "[e2e][bad_input]") {
   expect_refusal({"--nproc_per_node=0"}, 2, "--nproc_per_node");
   expect_refusal({"--nproc_per_node=lots"}, 2, "--nproc_per_node");
   expect_refusal({"--nnodes=2", "--standalone"}, 2, "single-node");
+  expect_refusal({"--nnodes=1:2", "--standalone"}, 2, "elastic job");
+  expect_refusal({"--nnodes=2:1"}, 2, "--nnodes");
+  expect_refusal({"--rdzv_conf=join_timeout=soon"}, 2, "--rdzv_conf");
+  expect_refusal({"--rdzv_conf=shard=3"}, 2, "unknown key 'shard'");
   expect_refusal({"--rdzv_endpoint=daemon:29400"}, 2, "--rdzv_id");
   expect_refusal({"--node_rank=3"}, 2, "--node_rank");
   expect_refusal({"--master_port=65536"}, 2, "--master_port");
