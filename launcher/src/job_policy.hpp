@@ -125,7 +125,7 @@ class AttemptWatch {
 };
 
 struct JobPolicyOptions {
-  int node_rank = 0;
+  int node_rank = 0;  // --node_rank; once joined, notices name the rank the attempt gave (layout.node_rank)
   std::string hostname;
   int max_restarts = 0;
   // --nnodes MIN:MAX: a lost node (or one that leaves on a stop signal) re-forms the job
