@@ -121,7 +121,19 @@ TEST_CASE("help and version exit 0", "[e2e][bad_input]") {
   CHECK(h.status == 0);
   CHECK_THAT(h.out, Catch::Contains("Usage: ddprun [options] PROGRAM [ARGS...]"));
   CHECK_THAT(h.out, Catch::Contains("--nproc_per_node,--nproc-per-node"));
+  CHECK_THAT(h.out, Catch::Contains("a node lost or leaving uses one restart; a node joining uses none"));
   auto v = run(e2e::ddprun({"--version"}));
   CHECK(v.status == 0);
   CHECK_THAT(v.out, Catch::StartsWith("ddprun "));
+}
+
+TEST_CASE("torchrun's rdzv_conf keys without effect are named at start and the job runs", "[e2e][bad_input]") {
+  auto r = run(e2e::ddprun({"--standalone", "--rdzv_conf=close_timeout=5,keep_alive_interval=2", e2e::kWorker, "env",
+                            "RANK"}),
+               {}, 30s);
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("ddprun: info: --rdzv_conf close_timeout has no effect: ") &&
+                        Catch::Contains("ddprun: info: --rdzv_conf keep_alive_interval has no effect: "));
+  CHECK_THAT(r.out, Catch::Contains("RANK=0"));
 }
