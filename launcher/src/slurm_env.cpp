@@ -18,7 +18,7 @@ std::vector<std::string> apply_slurm_step(LaunchOptions& o, const ExplicitFlags&
   const std::string& nodes_var = step->nnodes_var;
 
   if (!given.nnodes && nnodes >= 1) {
-    o.nnodes = static_cast<int>(nnodes);
+    o.nnodes = o.min_nodes = static_cast<int>(nnodes);  // a fixed count: elastic only with --nnodes MIN:MAX
     notes.push_back("nnodes=" + std::to_string(nnodes) + " from " + nodes_var);
   }
   if (!given.node_rank) {

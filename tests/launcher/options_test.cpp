@@ -1,6 +1,9 @@
 // Command-line parsing: torchrun's flags in both spellings, and one clear
 // UsageError for each kind of bad value.
 #include <catch2/catch.hpp>
+#include <stdlib.h>
+
+#include <map>
 
 #include "errors.hpp"
 #include "options.hpp"
@@ -201,4 +204,36 @@ TEST_CASE("rdzv_conf: torchrun's keys, the --join_timeout flag wins, ignored key
   // A bad key's message lists the keys there are.
   CHECK_THAT(usage_error({"--rdzv_conf=rdzv_timeout=3", "p"}),
              Catch::Contains("the keys are join_timeout, timeout, last_call_timeout, close_timeout"));
+}
+
+namespace {
+
+// A Slurm job step's variables for the scope of a test (the process had none before).
+struct SlurmStep {
+  std::map<std::string, std::string> vars;
+  SlurmStep(int node, int nnodes) {
+    vars = {{"SLURM_JOB_ID", "5150"},       {"SLURM_STEP_ID", "0"},
+            {"SLURM_NNODES", std::to_string(nnodes)}, {"SLURM_STEP_NUM_NODES", std::to_string(nnodes)},
+            {"SLURM_NODEID", std::to_string(node)},   {"SLURM_STEP_NODELIST", "n[0-1]"},
+            {"SLURM_JOB_NODELIST", "n[0-1]"},         {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}};
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~SlurmStep() {
+    for (const auto& [k, v] : vars) unsetenv(k.c_str());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("srun ddprun: Slurm's node count is fixed, and MIN:MAX keeps Slurm's node order", "[options]") {
+  SlurmStep step(1, 2);
+  auto fixed = parse({"p"});
+  CHECK(fixed.nnodes == 2);
+  CHECK_FALSE(fixed.elastic());  // SLURM_NNODES is a count, not a range
+  auto elastic = parse({"--nnodes=1:3", "p"});
+  CHECK(elastic.min_nodes == 1);
+  CHECK(elastic.nnodes == 3);
+  CHECK(elastic.node_rank == 1);  // from SLURM_NODEID: the order hint
+  CHECK(elastic.node_rank_given);
+  CHECK(elastic.master_addr == "n0");
 }
