@@ -164,9 +164,11 @@ std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, con
     return std::nullopt;
   }
   if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
-  if (result.stop_signal != 0) {  // this node leaves; its notice lets the others re-form
+  if (result.stop_signal != 0) {
+    // This node leaves (its notice lets the others re-form) and says why it ended: the
+    // job, and whatever failed in it, goes on without it.
     membership_.leave(attempt, linger_after_failure());
-    return result.exit_status();
+    return 128 + result.stop_signal;
   }
   const bool failure = kind == NoticeKind::kWorker || kind == NoticeKind::kNodeLost;
   if (failure && layout.restart_count < options_.max_restarts) {

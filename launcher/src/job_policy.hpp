@@ -28,8 +28,8 @@
 //     restart_count < --max_restarts the job re-forms (the membership counts the
 //     restart in the next attempt's layout), else end_job() and leave.
 //   - a stop signal on this node: it publishes kNodeLost ("left the job") so the
-//     others re-form without it, leaves and exits 128+signal. During a join it only
-//     leaves: a notice would end an attempt it never ran in.
+//     others re-form without it, leaves and exits 128+signal (whatever else failed).
+//     During a join it only leaves: a notice would end an attempt it never ran in.
 //   - kStop (stall stop, exit barrier timeout) and kStoreLost end the job as in a
 //     fixed one; end_job() tells waiting nodes, except when the store is lost.
 //   - Success: end_job(0) tells nodes waiting to be admitted that the job is over.

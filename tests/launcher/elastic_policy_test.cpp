@@ -159,6 +159,15 @@ TEST_CASE("elastic: a stop signal leaves the job to the others with a lost-node 
     CHECK(job.membership.left == Left{{0, 0s}});
     CHECK(job.summaries.size() == 1);
   }
+  SECTION("after another node's failure: still 128+signal, the job goes on without it") {
+    ElasticJob job;
+    job.membership.first_failure[0] = lost_node(2);
+    job.workers.attempts = {stopped_by(SIGTERM)};
+    CHECK(job.run(3, /*hosts_store=*/false) == 128 + SIGTERM);
+    CHECK(job.membership.published.size() == 1);  // it tried; the lost node was first
+    CHECK(job.membership.ended.empty());
+    CHECK(job.membership.left == Left{{0, 0s}});
+  }
   SECTION("while joining: it only leaves, ending no attempt") {
     ElasticJob job;
     job.membership.signal_during_join = SIGINT;
