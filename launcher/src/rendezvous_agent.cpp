@@ -304,8 +304,13 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
     if (elastic_) {
       // A finishing job is never re-formed: take the closing key before a newcomer does.
       // If one was first, its grow notice ends this attempt and the policy re-forms.
-      if (elastic_->claim_finish(attempt) != "finished") {
-        return FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), to_ms(o.heartbeat_timeout)));
+      if (std::string closing = elastic_->claim_finish(attempt); closing != "finished") {
+        try {
+          return FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), to_ms(o.heartbeat_timeout)));
+        } catch (const rdzv::StoreTimeout&) {
+          // The newcomer died between its two compare_sets: re-form all the same.
+          return FailureNotice{-1, -1, 0, "", "a new node asked to join (" + closing + ")", NoticeKind::kGrow};
+        }
       }
     }
     store_->set(done[me], "1");

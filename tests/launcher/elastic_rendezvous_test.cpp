@@ -248,7 +248,7 @@ TEST_CASE("elastic: a newcomer that asks first wins the closing key over a finis
   CHECK(joining.get().nnodes == 3);
 }
 
-TEST_CASE("elastic: below MIN for join_timeout ends the job with counts; a waiter hears it", "[elastic_rdzv]") {
+TEST_CASE("elastic: below MIN for join_timeout ends the job with counts, and a waiter hears it", "[elastic_rdzv]") {
   testing::ServerThread server;
   Node quick(server, "quick", {3, 4, -1, 0.3, 1.5});
   Node patient(server, "patient", {3, 4, -1, 0.3, 60});
