@@ -104,6 +104,8 @@ FailureNotice FailureNotice::decode(const std::string& text) {
 }
 
 std::string FailureNotice::describe() const {
+  // A node asking to join has no place in the attempt yet: its notice names it by host.
+  if (kind == NoticeKind::kGrow) return what;
   std::string where = "node " + std::to_string(node) + (host.empty() ? "" : " (" + host + ")");
   return (rank >= 0 ? "rank " + std::to_string(rank) + " on " : "") + where + ": " + what;
 }

@@ -446,7 +446,8 @@ void WorkerGroup::on_signal(int sig) {
 void WorkerGroup::on_remote_failure(RemoteCause cause) {
   if (stopping_ || done_) return;
   // A stall this node reported (it carries the report) did not happen elsewhere.
-  std::string why = (cause.report.empty() ? "the job failed elsewhere: " : "") + cause.description;
+  std::string why = cause.kind == NoticeKind::kGrow ? "the job re-forms: " + cause.description
+                    : (cause.report.empty() ? "the job failed elsewhere: " : "") + cause.description;
   remote_ = std::move(cause);
   begin_stop(SIGTERM, why);
 }
