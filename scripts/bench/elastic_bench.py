@@ -28,6 +28,8 @@ import netns_hosts  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
 DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
+DAEMON = os.path.join(BUILD, "rendezvous", "ddp-rendezvous")
+DAEMON_NODE, DAEMON_PORT = 3, 29399  # --store daemon: ddp-rendezvous alone in a 4th namespace
 PEERS = os.environ.get("DDPRUN_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
 TORCH2 = os.path.join(PEERS, "torch2")
 WORKER = os.path.join(ROOT, "scripts", "bench", "elastic_worker.py")
@@ -64,8 +66,9 @@ class Job:
         a = self.a
         worker = [WORKER, "--pg_timeout", str(a.pg_timeout)]
         if self.launcher == "ddprun":
+            daemon = [f"--rdzv_endpoint={SUBNET}.{DAEMON_NODE + 1}:{DAEMON_PORT}"] if a.store == "daemon" else []
             return [DDPRUN, "--nnodes=2:3", f"--nproc_per_node={a.nproc_per_node}", f"--node_rank={node}",
-                    f"--master_addr={SUBNET}.1", f"--master_port={self.port}", f"--rdzv_id={self.run_id}",
+                    f"--master_addr={SUBNET}.1", f"--master_port={self.port}", *daemon, f"--rdzv_id={self.run_id}",
                     f"--rdzv_conf=last_call_timeout={a.last_call_timeout:g}", "--max_restarts=3",
                     f"--heartbeat_timeout={a.heartbeat_timeout:g}", f"--grace_period={a.grace_period:g}",
                     *worker]
@@ -194,6 +197,11 @@ def run_once(a, launcher, scenario, tag, port, env):
         else:
             job.start(2)
         stamp, after = job.wait_world([0, 1, 2] if scenario == "grow" else [0, 1], t0, a.recover_timeout)
+        # Issue 14's restart rule: a lost node consumes a restart, a joining one does not.
+        # torchrun's figures are only reported (its agents count restarts each on their own).
+        expected = [before[0] + (scenario != "grow")] if len(before) == 1 else None
+        if launcher == "ddprun" and after != expected:
+            raise NoRecovery(f"restart count {counts(before)} -> {counts(after)}, expected {counts(expected or [])}")
         return stamp - t0, counts(before), counts(after)
     except NoRecovery as e:
         raise NoRecovery(f"{e}\n{job.tails()}") from None
@@ -201,6 +209,23 @@ def run_once(a, launcher, scenario, tag, port, env):
         job.stop()
         if scenario == "cut":
             link(2, "up")
+
+
+def start_daemon(a, env):
+    """ddp-rendezvous for every job of the run (each has its own --rdzv_id), waited for until it
+    accepts connections."""
+    log = open(os.path.join(a.log_dir, "ddp-rendezvous.log"), "w")
+    proc = subprocess.Popen(["ip", "netns", "exec", ns(DAEMON_NODE), DAEMON, f"--port={DAEMON_PORT}",
+                             f"--heartbeat_timeout={a.heartbeat_timeout:g}"], stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        probe = subprocess.run(["ip", "netns", "exec", ns(0), "bash", "-c",
+                                f"exec 3<>/dev/tcp/{SUBNET}.{DAEMON_NODE + 1}/{DAEMON_PORT}"], capture_output=True)
+        if probe.returncode == 0:
+            return proc
+        time.sleep(0.1)
+    sys.exit(f"elastic bench: ddp-rendezvous did not start (see {log.name})")
 
 
 def torch2_env():
@@ -216,8 +241,9 @@ def target(a, scenario):
 
 def report(a, results, failures):
     print()
+    store = "node 0's embedded store" if a.store == "node0" else "ddp-rendezvous in a 4th namespace"
     print(f"elastic recovery, 3 nodes at --nnodes 2:3 (network namespaces), {a.nproc_per_node} torch DDP "
-          f"worker(s) per node (gloo); ddprun: node 0's embedded store, last_call_timeout "
+          f"worker(s) per node (gloo); ddprun: {store}, last_call_timeout "
           f"{a.last_call_timeout:g} s, heartbeat {a.heartbeat_timeout:g} s, grace {a.grace_period:g} s; "
           f"torchrun 2.15: c10d on node 0, last_call_timeout "
           f"{'default (30 s)' if a.torchrun_last_call_timeout is None else f'{a.torchrun_last_call_timeout:g} s'}"
@@ -259,6 +285,8 @@ def main():
     ap.add_argument("--torchrun_scenarios", default="kill,grow",
                     help="the scenarios torchrun runs too (a cut leaves its survivors in gloo's timeout)")
     ap.add_argument("--nproc_per_node", type=int, default=1)
+    ap.add_argument("--store", choices=["node0", "daemon"], default="node0",
+                    help="ddprun's store: node 0's embedded one, or a ddp-rendezvous daemon in a 4th namespace")
     ap.add_argument("--heartbeat_timeout", type=float, default=5.0)
     ap.add_argument("--grace_period", type=float, default=2.0)
     ap.add_argument("--last_call_timeout", type=float, default=1.0, help="ddprun's --rdzv_conf last_call_timeout")
@@ -283,8 +311,9 @@ def main():
                  f"{','.join(SCENARIOS)}; --runs and --nproc_per_node >= 1)")
     if os.geteuid() != 0:
         sys.exit("elastic bench: needs root (network namespaces)")
-    if "ddprun" in a.launchers and not os.access(DDPRUN, os.X_OK):
-        sys.exit(f"elastic bench: {DDPRUN} is missing: build first (BUILD_DIR names another build)")
+    for program in [DDPRUN] + ([DAEMON] if a.store == "daemon" else []):
+        if "ddprun" in a.launchers and not os.access(program, os.X_OK):
+            sys.exit(f"elastic bench: {program} is missing: build first (BUILD_DIR names another build)")
     keep_logs = a.log_dir is not None
     a.log_dir = a.log_dir or tempfile.mkdtemp(prefix="ddprun-elastic-bench-")
     os.makedirs(a.log_dir, exist_ok=True)
@@ -295,8 +324,11 @@ def main():
                LD_LIBRARY_PATH=t2["LD_LIBRARY_PATH"])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("elastic bench: terminated"))
     results, failures, port = {}, {}, 29400
-    netns_hosts.make_hosts(PREFIX, SUBNET, NODES)
+    hosts = NODES + (a.store == "daemon")
+    netns_hosts.make_hosts(PREFIX, SUBNET, hosts)
     try:
+        if a.store == "daemon":
+            start_daemon(a, env)
         for i in range(a.runs):
             # Alternate which launcher goes first, so outside load hits both alike.
             order = a.launchers if i % 2 == 0 else a.launchers[::-1]
@@ -319,9 +351,9 @@ def main():
                     say(f"run {i + 1}/{a.runs} {SCENARIOS[scenario]}, {launcher}: running again after "
                         f"{secs:.2f} s (restart count {before} -> {after})")
     finally:
-        for n in range(NODES):
+        for n in range(hosts):
             kill_namespace(n)
-        netns_hosts.remove_hosts(PREFIX, NODES)
+        netns_hosts.remove_hosts(PREFIX, hosts)
     report(a, results, failures)
     if keep_logs:
         print(f"logs: {a.log_dir}")
