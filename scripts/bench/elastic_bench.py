@@ -190,7 +190,9 @@ def run_once(a, launcher, scenario, tag, port, env):
         _, before = job.wait_world(first_nodes, 0, a.start_timeout)
         time.sleep(a.settle)  # a few training steps, so the event hits collectives in flight
         t0 = time.time()
-        if scenario == "kill":
+        if scenario == "kill" and a.kill == "launcher":
+            job.procs[2].send_signal(signal.SIGKILL)  # `ip netns exec` and torch2 exec: this is the launcher
+        elif scenario == "kill":
             kill_namespace(2)
         elif scenario == "cut":
             link(2, "down")
@@ -243,7 +245,8 @@ def report(a, results, failures):
     print()
     store = "node 0's embedded store" if a.store == "node0" else "ddp-rendezvous in a 4th namespace"
     print(f"elastic recovery, 3 nodes at --nnodes 2:3 (network namespaces), {a.nproc_per_node} torch DDP "
-          f"worker(s) per node (gloo); ddprun: {store}, last_call_timeout "
+          f"worker(s) per node (gloo), SIGKILL to {'all of node 2' if a.kill == 'node' else 'the launcher'}; "
+          f"ddprun: {store}, last_call_timeout "
           f"{a.last_call_timeout:g} s, heartbeat {a.heartbeat_timeout:g} s, grace {a.grace_period:g} s; "
           f"torchrun 2.15: c10d on node 0, last_call_timeout "
           f"{'default (30 s)' if a.torchrun_last_call_timeout is None else f'{a.torchrun_last_call_timeout:g} s'}"
@@ -285,6 +288,9 @@ def main():
     ap.add_argument("--torchrun_scenarios", default="kill,grow",
                     help="the scenarios torchrun runs too (a cut leaves its survivors in gloo's timeout)")
     ap.add_argument("--nproc_per_node", type=int, default=1)
+    ap.add_argument("--kill", choices=["node", "launcher"], default="node",
+                    help="kill: every process of node 2 at once (the host dies), or its launcher alone "
+                         "(its workers are left to the launcher's design)")
     ap.add_argument("--store", choices=["node0", "daemon"], default="node0",
                     help="ddprun's store: node 0's embedded one, or a ddp-rendezvous daemon in a 4th namespace")
     ap.add_argument("--heartbeat_timeout", type=float, default=5.0)
