@@ -48,6 +48,7 @@ class AgentMembership : public Membership {
   }
   std::optional<FailureNotice> exit_barrier(int attempt) override { return agent_.exit_barrier(attempt); }
   void leave(int attempt, std::chrono::milliseconds linger) override { agent_.leave(attempt, linger); }
+  void end_job(int, int status, const std::string& why) override { agent_.end_job(status, why); }
 
  private:
   RendezvousAgent& agent_;

@@ -13,16 +13,20 @@ namespace ddprun {
 using std::chrono::seconds;
 
 JobPolicy::JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options)
-    : plan_(plan), workers_(workers), membership_(membership), options_(std::move(options)) {}
+    : plan_(plan),
+      workers_(workers),
+      membership_(membership),
+      options_(std::move(options)),
+      node_rank_(options_.node_rank) {}
 
 FailureNotice JobPolicy::notice(int rank, int status, std::string what, NoticeKind kind) const {
-  return {options_.node_rank, rank, status, options_.hostname, std::move(what), kind};
+  return {node_rank_, rank, status, options_.hostname, std::move(what), kind};
 }
 
 ddp::contract::ExitRecord JobPolicy::exit_record(const WorkerOutcome& w) const {
   ddp::contract::ExitRecord r;
   r.rank = w.rank;
-  r.node_rank = options_.node_rank;
+  r.node_rank = node_rank_;
   r.host = options_.hostname;
   r.pid = static_cast<int>(w.pid);
   if (WIFSIGNALED(w.wait_status)) r.signal = WTERMSIG(w.wait_status);
@@ -31,26 +35,48 @@ ddp::contract::ExitRecord JobPolicy::exit_record(const WorkerOutcome& w) const {
   return r;
 }
 
+std::chrono::milliseconds JobPolicy::linger_after_failure() const {
+  return options_.hosts_store ? seconds(1) : seconds(0);
+}
+
 int JobPolicy::run() {
-  for (int attempt = 0;; ++attempt) {
-    if (std::optional<int> status = run_attempt(attempt)) return *status;
+  int attempt = 0;
+  while (true) {
+    AttemptEnd end = run_attempt(attempt);
+    if (end.status) return *end.status;
+    attempt = end.attempt + 1;
   }
 }
 
-std::optional<int> JobPolicy::run_attempt(int attempt) {
-  workers_.prepare(attempt);
+int JobPolicy::interrupted_join(int attempt, int signal) {
+  std::string sig = signal_name(signal);
+  // A fixed job cannot go on without this node: every node ends. An elastic node only
+  // leaves (marked lost, so no forming attempt waits for it): a notice would end a
+  // running attempt it never took part in.
+  if (!options_.elastic) {
+    membership_.publish_failure(attempt, notice(-1, 128 + signal, "ddprun received " + sig +
+                                                                      " while joining the rendezvous",
+                                                NoticeKind::kStop));
+  }
+  membership_.leave(attempt, seconds(0));
+  spdlog::error("received {} while joining the rendezvous; no worker was started", sig);
+  return 128 + signal;
+}
+
+JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
   JobLayout layout;
   try {
-    layout = membership_.join(attempt);
+    layout = membership_.join(asked);
   } catch (const Interrupted& stop) {
-    std::string sig = signal_name(stop.signal);
-    membership_.publish_failure(attempt, notice(-1, 128 + stop.signal, "ddprun received " + sig +
-                                                                          " while joining the rendezvous",
-                                                                      NoticeKind::kStop));
-    membership_.leave(attempt, seconds(0));
-    spdlog::error("received {} while joining the rendezvous; no worker was started", sig);
-    return 128 + stop.signal;
+    return {asked, interrupted_join(asked, stop.signal)};
+  } catch (const JobOver& over) {
+    if (over.status == 0) spdlog::info("{}", over.message);
+    else spdlog::error("{}", over.message);
+    return {asked, over.status};
   }
+  const int attempt = layout.attempt;
+  node_rank_ = layout.node_rank;
+  workers_.prepare(attempt);
 
   std::optional<FailureNotice> winner;  // the job's first failure, once this node published one
   membership_.start_watch(attempt, [this, attempt](const FailureNotice& n) {
@@ -92,10 +118,12 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   }
 
   if (result.stop_signal != 0 && !result.root_cause) {
+    // An elastic job goes on without this node; a fixed one ends everywhere.
+    const int sig = result.stop_signal;
+    const std::string said = "ddprun received " + signal_name(sig);
     winner = membership_.publish_failure(
-        attempt, notice(-1, 128 + result.stop_signal,
-                        "ddprun received " + signal_name(result.stop_signal) + " and stopped its workers",
-                        NoticeKind::kStop));
+        attempt, options_.elastic ? notice(-1, 128 + sig, said + " and left the job", NoticeKind::kNodeLost)
+                                  : notice(-1, 128 + sig, said + " and stopped its workers", NoticeKind::kStop));
   } else if (result.succeeded()) {
     winner = membership_.exit_barrier(attempt);
   }
@@ -105,9 +133,15 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
   if (result.succeeded()) {
     std::string incomplete = format_incomplete_logs(result);
     if (!incomplete.empty()) spdlog::warn("{}", incomplete);
+    if (options_.elastic) membership_.end_job(attempt, 0, "the job finished");
     membership_.leave(attempt, options_.hosts_store ? seconds(5) : seconds(0));
-    return 0;
+    return {attempt, 0};
   }
+  return {attempt, options_.elastic ? after_elastic_failure(layout, result) : after_fixed_failure(layout, result)};
+}
+
+std::optional<int> JobPolicy::after_fixed_failure(const JobLayout& layout, const AttemptResult& result) {
+  const int attempt = layout.attempt;
   if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
   // A restart helps after a worker failure; not when a node was lost or told to stop
   // (it will not rejoin, and the others would wait out the join timeout for it).
@@ -116,14 +150,48 @@ std::optional<int> JobPolicy::run_attempt(int attempt) {
     spdlog::warn("restarting the workers ({} of {} restarts)", attempt + 1, options_.max_restarts);
     return std::nullopt;
   }
-  membership_.leave(attempt, options_.hosts_store ? seconds(1) : seconds(0));
+  membership_.leave(attempt, linger_after_failure());
+  return result.exit_status();
+}
+
+std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, const AttemptResult& result) {
+  const int attempt = layout.attempt;
+  // What ended the attempt: the first notice published, or this node's own worker.
+  const NoticeKind kind = result.remote ? result.remote->kind : NoticeKind::kWorker;
+  if (result.stop_signal == 0 && kind == NoticeKind::kGrow) {
+    spdlog::info("{}; re-forming the job with more nodes (a node joining uses no restart)",
+                 result.remote->description);
+    return std::nullopt;
+  }
+  if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
+  if (result.stop_signal != 0) {
+    // This node leaves (its notice lets the others re-form) and says why it ended: the
+    // job, and whatever failed in it, goes on without it.
+    membership_.leave(attempt, linger_after_failure());
+    return 128 + result.stop_signal;
+  }
+  const bool failure = kind == NoticeKind::kWorker || kind == NoticeKind::kNodeLost;
+  if (failure && layout.restart_count < options_.max_restarts) {
+    spdlog::warn("re-forming the job {} (restart {} of {})",
+                 kind == NoticeKind::kNodeLost ? "without the lost node" : "after a worker failure",
+                 layout.restart_count + 1, options_.max_restarts);
+    return std::nullopt;
+  }
+  // The job ends here. Nodes waiting to be admitted hear of it, unless the store that
+  // would tell them is what this node lost.
+  if (kind != NoticeKind::kStoreLost) {
+    std::string why = failure ? "no restart left (--max_restarts=" + std::to_string(options_.max_restarts) + ")"
+                              : "the job was stopped";
+    membership_.end_job(attempt, result.exit_status(), why);
+  }
+  membership_.leave(attempt, linger_after_failure());
   return result.exit_status();
 }
 
 void JobPolicy::settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner) {
   // The job's root cause is whatever was published first, wherever that was: another
   // node's failure, or this node's own notice when it was not a worker of this node.
-  bool local_worker_won = winner && result.root_cause && winner->node == options_.node_rank && winner->rank >= 0;
+  bool local_worker_won = winner && result.root_cause && winner->node == node_rank_ && winner->rank >= 0;
   if (winner && !local_worker_won && !result.remote) {
     result.remote = RemoteCause{winner->describe(), winner->status, winner->kind, {}};
   }

@@ -7,13 +7,32 @@
 // fakes: Workers (this node's worker processes: the Supervisor) and Membership (the
 // other nodes: the RendezvousAgent, or a single node on its own).
 //
-// Rules:
+// Rules for every job:
+//   - An attempt is joined first, then readied (log folders) under the number the
+//     membership returned: an elastic node may join a later attempt than asked.
 //   - The job's root cause is the first failure published anywhere; on one node, the
-//     first worker to fail (or the stop signal).
-//   - A restart follows a worker failure (here or elsewhere) while restarts are left
-//     (--max_restarts); never a lost node or a stop signal.
+//     first worker to fail (or the stop signal). Notices and exit records name this
+//     node by its rank in the attempt (layout.node_rank).
 //   - Exit status: the root cause's (a worker's code or 128+signal), 128+signal for a
-//     stop signal, 0 when every node's workers succeeded.
+//     stop signal, 0 when every node's workers succeeded. JobOver from the join (an
+//     elastic job that ended without this node): its message and its status.
+// A fixed job (--nnodes N):
+//   - A restart follows a worker failure (here or elsewhere) while restarts are left
+//     (--max_restarts); never a lost node or a stop signal (a stop is published, kStop,
+//     and every node ends).
+// An elastic job (--nnodes MIN:MAX), by what ended the attempt (NoticeKind: the
+// remote notice's kind, kWorker for a worker of this node), torchrun's rule:
+//   - kGrow (a node joins): one info line, no failure summary, the job re-forms at
+//     once; no restart is counted. Also after success when the exit barrier says so.
+//   - kWorker, kNodeLost (a failure): the failure summary; while the attempt's
+//     restart_count < --max_restarts the job re-forms (the membership counts the
+//     restart in the next attempt's layout), else end_job() and leave.
+//   - a stop signal on this node: it publishes kNodeLost ("left the job") so the
+//     others re-form without it, leaves and exits 128+signal (whatever else failed).
+//     During a join it only leaves: a notice would end an attempt it never ran in.
+//   - kStop (stall stop, exit barrier timeout) and kStoreLost end the job as in a
+//     fixed one; end_job() tells waiting nodes, except when the store is lost.
+//   - Success: end_job(0) tells nodes waiting to be admitted that the job is over.
 #pragma once
 
 #include <chrono>
@@ -106,7 +125,7 @@ class AttemptWatch {
 };
 
 struct JobPolicyOptions {
-  int node_rank = 0;
+  int node_rank = 0;  // --node_rank; once joined, notices name the rank the attempt gave (layout.node_rank)
   std::string hostname;
   int max_restarts = 0;
   // --nnodes MIN:MAX: a lost node (or one that leaves on a stop signal) re-forms the job
@@ -131,10 +150,20 @@ class JobPolicy {
   int run();
 
  private:
-  // One attempt; its status, or nothing when a restart follows.
-  std::optional<int> run_attempt(int attempt);
+  // Where an attempt left the job: ended with a status, or go on with the next attempt.
+  struct AttemptEnd {
+    int attempt = 0;            // the attempt this node joined (maybe later than asked)
+    std::optional<int> status;  // nothing: the next attempt follows
+  };
+  AttemptEnd run_attempt(int attempt);
+  // A stop signal arrived while joining `attempt`: the status to exit with.
+  int interrupted_join(int attempt, int signal);
   // After the workers: the job's root cause, as the other nodes agreed on it.
   void settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner);
+  // After a failed attempt: its status, or nothing when a restart (or re-forming) follows.
+  std::optional<int> after_fixed_failure(const JobLayout& layout, const AttemptResult& result);
+  std::optional<int> after_elastic_failure(const JobLayout& layout, const AttemptResult& result);
+  std::chrono::milliseconds linger_after_failure() const;
   FailureNotice notice(int rank, int status, std::string what, NoticeKind kind) const;
   ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;
 
@@ -142,6 +171,7 @@ class JobPolicy {
   Workers& workers_;
   Membership& membership_;
   JobPolicyOptions options_;
+  int node_rank_;  // this node's rank in the attempt joined last (options' until a join)
 };
 
 }  // namespace ddprun

@@ -46,8 +46,14 @@ void set_up_logging() {
 
 void print_plan(const ddprun::LaunchPlan& plan) {
   const auto& o = plan.options;
-  spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), node {} of {}", plan.run_id, plan.hostname,
-               plan.nproc, o.nproc_per_node, o.node_rank, o.nnodes);
+  if (o.elastic()) {
+    spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), elastic job of {} to {} nodes{}", plan.run_id,
+                 plan.hostname, plan.nproc, o.nproc_per_node, o.min_nodes, o.nnodes,
+                 o.node_rank_given ? ", order hint " + std::to_string(o.node_rank) : std::string());
+  } else {
+    spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), node {} of {}", plan.run_id, plan.hostname,
+                 plan.nproc, o.nproc_per_node, o.node_rank, o.nnodes);
+  }
   std::string cmd;
   for (const auto& a : plan.command.argv) cmd += (cmd.empty() ? "" : " ") + a;
   spdlog::info("command: {} (exec {})", cmd, plan.command.path);
@@ -141,8 +147,6 @@ int launch(ddprun::LaunchPlan& plan) {
   stall.timeout_s = o.stall_timeout;
   stall.action = o.stall_stop ? ddprun::StallAction::Stop : ddprun::StallAction::Report;
   stall.run_id = plan.run_id;
-  stall.node_rank = o.node_rank;
-  stall.nnodes = o.nnodes;
   stall.hostname = plan.hostname;
   stall.print = [](const std::string& text) { ddprun::Console::err().write(text); };
   ddprun::StallMonitor stall_monitor(std::move(stall));
@@ -150,8 +154,6 @@ int launch(ddprun::LaunchPlan& plan) {
   runtime.run_id = plan.run_id;
   runtime.pid = getpid();
   runtime.hostname = plan.hostname;
-  runtime.node_rank = o.node_rank;
-  runtime.nnodes = o.nnodes;
   ddprun::RuntimeFile runtime_file(std::move(runtime));
 
   ddprun::JobPolicyOptions policy;
@@ -159,6 +161,7 @@ int launch(ddprun::LaunchPlan& plan) {
   policy.node_rank = o.node_rank;
   policy.hostname = plan.hostname;
   policy.max_restarts = o.max_restarts;
+  policy.elastic = o.elastic();
   policy.hosts_store = job.store_host != nullptr;
   policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
   return ddprun::JobPolicy(plan, workers, *membership, std::move(policy)).run();
@@ -194,6 +197,7 @@ int run(int argc, char** argv) {
       for (const auto& n : plan.options.slurm_notes) taken += (taken.empty() ? "" : ", ") + n;
       spdlog::info("Slurm step: {}", taken);
     }
+    for (const auto& note : plan.options.rdzv_conf_notes) spdlog::info("{}", note);
     if (plan.set_omp_num_threads) {
       spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
                    "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);

@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -35,6 +36,7 @@ struct RawFlags {
   std::string rdzv_backend = "static";
   std::string token_file;
   std::string join_timeout = "600";
+  std::string rdzv_conf;
   std::string heartbeat_timeout = "10";
   std::string exit_barrier_timeout = "300";
   std::string stall_timeout = "300";
@@ -52,28 +54,89 @@ int integer_in(const std::string& flag, const std::string& text, long long lo, l
   return static_cast<int>(*n);
 }
 
-double seconds_in(const std::string& flag, const std::string& text, bool allow_zero) {
+// A number of seconds (up to a year), or nothing.
+std::optional<double> seconds_value(const std::string& text, bool allow_zero) {
   auto v = ddp::contract::parse_decimal(text);
-  if (!v || !std::isfinite(*v) || *v < 0 || (*v == 0 && !allow_zero) || *v > 86400.0 * 365) {
-    invalid(flag, text, allow_zero ? "expected a number of seconds >= 0" : "expected a number of seconds > 0");
-  }
+  if (!v || !std::isfinite(*v) || *v < 0 || (*v == 0 && !allow_zero) || *v > 86400.0 * 365) return std::nullopt;
+  return v;
+}
+
+double seconds_in(const std::string& flag, const std::string& text, bool allow_zero) {
+  auto v = seconds_value(text, allow_zero);
+  if (!v) invalid(flag, text, allow_zero ? "expected a number of seconds >= 0" : "expected a number of seconds > 0");
   return *v;
 }
 
-// torchrun accepts --nnodes=N or MIN:MAX; ddprun launches a fixed number of nodes.
-int parse_nnodes(const std::string& text) {
+// --nnodes N, or torchrun's MIN:MAX (N:N is the fixed count N). Sets min_nodes and nnodes (MAX).
+void parse_nnodes(const std::string& text, LaunchOptions& opts) {
   auto colon = text.find(':');
   std::string lo = text.substr(0, colon);
   std::string hi = colon == std::string::npos ? lo : text.substr(colon + 1);
   auto a = ddp::contract::parse_integer(lo);
   auto b = ddp::contract::parse_integer(hi);
   if (!a || !b || *a < 1 || *b < *a || *b > 100000) {
-    invalid("--nnodes", text, "expected a positive node count N or MIN:MAX");
+    invalid("--nnodes", text, "expected a positive node count N, or MIN:MAX with 1 <= MIN <= MAX");
   }
-  if (*a != *b) {
-    throw UsageError("--nnodes " + text + ": elastic node counts (MIN:MAX) are not supported; give a fixed count");
+  opts.min_nodes = static_cast<int>(*a);
+  opts.nnodes = static_cast<int>(*b);
+}
+
+// --rdzv_conf key=value,...: torchrun's rendezvous settings. Those with a meaning here
+// are applied; the rest are accepted (scripts written for torchrun keep working) with
+// a note saying why they change nothing.
+struct RdzvConf {
+  std::optional<double> join_timeout;
+  std::optional<double> last_call_timeout;
+  std::vector<std::string> notes;
+};
+
+constexpr const char* kRdzvConfKeys =
+    "join_timeout, timeout, last_call_timeout, close_timeout, read_timeout, keep_alive_interval, "
+    "keep_alive_max_attempt, use_agent_store, is_host";
+
+RdzvConf parse_rdzv_conf(const std::string& text) {
+  RdzvConf conf;
+  auto bad = [&](const std::string& what) {
+    throw UsageError("invalid --rdzv_conf '" + text + "': " + what + "; the keys are " + kRdzvConfKeys);
+  };
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    std::string_view item = rest.substr(0, rest.find(','));
+    rest.remove_prefix(std::min(rest.size(), item.size() + 1));
+    auto eq = item.find('=');
+    if (eq == std::string_view::npos) bad("expected key=value, got '" + std::string(item) + "'");
+    const std::string key(item.substr(0, eq));
+    const std::string value(item.substr(eq + 1));
+    auto seconds = [&](bool allow_zero) {
+      auto v = seconds_value(value, allow_zero);
+      if (!v) bad(key + "=" + value + " is not a number of seconds" + (allow_zero ? " >= 0" : " > 0"));
+      return *v;
+    };
+    auto ignored = [&](const std::string& why) { conf.notes.push_back("--rdzv_conf " + key + " has no effect: " + why); };
+    if (key == "join_timeout" || key == "timeout") {
+      conf.join_timeout = seconds(false);
+    } else if (key == "last_call_timeout") {
+      conf.last_call_timeout = seconds(true);
+    } else if (key == "close_timeout") {
+      seconds(true);
+      ignored("an attempt closes with one compare-and-set in the store; no node waits after it closed");
+    } else if (key == "read_timeout" || key == "keep_alive_interval") {
+      seconds(false);
+      ignored("a silent node is found by the store's heartbeat (--heartbeat_timeout)");
+    } else if (key == "keep_alive_max_attempt") {
+      auto count = ddp::contract::parse_integer(value);
+      if (!count || *count < 1) bad(key + "=" + value + " is not a count >= 1");
+      ignored("a silent node is found by the store's heartbeat (--heartbeat_timeout)");
+    } else if (key == "use_agent_store" || key == "is_host") {
+      static const std::set<std::string> kBools = {"true", "false", "1", "0", "True", "False"};
+      if (!kBools.count(value)) bad(key + "=" + value + " is not true or false");
+      ignored(key == "is_host" ? "node 0 hosts the store, or --rdzv_endpoint names a ddp-rendezvous daemon"
+                               : "workers reach ddprun's store through the DDPRUN_* variables");
+    } else {
+      bad("unknown key '" + key + "'");
+    }
   }
-  return static_cast<int>(*a);
+  return conf;
 }
 
 void validate_nproc(const std::string& text) {
@@ -146,10 +209,13 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "Workers on this node: a number, gpu (one per visible GPU), cpu (one per usable CPU) "
                  "or auto (gpu if any, else cpu)")->default_str("1");
   app.add_option("--nnodes", raw.nnodes,
-                 "Number of nodes in the job, N (or N:N): one ddprun per node, each with its own --node_rank; "
-                 "elastic MIN:MAX ranges are refused")
+                 "Number of nodes: N (one ddprun per node, each with its own --node_rank), or MIN:MAX for an "
+                 "elastic job that starts with MAX nodes (or MIN after last_call_timeout), re-forms without a "
+                 "node that is lost or leaves (one restart each) and with a node that joins (no restart)")
       ->default_str("1");
-  app.add_option("--node_rank,--node-rank", raw.node_rank, "Rank of this node")->default_str("0");
+  app.add_option("--node_rank,--node-rank", raw.node_rank,
+                 "Rank of this node; in an elastic job an order hint (0 without --rdzv_endpoint: hosts the store)")
+      ->default_str("0");
   app.add_option("--master_addr,--master-addr", raw.master_addr, "Address of node 0, given to workers as MASTER_ADDR")
       ->default_str("127.0.0.1");
   app.add_option("--master_port,--master-port", raw.master_port,
@@ -159,7 +225,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id,
                  "Job id (TORCHELASTIC_RUN_ID, log dir name); default: generated");
   app.add_option("--max_restarts,--max-restarts", raw.max_restarts,
-                 "Restart the whole worker group up to this many times after a failure")->default_str("0");
+                 "Restart the whole worker group up to this many times after a failure: a worker failing or, in "
+                 "an elastic job, a node lost or leaving uses one restart; a node joining uses none")
+      ->default_str("0");
   app.add_option("--log_dir,--log-dir", raw.log_dir,
                  "Write each worker's stdout/stderr to DIR/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log");
   app.add_option("--redirects,-r", raw.redirects,
@@ -185,7 +253,12 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--rdzv_token_file,--rdzv-token-file", raw.token_file,
                  "File holding the store's shared token (else DDPRUN_TOKEN; single node: generated)");
   app.add_option("--join_timeout,--join-timeout", raw.join_timeout,
-                 "Seconds to wait for every node to join")->default_str("600");
+                 "Seconds to wait for every node to join (elastic: for MIN nodes)")->default_str("600");
+  app.add_option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf,
+                 "torchrun's key=value,... rendezvous settings: join_timeout (or timeout), last_call_timeout "
+                 "(default 30: seconds an elastic job waits for MAX after MIN joined); close_timeout, "
+                 "read_timeout, keep_alive_interval, keep_alive_max_attempt, use_agent_store and is_host are "
+                 "accepted without effect");
   app.add_option("--heartbeat_timeout,--heartbeat-timeout", raw.heartbeat_timeout,
                  "Seconds after which a node that cannot be reached counts as failed")->default_str("10");
   app.add_option("--exit_barrier_timeout,--exit-barrier-timeout", raw.exit_barrier_timeout,
@@ -229,8 +302,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
 
   validate_nproc(raw.nproc_per_node);
   opts.nproc_per_node = raw.nproc_per_node;
-  opts.nnodes = parse_nnodes(raw.nnodes);
+  parse_nnodes(raw.nnodes, opts);
   opts.node_rank = integer_in("--node_rank", raw.node_rank, 0, 100000, "expected a node rank in [0, nnodes)");
+  opts.node_rank_given = app.count("--node_rank") > 0;
   if (raw.master_addr.empty() || raw.master_addr.find_first_of(" \t\n") != std::string::npos) {
     invalid("--master_addr", raw.master_addr, "expected a host name or IP address");
   }
@@ -278,6 +352,13 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     throw LaunchError(e.what());
   }
   opts.join_timeout = seconds_in("--join_timeout", raw.join_timeout, false);
+  RdzvConf conf = parse_rdzv_conf(raw.rdzv_conf);
+  if (conf.join_timeout && app.count("--join_timeout") == 0) opts.join_timeout = *conf.join_timeout;  // the flag wins
+  if (conf.last_call_timeout) {
+    opts.last_call_timeout = *conf.last_call_timeout;
+    if (!opts.elastic()) conf.notes.push_back("--rdzv_conf last_call_timeout has no effect: --nnodes is a fixed count");
+  }
+  opts.rdzv_conf_notes = std::move(conf.notes);
   opts.heartbeat_timeout = seconds_in("--heartbeat_timeout", raw.heartbeat_timeout, false);
   if (opts.heartbeat_timeout < 2) invalid("--heartbeat_timeout", raw.heartbeat_timeout, "expected at least 2 seconds");
   opts.exit_barrier_timeout = seconds_in("--exit_barrier_timeout", raw.exit_barrier_timeout, false);
@@ -295,13 +376,19 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   given.master_port = app.count("--master_port") > 0 || opts.standalone;
   given.run_id = !opts.run_id.empty();
   opts.slurm_notes = apply_slurm_step(opts, given);
+  if (opts.standalone && opts.elastic()) {
+    throw UsageError("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; --nnodes " +
+                     std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + " is an elastic job");
+  }
   if (opts.standalone && opts.nnodes > 1) {
     throw UsageError(std::string("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; this is ") +
                      std::to_string(opts.nnodes) + " nodes" + (opts.slurm_notes.empty() ? "" : " (from Slurm)"));
   }
   if (opts.node_rank >= opts.nnodes) {
     invalid("--node_rank", std::to_string(opts.node_rank),
-            "expected a node rank in [0, nnodes) with nnodes=" + std::to_string(opts.nnodes));
+            "expected a node rank in [0, nnodes) with nnodes=" + std::to_string(opts.nnodes) +
+                (opts.elastic() ? " (MAX of " + std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + ")"
+                                : ""));
   }
   return {std::move(opts)};
 }

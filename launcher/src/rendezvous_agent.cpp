@@ -9,6 +9,7 @@
 
 #include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
+#include "job_policy.hpp"
 #include "ports.hpp"
 
 namespace ddprun {
@@ -35,6 +36,16 @@ RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, std::string store_host,
   } catch (const rdzv::StoreError& e) {
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }
+  if (plan_.options.elastic()) {
+    try {
+      elastic_ = std::make_unique<ElasticRendezvous>(*store_, plan_, stop_signal_,
+                                                     silence_limit(to_ms(plan_.options.heartbeat_timeout)));
+    } catch (const rdzv::StoreError& e) {
+      throw LaunchError(std::string("rendezvous: ") + e.what());
+    }
+  }
+  layout_.node_rank = plan_.options.node_rank;
+  layout_.nnodes = plan_.options.nnodes;
   heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
   exits_ = std::make_unique<ExitPublisher>(store_options(to_ms(plan_.options.join_timeout)));
 }
@@ -96,7 +107,8 @@ rdzv::TcpStoreOptions RendezvousAgent::store_options(Millis connect_timeout) con
 
 std::string RendezvousAgent::agree_run_id(const std::string& mine) {
   try {
-    std::string agreed = plan_.options.node_rank == 0 ? store_->compare_set(contract::JobKeys::run_id(), "", mine)
+    // An elastic job may have no node 0 (a daemon hosts the store): the first comes first.
+    std::string agreed = plan_.options.node_rank == 0 || elastic_ ? store_->compare_set(contract::JobKeys::run_id(), "", mine)
                                                        : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout))[0];
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
@@ -111,6 +123,47 @@ std::string RendezvousAgent::agree_run_id(const std::string& mine) {
 }
 
 JobLayout RendezvousAgent::join(int attempt) {
+  JobLayout layout;
+  if (elastic_) {
+    try {
+      layout = elastic_->join(attempt);
+    } catch (const rdzv::StoreConnectionError& e) {
+      throw LaunchError("rendezvous: " + store_lost_message(e.what()));
+    } catch (const rdzv::StoreError& e) {
+      throw LaunchError(std::string("rendezvous: ") + e.what());
+    }
+  } else {
+    layout = fixed_join(attempt);
+  }
+  layout.store.addr = store_host_;
+  layout.store.port = store_port_;
+  layout.store.token = token_;
+  layout.store.ns = ns_;
+  layout_ = layout;
+  return layout;
+}
+
+std::string RendezvousAgent::store_lost_message(const std::string& what) const {
+  std::string text = "the rendezvous store at " + store_host_ + ":" + std::to_string(store_port_) +
+                     " is gone (its host died or this node is cut off): " + what;
+  if (elastic_ && !plan_.options.rdzv_host) {
+    text += "; node 0 hosted the store, so the job cannot go on without it: to survive losing any node, run a "
+            "ddp-rendezvous daemon and pass --rdzv_endpoint";
+  }
+  return text;
+}
+
+FailureNotice RendezvousAgent::after_finish(rdzv::Store& store, int attempt, FailureNotice notice) const {
+  if (!elastic_ || (notice.kind != NoticeKind::kNodeLost && notice.kind != NoticeKind::kWorker)) return notice;
+  try {
+    if (ElasticRendezvous::finished(store, attempt)) notice.kind = NoticeKind::kStop;
+  } catch (const rdzv::StoreError&) {
+    // Cannot tell: the notice as published.
+  }
+  return notice;
+}
+
+JobLayout RendezvousAgent::fixed_join(int attempt) {
   const LaunchOptions& o = plan_.options;
   const int me = o.node_rank;
   try {
@@ -183,10 +236,6 @@ JobLayout RendezvousAgent::join(int attempt) {
     // node 0's own address as the daemon saw it.
     layout.master_addr = o.rdzv_host ? node0_address : o.master_addr;
     layout.master_port = std::stoi(values.back());
-    layout.store.addr = store_host_;
-    layout.store.port = store_port_;
-    layout.store.token = token_;
-    layout.store.ns = ns_;
     layout.store.prefix = contract::JobKeys(attempt).process_groups();
     return layout;
   } catch (const rdzv::StoreConnectionError& e) {
@@ -212,17 +261,14 @@ void RendezvousAgent::start_watch(int attempt, std::function<void(const FailureN
       try {
         std::string text = watcher_->get(failure_key, Millis(3600 * 1000));
         failure_seen_ = true;
-        on_failure(FailureNotice::decode(text));
+        on_failure(after_finish(*watcher_, attempt, FailureNotice::decode(text)));
         return;
       } catch (const rdzv::StoreTimeout&) {
         continue;  // an hour without news: ask again
       } catch (const rdzv::StoreError& e) {
         if (stopping_) return;
         failure_seen_ = true;
-        FailureNotice lost{0, -1, 1, "",
-                           "the rendezvous store at " + store_host_ + ":" + std::to_string(store_port_) +
-                               " is gone (its host died or this node is cut off): " + e.what(),
-                           NoticeKind::kStoreLost};
+        FailureNotice lost{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
         on_failure(lost);
         return;
       }
@@ -240,7 +286,8 @@ void RendezvousAgent::stop_watch() {
 
 FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice& notice) {
   try {
-    return FailureNotice::decode(store_->compare_set(contract::JobKeys(attempt).failure(), "", notice.encode()));
+    return after_finish(*store_, attempt,
+                        FailureNotice::decode(store_->compare_set(contract::JobKeys(attempt).failure(), "", notice.encode())));
   } catch (const rdzv::StoreError& e) {
     spdlog::error("could not publish the failure to the store: {}", e.what());
     return notice;
@@ -249,18 +296,32 @@ FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice&
 
 std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
   const LaunchOptions& o = plan_.options;
+  const int me = layout_.node_rank;
   std::vector<std::string> done;
-  for (int r = 0; r < o.nnodes; ++r) done.push_back(contract::JobKeys(attempt).done(r));
+  for (int r = 0; r < layout_.nnodes; ++r) done.push_back(contract::JobKeys(attempt).done(r));
   auto deadline = Clock::now() + to_ms(o.exit_barrier_timeout);
   try {
-    store_->set(done[o.node_rank], "1");
+    if (elastic_) {
+      // A finishing job is never re-formed: take the closing key before a newcomer does.
+      // If one was first, its grow notice ends this attempt and the policy re-forms.
+      if (std::string closing = elastic_->claim_finish(attempt); closing != "finished") {
+        try {
+          return FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), to_ms(o.heartbeat_timeout)));
+        } catch (const rdzv::StoreTimeout&) {
+          // The newcomer died between its two compare_sets: re-form all the same.
+          return FailureNotice{-1, -1, 0, "", "a new node asked to join (" + closing + ")", NoticeKind::kGrow};
+        }
+      }
+    }
+    store_->set(done[me], "1");
     // Short waits, so a failure published meanwhile (the watcher sees it) ends the wait.
     while (true) {
       if (failure_seen_ || store_->check({contract::JobKeys(attempt).failure()})) {
-        return FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), Millis(1000)));
+        return after_finish(*store_, attempt,
+                            FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), Millis(1000))));
       }
       if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
-        return publish_failure(attempt, {o.node_rank, -1, 128 + sig, plan_.hostname,
+        return publish_failure(attempt, {me, -1, 128 + sig, plan_.hostname,
                                          std::string("ddprun received SIG") + sigabbrev_np(sig) +
                                              " while waiting for the other nodes to finish"});
       }
@@ -270,29 +331,28 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
       } catch (const rdzv::StoreTimeout&) {
         if (Clock::now() >= deadline) {
           std::string missing;
-          for (int r = 0; r < o.nnodes; ++r) {
+          for (int r = 0; r < layout_.nnodes; ++r) {
             if (!store_->check({done[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
           }
           // Published, so the nodes still running learn the job is over.
-          return publish_failure(attempt, {o.node_rank, -1, 1, plan_.hostname,
+          return publish_failure(attempt, {me, -1, 1, plan_.hostname,
                                            "exit barrier: node rank(s) " + missing + " did not finish within " +
                                                std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"});
         }
       }
     }
   } catch (const rdzv::StoreError& e) {
-    return FailureNotice{0, -1, 1, "", std::string("exit barrier: lost the rendezvous store: ") + e.what(),
-                         NoticeKind::kStoreLost};
+    return FailureNotice{0, -1, 1, "", "exit barrier: " + store_lost_message(e.what()), NoticeKind::kStoreLost};
   }
 }
 
 void RendezvousAgent::leave(int attempt, Millis linger) {
-  const LaunchOptions& o = plan_.options;
   try {
-    store_->set(contract::JobKeys(attempt).left(o.node_rank), "1");
+    if (elastic_) elastic_->mark_lost();
+    store_->set(contract::JobKeys(attempt).left(layout_.node_rank), "1");
     if (linger.count() > 0) {
       std::vector<std::string> left;
-      for (int r = 0; r < o.nnodes; ++r) left.push_back(contract::JobKeys(attempt).left(r));
+      for (int r = 0; r < layout_.nnodes; ++r) left.push_back(contract::JobKeys(attempt).left(r));
       try {
         patient_multi_get(left, linger);  // short slices: the heartbeat keeps going meanwhile
       } catch (const rdzv::StoreTimeout&) {
@@ -304,6 +364,15 @@ void RendezvousAgent::leave(int attempt, Millis linger) {
     // Leaving anyway.
   } catch (const Interrupted&) {
     // Leaving anyway.
+  }
+}
+
+void RendezvousAgent::end_job(int status, const std::string& why) {
+  if (!elastic_) return;
+  try {
+    elastic_->end_job(status, why);
+  } catch (const rdzv::StoreError& e) {
+    spdlog::warn("could not record the job's end in the store: {}", e.what());
   }
 }
 

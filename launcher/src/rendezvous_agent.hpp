@@ -9,6 +9,11 @@
 //                  agent leaves, so a node that dies or is cut off fails the job
 //   done/<r>       node r's workers all succeeded (exit barrier)
 //   left/<r>       node r passed the barrier (node 0 keeps the store up until all left)
+//
+// An elastic job (--nnodes MIN:MAX) forms each attempt differently (elastic_join.hpp):
+// nodes are known by an id, an attempt's member list is agreed in the store, and <r>
+// above is then the node's group rank in the attempt it joined. A grow (a newcomer)
+// ends an attempt through its failure key; "finished" in its closing key forbids that.
 #pragma once
 
 #include <atomic>
@@ -21,6 +26,7 @@
 #include <thread>
 
 #include "ddp/contract/job_records.hpp"
+#include "elastic_join.hpp"
 #include "exit_publisher.hpp"
 #include "failure_notice.hpp"
 #include "launch_plan.hpp"
@@ -37,11 +43,14 @@ class RendezvousAgent {
                   std::string ns, std::function<int()> stop_signal);
   ~RendezvousAgent();
 
-  // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's.
+  // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's; in an
+  // elastic job, the first node's.
   std::string agree_run_id(const std::string& mine);
 
   // Registers this node for `attempt` and waits for all nodes. Throws LaunchError
-  // naming the nodes that did not join in time.
+  // naming the nodes that did not join in time. An elastic job may join a later
+  // attempt (layout.attempt) and throws JobOver when the job ended without this node
+  // (Membership::join has the whole contract).
   JobLayout join(int attempt);
 
   // Runs `on_failure` (on a helper thread) when a failure is published for `attempt`,
@@ -60,8 +69,13 @@ class RendezvousAgent {
   std::optional<FailureNotice> exit_barrier(int attempt);
 
   // Says goodbye (no will fires). The node hosting the store first waits up to
-  // `linger` for the others to leave, so their last answers get out.
+  // `linger` for the others to leave, so their last answers get out. An elastic node
+  // first marks itself lost, so no forming attempt waits for it.
   void leave(int attempt, std::chrono::milliseconds linger);
+
+  // Elastic jobs: the job is over (no attempt follows); nodes waiting to be admitted
+  // end with `status`. Does nothing in a fixed job.
+  void end_job(int status, const std::string& why);
 
  private:
   rdzv::TcpStoreOptions store_options(std::chrono::milliseconds connect_timeout) const;
@@ -69,6 +83,12 @@ class RendezvousAgent {
   std::vector<std::string> patient_multi_get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   void heartbeat_loop();
   static std::chrono::milliseconds silence_limit(std::chrono::milliseconds heartbeat_timeout);
+  JobLayout fixed_join(int attempt);
+  // Elastic: once a node of `attempt` finished, a lost node or failed worker ends the
+  // job (kStop) instead of re-forming it. Fixed jobs: `notice` as it is.
+  FailureNotice after_finish(rdzv::Store& store, int attempt, FailureNotice notice) const;
+  // What a node that lost the store is told.
+  std::string store_lost_message(const std::string& what) const;
 
   const LaunchPlan& plan_;
   std::string store_host_;
@@ -88,6 +108,9 @@ class RendezvousAgent {
   std::condition_variable heartbeat_stop_;
   bool heartbeat_done_ = false;
   std::unique_ptr<ExitPublisher> exits_;  // its own connection (made on first use)
+  std::unique_ptr<ElasticRendezvous> elastic_;  // elastic jobs only
+  // The attempt this node joined last (group rank, node count): done/<r>, left/<r>.
+  JobLayout layout_;
 };
 
 }  // namespace ddprun

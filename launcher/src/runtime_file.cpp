@@ -116,6 +116,8 @@ RuntimeFile::~RuntimeFile() {
 void RuntimeFile::started(int attempt, const JobLayout& layout, const std::vector<WorkerOutcome>& workers,
                           std::function<void(const JobStop&)>) {
   info_.attempt = attempt;
+  info_.node_rank = layout.node_rank;  // an elastic node's rank and count change between attempts
+  info_.nnodes = layout.nnodes;
   info_.world_size = layout.world_size;
   info_.store = layout.store;
   info_.workers.clear();

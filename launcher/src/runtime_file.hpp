@@ -25,8 +25,8 @@ struct RuntimeInfo {
   std::string run_id;
   pid_t pid = 0;               // ddprun's
   std::string hostname;
-  int node_rank = 0;
-  int nnodes = 1;
+  int node_rank = 0;           // this node's rank in the attempt (GROUP_RANK)
+  int nnodes = 1;              // the attempt's nodes (an elastic job's change)
   contract::StoreEndpoint store;  // the job's store (prefix unused)
   int attempt = 0;
   int world_size = 0;

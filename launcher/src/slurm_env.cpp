@@ -18,7 +18,7 @@ std::vector<std::string> apply_slurm_step(LaunchOptions& o, const ExplicitFlags&
   const std::string& nodes_var = step->nnodes_var;
 
   if (!given.nnodes && nnodes >= 1) {
-    o.nnodes = static_cast<int>(nnodes);
+    o.nnodes = o.min_nodes = static_cast<int>(nnodes);  // a fixed count: elastic only with --nnodes MIN:MAX
     notes.push_back("nnodes=" + std::to_string(nnodes) + " from " + nodes_var);
   }
   if (!given.node_rank) {
@@ -27,6 +27,7 @@ std::vector<std::string> apply_slurm_step(LaunchOptions& o, const ExplicitFlags&
                         std::to_string(o.nnodes));
     }
     o.node_rank = static_cast<int>(node_id);
+    o.node_rank_given = true;  // an elastic job's order hint: nodes keep Slurm's order
     notes.push_back("node_rank=" + std::to_string(node_id) + " from SLURM_NODEID");
   }
   // srun's default for a multi-node step is one task per node; more would start two

@@ -183,7 +183,7 @@ void StallMonitor::run() {
       report(records,
              "no worker used CPU time for " + seconds_text((now - idle_since_ms) / 1000.0) + " s (--stall_timeout " +
                  seconds_text(options_.timeout_s) + ")",
-             "no rank publishes progress records and every worker of node " + std::to_string(options_.node_rank) +
+             "no rank publishes progress records and every worker of node " + std::to_string(layout_.node_rank) +
                  " is idle",
              (uint64_t{1} << 63) | idle_episode);
       continue;
@@ -218,12 +218,12 @@ std::string StallMonitor::gather_other_nodes(uint64_t episode) {
     store = store_;
   }
   const std::string tag = "episode " + std::to_string(episode) + "\n";
-  std::vector<std::string> parts(static_cast<size_t>(options_.nnodes));
+  std::vector<std::string> parts(static_cast<size_t>(layout_.nnodes));
   auto deadline = std::chrono::steady_clock::now() + options_.process.stack_timeout + Millis(5000);
-  int missing = options_.nnodes - 1;
+  int missing = layout_.nnodes - 1;
   while (missing > 0 && std::chrono::steady_clock::now() < deadline) {
     missing = 0;
-    for (int n = 1; n < options_.nnodes; ++n) {
+    for (int n = 1; n < layout_.nnodes; ++n) {
       if (!parts[n].empty()) continue;
       std::string key = contract::JobKeys(attempt_).stall_report(n);
       if (store->check({key})) {
@@ -239,7 +239,7 @@ std::string StallMonitor::gather_other_nodes(uint64_t episode) {
   }
   std::string out;
   std::string silent;
-  for (int n = 1; n < options_.nnodes; ++n) {
+  for (int n = 1; n < layout_.nnodes; ++n) {
     if (parts[n].empty()) {
       silent += (silent.empty() ? "" : ", ") + std::to_string(n);
     } else {
@@ -255,7 +255,7 @@ void StallMonitor::report(const ProgressRecords& records, const std::string& wha
   StallAnalysis analysis = analyse_stall(records, contract::unix_millis_now());
   if (!headline.empty()) analysis.headline = headline;
   bool stop = options_.action == StallAction::Stop;
-  if (options_.node_rank != 0) {
+  if (layout_.node_rank != 0) {
     spdlog::warn("stall: {}; {}; node 0 prints the report{}", what, analysis.headline,
                  stop ? " and stops the job" : "");
   }
@@ -267,12 +267,12 @@ void StallMonitor::report(const ProgressRecords& records, const std::string& wha
   }
   try {
     // Node 0 reads the other nodes' parts; `ddprun status` reads any to call ranks stalled.
-    store->set(contract::JobKeys(attempt_).stall_report(options_.node_rank),
+    store->set(contract::JobKeys(attempt_).stall_report(layout_.node_rank),
                "episode " + std::to_string(episode) + "\n" + processes);
-    if (options_.node_rank != 0) return;
-    if (options_.nnodes > 1) processes += gather_other_nodes(episode);
+    if (layout_.node_rank != 0) return;
+    if (layout_.nnodes > 1) processes += gather_other_nodes(episode);
   } catch (const std::exception& e) {
-    if (options_.node_rank != 0) return;
+    if (layout_.node_rank != 0) return;
     processes += "  (the other nodes' parts could not be read: " + std::string(e.what()) + ")\n";
   }
   const std::string rule(72, '=');

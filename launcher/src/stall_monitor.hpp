@@ -47,9 +47,7 @@ struct StallMonitorOptions {
   double timeout_s = kDefaultStallTimeout;  // 0: no stall detection
   StallAction action = StallAction::Report;
   std::string run_id;
-  int node_rank = 0;
-  int nnodes = 1;
-  std::string hostname;
+  std::string hostname;  // (node rank and count come from each attempt's layout)
   std::chrono::milliseconds poll_interval{250};
   ProcessReportOptions process;
   // Where the report goes (ddprun: the console's stderr).

@@ -54,6 +54,27 @@ TEST_CASE("a node rank is read back from its registration key, and only from one
   CHECK(k.node_rank_of("attempt/1/node/99999999999999999999") == -1);
 }
 
+TEST_CASE("an elastic job's keys: job-wide ones outside the attempts, forming ones inside", "[store_keys]") {
+  CHECK(JobKeys::elastic_ticket() == "elastic/ticket");
+  CHECK(JobKeys::elastic_lost(7) == "elastic/lost/7");
+  CHECK(JobKeys::elastic_round() == "elastic/round");
+  CHECK(JobKeys::elastic_end() == "elastic/end");
+  const JobKeys k(2);
+  CHECK(k.joined() == "attempt/2/joined");
+  CHECK(k.member(7) == "attempt/2/member/7");
+  CHECK(k.members() == "attempt/2/members");
+  CHECK(k.closing() == "attempt/2/closing");
+  // A member's registration is never taken for a fixed node's, nor one attempt's for another's.
+  CHECK(k.node_rank_of(k.member(7)) == -1);
+  std::set<std::string> all{JobKeys::elastic_ticket(), JobKeys::elastic_lost(1), JobKeys::elastic_lost(12),
+                            JobKeys::elastic_round(), JobKeys::elastic_end()};
+  for (int attempt : {0, 1, 10}) {
+    const JobKeys a(attempt);
+    for (const auto& key : {a.joined(), a.member(1), a.member(12), a.members(), a.closing(), a.node(1)}) all.insert(key);
+  }
+  CHECK(all.size() == 5 + 3 * 6);
+}
+
 TEST_CASE("workers without ddprun keep their groups per run and restart", "[store_keys]") {
   CHECK(JobKeys::standalone_process_groups("job7", 0) == "ddp/job7/0/pg/");
   CHECK(JobKeys::standalone_process_groups("job7", 1) != JobKeys::standalone_process_groups("job7", 0));

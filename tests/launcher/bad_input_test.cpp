@@ -37,6 +37,10 @@ TEST_CASE("invalid flag values are usage errors (exit 2)", "[e2e][bad_input]") {
   expect_refusal({"--nproc_per_node=0"}, 2, "--nproc_per_node");
   expect_refusal({"--nproc_per_node=lots"}, 2, "--nproc_per_node");
   expect_refusal({"--nnodes=2", "--standalone"}, 2, "single-node");
+  expect_refusal({"--nnodes=1:2", "--standalone"}, 2, "elastic job");
+  expect_refusal({"--nnodes=2:1"}, 2, "--nnodes");
+  expect_refusal({"--rdzv_conf=join_timeout=soon"}, 2, "--rdzv_conf");
+  expect_refusal({"--rdzv_conf=shard=3"}, 2, "unknown key 'shard'");
   expect_refusal({"--rdzv_endpoint=daemon:29400"}, 2, "--rdzv_id");
   expect_refusal({"--node_rank=3"}, 2, "--node_rank");
   expect_refusal({"--master_port=65536"}, 2, "--master_port");
@@ -117,7 +121,19 @@ TEST_CASE("help and version exit 0", "[e2e][bad_input]") {
   CHECK(h.status == 0);
   CHECK_THAT(h.out, Catch::Contains("Usage: ddprun [options] PROGRAM [ARGS...]"));
   CHECK_THAT(h.out, Catch::Contains("--nproc_per_node,--nproc-per-node"));
+  CHECK_THAT(h.out, Catch::Contains("a node lost or leaving uses one restart; a node joining uses none"));
   auto v = run(e2e::ddprun({"--version"}));
   CHECK(v.status == 0);
   CHECK_THAT(v.out, Catch::StartsWith("ddprun "));
+}
+
+TEST_CASE("torchrun's rdzv_conf keys without effect are named at start and the job runs", "[e2e][bad_input]") {
+  auto r = run(e2e::ddprun({"--standalone", "--rdzv_conf=close_timeout=5,keep_alive_interval=2", e2e::kWorker, "env",
+                            "RANK"}),
+               {}, 30s);
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("ddprun: info: --rdzv_conf close_timeout has no effect: ") &&
+                        Catch::Contains("ddprun: info: --rdzv_conf keep_alive_interval has no effect: "));
+  CHECK_THAT(r.out, Catch::Contains("RANK=0"));
 }

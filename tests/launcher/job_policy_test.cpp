@@ -2,163 +2,11 @@
 // cause, when a restart follows, what a stop signal does, and the exit status.
 #include <catch2/catch.hpp>
 #include <signal.h>
-#include <sys/wait.h>
-
-#include <map>
 
 #include "job_adapters.hpp"
-#include "errors.hpp"
-#include "job_policy.hpp"
+#include "job_policy_fakes.hpp"
 
-using namespace std::chrono_literals;
-using ddprun::AttemptHooks;
-using ddprun::AttemptResult;
-using ddprun::FailureNotice;
-
-namespace {
-
-constexpr int kMe = 0;  // this node's rank in every test
-
-// Workers whose attempts the test scripts: each gets the hooks and returns what the
-// Supervisor would. A cause from stop_for_remote() ends the attempt as the
-// Supervisor's does: in result.remote.
-class FakeWorkers : public ddprun::Workers {
- public:
-  using Script = std::function<AttemptResult(FakeWorkers&, const AttemptHooks&)>;
-  std::vector<Script> attempts;  // attempt k runs attempts[min(k, size-1)]
-  std::vector<int> prepared, ran;
-  std::optional<ddprun::RemoteCause> told_to_stop;
-
-  void prepare(int attempt) override { prepared.push_back(attempt); }
-  AttemptResult run(int attempt, const ddprun::JobLayout&, const AttemptHooks& hooks) override {
-    ran.push_back(attempt);
-    told_to_stop.reset();
-    return attempts.at(std::min(static_cast<size_t>(attempt), attempts.size() - 1))(*this, hooks);
-  }
-  void stop_for_remote(int, ddprun::RemoteCause cause) override {
-    if (!told_to_stop) told_to_stop = std::move(cause);
-  }
-};
-
-// The other nodes as a store would show them: the first failure published for an
-// attempt wins (it may be preset, as if another node had published first).
-class FakeMembership : public ddprun::Membership {
- public:
-  int signal_during_join = 0;
-  std::map<int, FailureNotice> first_failure;            // per attempt
-  std::vector<FailureNotice> published;                  // by this node
-  std::optional<FailureNotice> barrier_result;           // what exit_barrier() returns
-  std::vector<int> barriers;
-  std::vector<std::pair<int, std::chrono::milliseconds>> left;
-  std::function<void(const FailureNotice&)> watcher;     // set between start_watch and stop_watch
-  int watches = 0, unwatches = 0;
-
-  ddprun::JobLayout join(int) override {
-    if (signal_during_join != 0) throw ddprun::Interrupted{signal_during_join};
-    return {};
-  }
-  void start_watch(int, std::function<void(const FailureNotice&)> on_failure) override {
-    ++watches;
-    watcher = std::move(on_failure);
-  }
-  void stop_watch() override {  // idempotent, as the agent's is
-    if (watcher) ++unwatches;
-    watcher = nullptr;
-  }
-  std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) override {
-    published.push_back(notice);
-    return first_failure.emplace(attempt, notice).first->second;
-  }
-  std::optional<FailureNotice> exit_barrier(int attempt) override {
-    barriers.push_back(attempt);
-    return barrier_result;
-  }
-  void leave(int attempt, std::chrono::milliseconds linger) override { left.emplace_back(attempt, linger); }
-  std::vector<std::pair<int, ddp::contract::ExitRecord>> exits;  // (attempt, record), as published
-  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) override {
-    exits.emplace_back(attempt, record);
-  }
-};
-
-ddprun::WorkerOutcome worker(int rank, int exit_code) {
-  ddprun::WorkerOutcome w;
-  w.local_rank = w.rank = rank;
-  w.pid = 1000 + rank;
-  w.reaped = true;
-  w.wait_status = W_EXITCODE(exit_code, 0);
-  return w;
-}
-
-// Scripts for FakeWorkers.
-FakeWorkers::Script succeed() {
-  return [](FakeWorkers&, const AttemptHooks&) {
-    AttemptResult r;
-    r.workers = {worker(0, 0), worker(1, 0)};
-    return r;
-  };
-}
-FakeWorkers::Script fail(int rank, int code) {
-  return [=](FakeWorkers&, const AttemptHooks& hooks) {
-    AttemptResult r;
-    r.workers = {worker(0, 0), worker(1, 0)};
-    r.workers[static_cast<size_t>(rank)] = worker(rank, code);
-    r.root_cause = static_cast<size_t>(rank);
-    for (const auto& w : r.workers)
-      if (hooks.on_worker_exit) hooks.on_worker_exit(w);
-    if (hooks.on_local_failure) hooks.on_local_failure(r.workers[*r.root_cause]);
-    return r;
-  };
-}
-FakeWorkers::Script stopped_by(int sig) {
-  return [=](FakeWorkers&, const AttemptHooks&) {
-    AttemptResult r;
-    r.workers = {worker(0, 128 + sig), worker(1, 128 + sig)};
-    r.stop_signal = sig;
-    return r;
-  };
-}
-// A failure elsewhere reaches the watcher while the workers run.
-FakeWorkers::Script stopped_by_remote(FakeMembership& m, FailureNotice notice) {
-  return [&m, notice](FakeWorkers& w, const AttemptHooks&) {
-    REQUIRE(m.watcher);
-    m.watcher(notice);
-    AttemptResult r;
-    r.workers = {worker(0, 128 + SIGTERM), worker(1, 128 + SIGTERM)};
-    r.remote = w.told_to_stop;
-    return r;
-  };
-}
-
-struct Job {
-  ddprun::LaunchPlan plan;
-  FakeWorkers workers;
-  FakeMembership membership;
-  std::vector<std::string> summaries;
-
-  Job() {
-    plan.run_id = "run-7";
-    plan.hostname = "hosta";
-    plan.nproc = 2;
-  }
-  ddprun::JobPolicyOptions options(int max_restarts, bool hosts_store = true) {
-    ddprun::JobPolicyOptions o;
-    o.node_rank = kMe;
-    o.hostname = plan.hostname;
-    o.max_restarts = max_restarts;
-    o.hosts_store = hosts_store;
-    o.print = [this](const std::string& text) { summaries.push_back(text); };
-    return o;
-  }
-  int run(int max_restarts, bool hosts_store = true) {
-    return ddprun::JobPolicy(plan, workers, membership, options(max_restarts, hosts_store)).run();
-  }
-};
-
-FailureNotice other_node_worker(int rank, int status) {
-  return {1, rank, status, "hostb", "exited with code " + std::to_string(status), ddprun::NoticeKind::kWorker};
-}
-
-}  // namespace
+using namespace policy_fakes;
 
 TEST_CASE("a worker failure with restarts left starts a new attempt", "[job_policy]") {
   Job job;
@@ -206,6 +54,7 @@ TEST_CASE("the restart budget ends the job after max_restarts restarts", "[job_p
   CHECK_THAT(job.summaries[2], Catch::Contains("(attempt 2) failed"));
   CHECK(job.membership.published.size() == 3);
   CHECK(job.membership.left == std::vector<std::pair<int, std::chrono::milliseconds>>{{2, 1s}});
+  CHECK(job.membership.ended.empty());  // end_job is for elastic jobs' waiting nodes
 }
 
 TEST_CASE("a lost node is not a worker failure: no restart", "[job_policy]") {
@@ -242,7 +91,7 @@ TEST_CASE("a stop signal during the join publishes it and starts no worker", "[j
   job.membership.signal_during_join = SIGTERM;
   CHECK(job.run(3) == 128 + SIGTERM);
   CHECK(job.workers.ran.empty());
-  CHECK(job.workers.prepared == std::vector<int>{0});
+  CHECK(job.workers.prepared.empty());  // readied only once joined
   REQUIRE(job.membership.published.size() == 1);
   const FailureNotice& n = job.membership.published[0];
   CHECK(n.node == kMe);

@@ -18,6 +18,12 @@ std::string JobKeys::exit_slot(int64_t n) const { return at("exit/" + std::to_st
 std::string JobKeys::progress(int rank) const { return at("progress/" + std::to_string(rank)); }
 std::string JobKeys::stall_report(int node_rank) const { return at("stall/" + std::to_string(node_rank)); }
 std::string JobKeys::process_groups() const { return at("pg/"); }
+std::string JobKeys::joined() const { return at("joined"); }
+std::string JobKeys::member(int64_t id) const { return at("member/" + std::to_string(id)); }
+std::string JobKeys::members() const { return at("members"); }
+std::string JobKeys::closing() const { return at("closing"); }
+
+std::string JobKeys::elastic_lost(int64_t id) { return "elastic/lost/" + std::to_string(id); }
 
 std::string JobKeys::standalone_process_groups(std::string_view run_id, int restart_count) {
   return "ddp/" + std::string(run_id) + "/" + std::to_string(restart_count) + "/pg/";

@@ -4,7 +4,13 @@
 // A job owns one namespace of the store (on the ddp-rendezvous daemon its --rdzv_id;
 // ddprun's own store serves one job). Inside it:
 //
-//   run_id                        node 0's run id, which every node adopts
+//   run_id                        node 0's run id, which every node adopts (an elastic
+//                                 job: the first node's, by compare_set)
+//   elastic/ticket                counter (add): each elastic ddprun's node id
+//   elastic/lost/<id>             node <id> is gone for good: its will, or leave()
+//   elastic/round                 the newest attempt any node opened (where a newcomer
+//                                 starts looking), decimal
+//   elastic/end                   the job is over: "<status>\n<why>"; waiters end too
 //   attempt/<k>/                  one membership of the job (restarts count up)
 //     node/<r>                    node r's registration: "<host>\n<address>\n<nproc>"
 //     master_port                 the free port on node 0 that becomes MASTER_PORT
@@ -17,6 +23,15 @@
 //     progress/<rank>             a rank's progress record (ProgressRecord)
 //     stall/<r>                   node r's part of a stall report (its workers' stacks)
 //     pg/                         the worker runtime's process groups (DDPRUN_STORE_PREFIX)
+//   and, for an elastic job's attempt (node ids from elastic/ticket, group ranks from
+//   the closed member list; done/<r> and left/<r> then take group ranks):
+//     joined                      ids that joined the attempt: "<id>\n" each (append)
+//     member/<id>                 a node's registration:
+//                                 "<host>\n<address>\n<nproc>\n<order hint>\n<free port>"
+//     members                     the closed member list, set once (compare_set):
+//                                 "<restart_count>\n<id> <id> ..." in group-rank order
+//     closing                     "finished" (a node's workers all succeeded: no grow) or
+//                                 "grow <id>" (a newcomer ends the attempt), compare_set
 //
 // A process group's keys live under its own prefix (GroupKeys), so groups never
 // collide and a restarted attempt starts clean.
@@ -32,6 +47,12 @@ class JobKeys {
  public:
   // The job's run id, which node 0 sets and the others read.
   static std::string run_id() { return "run_id"; }
+
+  // An elastic job's keys outside the attempts.
+  static std::string elastic_ticket() { return "elastic/ticket"; }
+  static std::string elastic_lost(int64_t id);
+  static std::string elastic_round() { return "elastic/round"; }
+  static std::string elastic_end() { return "elastic/end"; }
 
   explicit JobKeys(int attempt);
   int attempt() const { return attempt_; }
@@ -49,6 +70,11 @@ class JobKeys {
   std::string progress(int rank) const;         // a rank's progress record
   std::string stall_report(int node_rank) const;  // a node's part of a stall report
   std::string process_groups() const;           // prefix of the worker runtime's groups
+  // An elastic attempt's forming (see the layout above).
+  std::string joined() const;
+  std::string member(int64_t id) const;
+  std::string members() const;
+  std::string closing() const;
 
   // Workers started without ddprun (torchrun, srun, mpirun) use rank 0's own store:
   // their groups' prefix, per run and restart.
