@@ -244,13 +244,15 @@ def target(a, scenario):
 def report(a, results, failures):
     print()
     store = "node 0's embedded store" if a.store == "node0" else "ddp-rendezvous in a 4th namespace"
-    print(f"elastic recovery, 3 nodes at --nnodes 2:3 (network namespaces), {a.nproc_per_node} torch DDP "
-          f"worker(s) per node (gloo), SIGKILL to {'all of node 2' if a.kill == 'node' else 'the launcher'}; "
-          f"ddprun: {store}, last_call_timeout "
-          f"{a.last_call_timeout:g} s, heartbeat {a.heartbeat_timeout:g} s, grace {a.grace_period:g} s; "
-          f"torchrun 2.15: c10d on node 0, last_call_timeout "
-          f"{'default (30 s)' if a.torchrun_last_call_timeout is None else f'{a.torchrun_last_call_timeout:g} s'}"
-          f"{', shared TCPStore' if a.torchrun_share_store else ', TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1'}")
+    setup = [f"3 nodes at --nnodes 2:3 (network namespaces), {a.nproc_per_node} torch DDP worker(s) per node "
+             f"(gloo), SIGKILL to {'all of node 2' if a.kill == 'node' else 'the launcher'}",
+             f"ddprun: {store}, last_call_timeout {a.last_call_timeout:g} s, heartbeat {a.heartbeat_timeout:g} s, "
+             f"grace {a.grace_period:g} s"]
+    if "torchrun" in a.launchers:
+        last_call = "default (30 s)" if a.torchrun_last_call_timeout is None else f"{a.torchrun_last_call_timeout:g} s"
+        setup.append(f"torchrun 2.15: c10d on node 0, last_call_timeout {last_call}"
+                     f"{', shared TCPStore' if a.torchrun_share_store else ', TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1'}")
+    print("elastic recovery, " + "; ".join(setup))
     print(f"{'event':<18} {'launcher':<9} {'ok':>5} {'median':>9} {'min':>8} {'max':>8} {'restarts':>9}  target")
     medians = {}
     for scenario in a.scenarios:
