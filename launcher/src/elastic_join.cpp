@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "ddp/contract/store_keys.hpp"
+#include "elastic_ending.hpp"
 #include "errors.hpp"
 #include "failure_notice.hpp"
 #include "job_policy.hpp"
@@ -115,11 +116,14 @@ void ElasticRendezvous::request_grow(int attempt) {
   if (store_.check({keys.failure()})) return;  // already ending: it re-forms anyway
   const std::string mine = "grow " + std::to_string(id_);
   // The closing key first: a node whose workers all succeeded may have taken it.
-  if (store_.compare_set(keys.closing(), "", mine) != mine) return;
-  FailureNotice grow{-1, -1, 0, plan_.hostname,
-                     "node " + plan_.hostname + " joins: the job re-forms with more nodes", NoticeKind::kGrow};
-  store_.compare_set(keys.failure(), "", grow.encode());
-  spdlog::info("attempt {} runs below --nnodes max; asked it to re-form with this node", attempt);
+  const std::string closing = store_.compare_set(keys.closing(), "", mine);
+  if (closing == mine) {
+    store_.compare_set(keys.failure(), "", elastic::grow_notice(plan_.hostname).encode());
+    spdlog::info("attempt {} runs below --nnodes max; asked it to re-form with this node", attempt);
+  } else {
+    // Another newcomer's grow: it may have died before ending the attempt; finish it.
+    elastic::finish_grow(store_, attempt);
+  }
 }
 
 int ElasticRendezvous::restart_count_after(int attempt, const std::optional<elastic::MemberList>& previous) {

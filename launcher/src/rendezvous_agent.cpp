@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ddp/contract/store_keys.hpp"
+#include "elastic_ending.hpp"
 #include "errors.hpp"
 #include "job_policy.hpp"
 #include "ports.hpp"
@@ -304,13 +305,10 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
     if (elastic_) {
       // A finishing job is never re-formed: take the closing key before a newcomer does.
       // If one was first, its grow notice ends this attempt and the policy re-forms.
-      if (std::string closing = elastic_->claim_finish(attempt); closing != "finished") {
-        try {
-          return FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), to_ms(o.heartbeat_timeout)));
-        } catch (const rdzv::StoreTimeout&) {
-          // The newcomer died between its two compare_sets: re-form all the same.
-          return FailureNotice{-1, -1, 0, "", "a new node asked to join (" + closing + ")", NoticeKind::kGrow};
-        }
+      // The newcomer may have died between its two compare_sets: the grow notice is
+      // then written here, in the store, so every node re-forms (none waits for it).
+      if (elastic_->claim_finish(attempt) != "finished") {
+        if (auto grow = elastic::finish_grow(*store_, attempt)) return grow;
       }
     }
     store_->set(done[me], "1");

@@ -283,3 +283,40 @@ TEST_CASE("elastic: a stop signal ends the wait with Interrupted", "[elastic_rdz
   }
   CHECK(seconds_since(start) < 2);
 }
+
+// A newcomer that took the closing key ("grow <id>") and died before it wrote the
+// attempt's failure: the attempt must still end in the store, or the nodes that pass
+// the exit barrier would wait for it forever in the next join.
+TEST_CASE("elastic: a grow whose newcomer died is finished by the exit barrier", "[elastic_rdzv]") {
+  TwoRunning job;
+  auto& [server, store, a, b, first] = job;
+  REQUIRE(store->compare_set(JobKeys(0).closing(), "", "grow 99") == "grow 99");
+  auto barrier_a = std::async(std::launch::async, [&] { return a.agent->exit_barrier(0); });
+  auto barrier_b = std::async(std::launch::async, [&] { return b.agent->exit_barrier(0); });
+  for (auto* barrier : {&barrier_a, &barrier_b}) {
+    REQUIRE(barrier->wait_for(8s) == std::future_status::ready);
+    auto notice = barrier->get();
+    REQUIRE(notice);
+    CHECK(notice->kind == NoticeKind::kGrow);
+  }
+  CHECK(failure_of(*store, 0).kind == NoticeKind::kGrow);  // in the store, not only locally
+  auto reforming = std::async(std::launch::async, [&] { return join_all({&a, &b}, 1); });
+  REQUIRE(reforming.wait_for(8s) == std::future_status::ready);
+  auto second = reforming.get();
+  CHECK(second[0].attempt == 1);
+  CHECK(second[0].nnodes == 2);
+  CHECK(second[0].restart_count == 0);  // a grow uses no restart
+}
+
+TEST_CASE("elastic: a newcomer finishes another newcomer's grow that was left half done", "[elastic_rdzv]") {
+  TwoRunning job;
+  auto& [server, store, a, b, first] = job;
+  REQUIRE(store->compare_set(JobKeys(0).closing(), "", "grow 99") == "grow 99");
+  Node c(server, "c", NodeSpec{});
+  auto joining = c.join(0);
+  CHECK(failure_of(*store, 0).kind == NoticeKind::kGrow);
+  auto second = join_all({&a, &b}, 1);
+  REQUIRE(joining.wait_for(8s) == std::future_status::ready);
+  CHECK(joining.get().nnodes == 3);
+  CHECK(second[0].nnodes == 3);
+}
