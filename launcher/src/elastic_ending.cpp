@@ -50,4 +50,18 @@ std::optional<FailureNotice> finish_grow(rdzv::Store& store, int attempt) {
   return first_failure(store, attempt, grow_notice(host));
 }
 
+std::optional<FailureNotice> report_lost_member(rdzv::Store& store, int attempt, const std::vector<int64_t>& members) {
+  const JobKeys keys(attempt);
+  for (size_t r = 0; r < members.size(); ++r) {
+    // A member that finished leaves (and is marked lost) once every member finished.
+    if (!store.check({JobKeys::elastic_lost(members[r])}) || store.check({keys.done(static_cast<int>(r))})) continue;
+    FailureNotice lost{static_cast<int>(r), -1, 1, host_of(store, attempt, members[r]),
+                       "ddprun was lost (killed, crashed, cut off from the store or stopped) before it could "
+                       "report it",
+                       NoticeKind::kNodeLost};
+    return first_failure(store, attempt, lost);
+  }
+  return std::nullopt;
+}
+
 }  // namespace ddprun::elastic

@@ -3,6 +3,8 @@
 //
 //   - A grow, once started (closing = "grow <id>"), is finished by whoever sees it: the
 //     newcomer may die between its two compare_sets, and the attempt must still end.
+//   - A member marked lost (elastic/lost/<id>) before its failure will was set ends the
+//     attempt all the same: the watcher looks for that mark.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +24,11 @@ FailureNotice grow_notice(const std::string& host);
 // its notice unless something else ended it first. Returns the attempt's first failure
 // as agreed, or nothing when no grow was started. Throws rdzv::StoreError.
 std::optional<FailureNotice> finish_grow(rdzv::Store& store, int attempt);
+
+// When a member of `attempt` (`members`, group-rank order) is marked lost without
+// having finished: ends the attempt with kNodeLost for it unless something else ended
+// it first. Returns the first failure as agreed, or nothing when no member is lost.
+// Throws rdzv::StoreError.
+std::optional<FailureNotice> report_lost_member(rdzv::Store& store, int attempt, const std::vector<int64_t>& members);
 
 }  // namespace ddprun::elastic

@@ -253,16 +253,38 @@ JobLayout ElasticRendezvous::join(int attempt) {
     auto seen = ddp::contract::parse_integer(*round);
     if (seen && *seen > k && *seen < (1 << 30)) k = static_cast<int>(*seen);
   }
-  while (true) {
-    check_stop_and_end();
-    std::optional<elastic::MemberList> closed = read_members(k);
-    if (!closed) closed = wait_round(k, start);
-    if (closed->rank_of(id_) >= 0) return layout_of(k, *closed);
-    // Attempt k runs (or ran) without this node: wait at the next one, and ask k to
-    // re-form when it has room.
-    register_for(k + 1);
-    if (static_cast<int>(closed->ids.size()) < plan_.options.nnodes) request_grow(k);
-    ++k;
+  try {
+    while (true) {
+      check_stop_and_end();
+      std::optional<elastic::MemberList> closed = read_members(k);
+      if (!closed) closed = wait_round(k, start);
+      if (closed->rank_of(id_) >= 0) {
+        JobLayout layout = layout_of(k, *closed);
+        members_ = closed->ids;
+        return layout;
+      }
+      // Attempt k runs (or ran) without this node: wait at the next one, and ask k to
+      // re-form when it has room.
+      register_for(k + 1);
+      if (static_cast<int>(closed->ids.size()) < plan_.options.nnodes) request_grow(k);
+      ++k;
+    }
+  } catch (...) {
+    abandon(k);
+    throw;
+  }
+}
+
+void ElasticRendezvous::abandon(int attempt) noexcept {
+  try {
+    auto members = read_members(attempt);
+    const int rank = members ? members->rank_of(id_) : -1;
+    if (rank < 0) return;
+    FailureNotice gone{rank, -1, 1, plan_.hostname, "ddprun left the job while the attempt formed",
+                       NoticeKind::kNodeLost};
+    store_.compare_set(JobKeys(attempt).failure(), "", gone.encode());
+  } catch (...) {
+    // The store is gone or holds bad bytes: this node's lost mark (will) is all there is.
   }
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "elastic_round.hpp"
 #include "launch_plan.hpp"
@@ -29,6 +30,8 @@ class ElasticRendezvous {
                     std::chrono::milliseconds silence_limit);
 
   int64_t id() const { return id_; }
+  // The member ids (group-rank order) of the attempt join() returned last.
+  const std::vector<int64_t>& members() const { return members_; }
 
   // Joins `attempt` or, when that one is closed without this node, a later one (asking
   // a running attempt below MAX to re-form). Fills the layout but for the store's
@@ -62,6 +65,10 @@ class ElasticRendezvous {
   void check_stop_and_end();
   JobLayout layout_of(int attempt, const elastic::MemberList& members);
   elastic::Registration registration(int attempt, int64_t id);
+  // Leaving join() early (stop signal, the job's end, giving up) while `attempt` is
+  // closed with this node in it: ends the attempt (kNodeLost), so the other members do
+  // not start workers sized for this node. Never throws: this node is leaving anyway.
+  void abandon(int attempt) noexcept;
 
   rdzv::TcpStore& store_;
   const LaunchPlan& plan_;
@@ -69,6 +76,7 @@ class ElasticRendezvous {
   std::chrono::milliseconds silence_limit_;
   int64_t id_ = -1;
   int registered_ = -1;  // the attempt this node registered for last
+  std::vector<int64_t> members_;
 };
 
 }  // namespace ddprun

@@ -256,16 +256,27 @@ void RendezvousAgent::start_watch(int attempt, std::function<void(const FailureN
   } catch (const rdzv::StoreError& e) {
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }
-  watch_thread_ = std::thread([this, attempt, on_failure = std::move(on_failure)] {
+  // An elastic attempt may lose a member in a gap its failure will does not cover
+  // (between the closing and the will, or a newcomer dying mid-grow): the watcher looks
+  // for that every quarter heartbeat timeout and ends the attempt for it.
+  std::vector<int64_t> members;
+  if (elastic_ && layout_.attempt == attempt) members = elastic_->members();
+  const Millis slice =
+      elastic_ ? std::max(Millis(100), to_ms(plan_.options.heartbeat_timeout) / 4) : Millis(3600 * 1000);
+  watch_thread_ = std::thread([this, attempt, members, slice, on_failure = std::move(on_failure)] {
     const std::string failure_key = contract::JobKeys(attempt).failure();
     while (!stopping_) {
       try {
-        std::string text = watcher_->get(failure_key, Millis(3600 * 1000));
+        if (elastic_) {
+          elastic::report_lost_member(*watcher_, attempt, members);
+          elastic::finish_grow(*watcher_, attempt);
+        }
+        std::string text = watcher_->get(failure_key, slice);
         failure_seen_ = true;
         on_failure(after_finish(*watcher_, attempt, FailureNotice::decode(text)));
         return;
       } catch (const rdzv::StoreTimeout&) {
-        continue;  // an hour without news: ask again
+        continue;  // no news: look again
       } catch (const rdzv::StoreError& e) {
         if (stopping_) return;
         failure_seen_ = true;

@@ -320,3 +320,55 @@ TEST_CASE("elastic: a newcomer finishes another newcomer's grow that was left ha
   CHECK(joining.get().nnodes == 3);
   CHECK(second[0].nnodes == 3);
 }
+
+// A member marked lost whose failure will never fired (lost between the closing and
+// setting its will): the others' watchers end the attempt for it.
+TEST_CASE("elastic: a member marked lost without a failure notice ends the attempt via the watch",
+          "[elastic_rdzv]") {
+  TwoRunning job;
+  auto& [server, store, a, b, first] = job;
+  const auto members = ddprun::elastic::MemberList::decode(store->get(JobKeys(0).members(), 1s));
+  std::promise<FailureNotice> seen;
+  a.agent->start_watch(0, [&](const FailureNotice& n) { seen.set_value(n); });
+  store->set(JobKeys::elastic_lost(members.ids[1]), "1");
+  const auto start = Clock::now();
+  auto heard = seen.get_future();
+  REQUIRE(heard.wait_for(8s) == std::future_status::ready);
+  CHECK(seconds_since(start) < 4);  // heartbeat_timeout is 3 s: a quarter of it per look
+  const auto notice = heard.get();
+  CHECK(notice.kind == NoticeKind::kNodeLost);
+  CHECK(notice.node == 1);
+  CHECK(notice.host == "b");
+  a.agent->stop_watch();
+  CHECK(failure_of(*store, 0).kind == NoticeKind::kNodeLost);  // for every node, not only a
+}
+
+// A node stopped (SIGTERM) in its join just as another node closed the attempt with it:
+// the attempt is ended for it, or the others would start workers sized for it.
+TEST_CASE("elastic: a node that leaves its join after being closed into an attempt ends that attempt",
+          "[elastic_rdzv]") {
+  testing::ServerThread server;
+  auto store = server.client();
+  NodeSpec s;
+  s.last_call = 30;
+  Node a(server, "a", s);  // id 1
+  Node b(server, "b", s);  // id 2
+  auto joining = a.join(0);
+  store->wait({JobKeys(0).member(1)}, 8s);  // a registered
+  ddprun::elastic::Registration reg;
+  reg.host = "b";
+  reg.address = "127.0.0.1";
+  reg.port = 1234;
+  store->set(JobKeys(0).member(2), reg.encode());
+  ddprun::elastic::MemberList list;
+  list.ids = {1, 2};
+  store->set(JobKeys(0).members(), list.encode());  // as if a third node closed it
+  REQUIRE(joining.wait_for(8s) == std::future_status::ready);
+  CHECK(joining.get().nnodes == 2);
+  b.stop = 15;
+  CHECK_THROWS_AS(b.agent->join(0), ddprun::Interrupted);
+  const auto notice = failure_of(*store, 0);
+  CHECK(notice.kind == NoticeKind::kNodeLost);
+  CHECK(notice.node == 1);
+  CHECK(notice.host == "b");
+}
