@@ -39,6 +39,13 @@ FailureNotice grow_notice(const std::string& host) {
   return {-1, -1, 0, host, "node " + host + " joins: the job re-forms with more nodes", NoticeKind::kGrow};
 }
 
+FailureNotice settle_failure(rdzv::Store& store, int attempt, FailureNotice notice) {
+  if (notice.kind != NoticeKind::kNodeLost && notice.kind != NoticeKind::kWorker) return notice;
+  // Read by compare_set: when nobody finished yet, nobody can any more.
+  if (store.compare_set(JobKeys(attempt).closing(), "", kClosingFailed) == "finished") notice.kind = NoticeKind::kStop;
+  return notice;
+}
+
 std::optional<FailureNotice> finish_grow(rdzv::Store& store, int attempt) {
   const std::string key = JobKeys(attempt).closing();
   if (!store.check({key})) return std::nullopt;

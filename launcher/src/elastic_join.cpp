@@ -70,11 +70,6 @@ elastic::Registration ElasticRendezvous::registration(int attempt, int64_t id) {
   }
 }
 
-bool ElasticRendezvous::finished(rdzv::Store& store, int attempt) {
-  const std::string key = JobKeys(attempt).closing();
-  return store.check({key}) && store.get(key, kReadTimeout) == "finished";
-}
-
 void ElasticRendezvous::check_stop_and_end() {
   if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) throw Interrupted{sig};
   if (auto text = peek(JobKeys::elastic_end())) {

@@ -41,16 +41,13 @@ class ElasticRendezvous {
   JobLayout join(int attempt);
 
   // This node's workers all succeeded in `attempt`: no grow may end it any more.
-  // Returns the attempt's closing record as agreed ("finished", or "grow <id>" when a
-  // newcomer asked first).
+  // Returns the attempt's closing record as agreed ("finished"; "grow <id>" when a
+  // newcomer asked first; "failed" when a failure came first: elastic_ending.hpp).
   std::string claim_finish(int attempt);
   // Marks this node gone for good, so forming attempts do not wait for it.
   void mark_lost();
   // Records the job's end for nodes still waiting to be admitted (the first end wins).
   void end_job(int status, const std::string& why);
-
-  // Whether a node of `attempt` took its closing key with "finished".
-  static bool finished(rdzv::Store& store, int attempt);
 
  private:
   std::optional<std::string> peek(const std::string& key);

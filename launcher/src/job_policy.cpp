@@ -137,7 +137,8 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
     membership_.leave(attempt, options_.hosts_store ? seconds(5) : seconds(0));
     return {attempt, 0};
   }
-  return {attempt, options_.elastic ? after_elastic_failure(layout, result) : after_fixed_failure(layout, result)};
+  return {attempt,
+          options_.elastic ? after_elastic_failure(layout, result, winner) : after_fixed_failure(layout, result)};
 }
 
 std::optional<int> JobPolicy::after_fixed_failure(const JobLayout& layout, const AttemptResult& result) {
@@ -154,10 +155,13 @@ std::optional<int> JobPolicy::after_fixed_failure(const JobLayout& layout, const
   return result.exit_status();
 }
 
-std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, const AttemptResult& result) {
+std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, const AttemptResult& result,
+                                                     const std::optional<FailureNotice>& winner) {
   const int attempt = layout.attempt;
-  // What ended the attempt: the first notice published, or this node's own worker.
-  const NoticeKind kind = result.remote ? result.remote->kind : NoticeKind::kWorker;
+  // What ended the attempt: the first notice published, or this node's own worker, of
+  // the kind the membership settled (after another node finished: kStop, as every node
+  // reads it).
+  const NoticeKind kind = result.remote ? result.remote->kind : winner ? winner->kind : NoticeKind::kWorker;
   if (result.stop_signal == 0 && kind == NoticeKind::kGrow) {
     spdlog::info("{}; re-forming the job with more nodes (a node joining uses no restart)",
                  result.remote->description);

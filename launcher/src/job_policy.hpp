@@ -21,7 +21,8 @@
 //     (--max_restarts); never a lost node or a stop signal (a stop is published, kStop,
 //     and every node ends).
 // An elastic job (--nnodes MIN:MAX), by what ended the attempt (NoticeKind: the
-// remote notice's kind, kWorker for a worker of this node), torchrun's rule:
+// remote notice's kind; for a worker of this node, the kind publish_failure returned:
+// kWorker, or kStop when a node had finished first, as every node reads it), torchrun's rule:
 //   - kGrow (a node joins): one info line, no failure summary, the job re-forms at
 //     once; no restart is counted. Also after success when the exit barrier says so.
 //   - kWorker, kNodeLost (a failure): the failure summary; while the attempt's
@@ -162,7 +163,8 @@ class JobPolicy {
   void settle_root_cause(AttemptResult& result, std::optional<FailureNotice> winner);
   // After a failed attempt: its status, or nothing when a restart (or re-forming) follows.
   std::optional<int> after_fixed_failure(const JobLayout& layout, const AttemptResult& result);
-  std::optional<int> after_elastic_failure(const JobLayout& layout, const AttemptResult& result);
+  std::optional<int> after_elastic_failure(const JobLayout& layout, const AttemptResult& result,
+                                           const std::optional<FailureNotice>& winner);
   std::chrono::milliseconds linger_after_failure() const;
   FailureNotice notice(int rank, int status, std::string what, NoticeKind kind) const;
   ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;

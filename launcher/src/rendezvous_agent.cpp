@@ -155,9 +155,9 @@ std::string RendezvousAgent::store_lost_message(const std::string& what) const {
 }
 
 FailureNotice RendezvousAgent::after_finish(rdzv::Store& store, int attempt, FailureNotice notice) const {
-  if (!elastic_ || (notice.kind != NoticeKind::kNodeLost && notice.kind != NoticeKind::kWorker)) return notice;
+  if (!elastic_) return notice;
   try {
-    if (ElasticRendezvous::finished(store, attempt)) notice.kind = NoticeKind::kStop;
+    return elastic::settle_failure(store, attempt, notice);
   } catch (const rdzv::StoreError&) {
     // Cannot tell: the notice as published.
   }

@@ -85,7 +85,8 @@ class RendezvousAgent {
   static std::chrono::milliseconds silence_limit(std::chrono::milliseconds heartbeat_timeout);
   JobLayout fixed_join(int attempt);
   // Elastic: once a node of `attempt` finished, a lost node or failed worker ends the
-  // job (kStop) instead of re-forming it. Fixed jobs: `notice` as it is.
+  // job (kStop) instead of re-forming it, as the store's closing key says for every
+  // node alike (elastic::settle_failure). Fixed jobs: `notice` as it is.
   FailureNotice after_finish(rdzv::Store& store, int attempt, FailureNotice notice) const;
   // What a node that lost the store is told.
   std::string store_lost_message(const std::string& what) const;

@@ -225,3 +225,18 @@ TEST_CASE("elastic: a grow from the exit barrier after success re-forms the job"
   CHECK(job.membership.ended == std::vector<std::tuple<int, int, std::string>>{{1, 0, "the job finished"}});
   CHECK(job.membership.left == Left{{1, 5s}});
 }
+
+// The membership settles a local worker's failure as kStop when another node finished
+// first (the store says so for every node): this node must end the job too, not re-form
+// it while the others end.
+TEST_CASE("elastic: a local worker failure after another node finished ends the job", "[job_policy][elastic]") {
+  ElasticJob job;
+  job.membership.layouts = {attempt_layout(0, 0), attempt_layout(1, 1)};
+  job.membership.first_failure[0] = {kMe, 1, 3, "hosta", "exited with code 3", NoticeKind::kStop};
+  job.workers.attempts = {fail(1, 3), succeed()};
+  CHECK(job.run(2) == 3);
+  CHECK(job.workers.ran == std::vector<int>{0});
+  REQUIRE(job.membership.ended.size() == 1);
+  CHECK(std::get<1>(job.membership.ended[0]) == 3);
+  CHECK_THAT(job.summaries.at(0), Catch::Contains("Root cause (first worker to fail):"));
+}

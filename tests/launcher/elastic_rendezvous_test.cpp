@@ -372,3 +372,31 @@ TEST_CASE("elastic: a node that leaves its join after being closed into an attem
   CHECK(notice.node == 1);
   CHECK(notice.host == "b");
 }
+
+// A worker fails on one node while another passes its exit barrier: whichever came
+// first in the store, both nodes must decide alike (re-form, or end the job).
+TEST_CASE("elastic: a failure before a node finished is read alike by the failing and the finishing node",
+          "[elastic_rdzv]") {
+  TwoRunning job;
+  auto& [server, store, a, b, first] = job;
+  const auto failed = b.agent->publish_failure(0, {first[1].node_rank, 3, 3, "b", "exited with code 3",
+                                                   NoticeKind::kWorker});
+  CHECK(failed.kind == NoticeKind::kWorker);  // nobody had finished: a restart may follow
+  auto barrier = a.agent->exit_barrier(0);    // a's workers succeed just after
+  REQUIRE(barrier);
+  CHECK(barrier->kind == NoticeKind::kWorker);  // not kStop: the failure came first
+}
+
+TEST_CASE("elastic: a failure after a node finished ends the job on both nodes", "[elastic_rdzv]") {
+  TwoRunning job;
+  auto& [server, store, a, b, first] = job;
+  auto barrier = std::async(std::launch::async, [&] { return a.agent->exit_barrier(0); });
+  store->wait({JobKeys(0).done(first[0].node_rank)}, 8s);  // a finished
+  const auto failed = b.agent->publish_failure(0, {first[1].node_rank, 3, 3, "b", "exited with code 3",
+                                                   NoticeKind::kWorker});
+  CHECK(failed.kind == NoticeKind::kStop);
+  REQUIRE(barrier.wait_for(8s) == std::future_status::ready);
+  auto seen = barrier.get();
+  REQUIRE(seen);
+  CHECK(seen->kind == NoticeKind::kStop);
+}
