@@ -155,6 +155,18 @@ elastic::RoundView ElasticRendezvous::view_of(int attempt, const std::optional<e
   return v;
 }
 
+void ElasticRendezvous::check_previous_ended(int attempt, const elastic::MemberList& previous) {
+  const std::string key = JobKeys(attempt - 1).failure();
+  // The kind as every member's policy reads it (a failure after a node finished: kStop).
+  FailureNotice ended = elastic::settle_failure(store_, attempt - 1, FailureNotice::decode(store_.get(key, kReadTimeout)));
+  const bool no_restart_left = consumes_restart(ended.kind) && previous.restart_count >= plan_.options.max_restarts;
+  if (ended.kind != NoticeKind::kStop && !no_restart_left) return;
+  const std::string why = "the job ended in attempt " + std::to_string(attempt - 1) + " (" + ended.describe() + ")" +
+                          (ended.kind == NoticeKind::kStop ? "" : ", no restart left");
+  end_job(ended.status, why);  // the members' policy records it too; the first wins
+  check_stop_and_end();        // throws JobOver with the end as recorded
+}
+
 elastic::MemberList ElasticRendezvous::wait_round(int attempt, Clock::time_point start) {
   const LaunchOptions& o = plan_.options;
   const JobKeys keys(attempt);
@@ -167,6 +179,7 @@ elastic::MemberList ElasticRendezvous::wait_round(int attempt, Clock::time_point
     elastic::RoundView view = view_of(attempt, previous);
     const auto now = Clock::now();
     elastic::RoundDecision d = elastic::decide_round(view, timers, now);
+    if (previous && !view.previous_running) check_previous_ended(attempt, *previous);
     if (view.previous_running && now - start >= to_ms(o.join_timeout)) {
       throw LaunchError("rendezvous: not admitted within " + std::to_string(static_cast<int>(o.join_timeout)) +
                         " s: the job runs with " + std::to_string(previous->ids.size()) + " of at most " +

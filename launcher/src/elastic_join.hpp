@@ -59,6 +59,9 @@ class ElasticRendezvous {
   elastic::RoundView view_of(int attempt, const std::optional<elastic::MemberList>& previous);
   int restart_count_after(int attempt, const std::optional<elastic::MemberList>& previous);
   void request_grow(int attempt);
+  // The attempt before `attempt` ended the job (a stop, or a failure with no restart
+  // left: the members' policy ends there, so nobody re-forms it): throws JobOver.
+  void check_previous_ended(int attempt, const elastic::MemberList& previous);
   void check_stop_and_end();
   JobLayout layout_of(int attempt, const elastic::MemberList& members);
   elastic::Registration registration(int attempt, int64_t id);

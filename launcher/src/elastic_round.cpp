@@ -67,22 +67,21 @@ RoundDecision decide_round(const RoundView& v, RoundTimers& t, Clock::time_point
       if (!v.lost.count(id)) stayers.insert(id);
     }
   }
-  if (d.present >= v.max_nodes) {
-    d.action = RoundAction::kClose;
-    d.members = choose(present, stayers, v.max_nodes);
-    return d;
-  }
   if (d.present < v.min_nodes) {
     if (now - t.below_min_since >= v.join_timeout) d.action = RoundAction::kGiveUp;
     return d;
   }
   const auto enough_for = now - *t.min_reached;
+  // A re-forming attempt keeps the stayers' places, even at MAX: newcomers queued for
+  // it must not take the place of a healthy stayer still on its way back.
+  const bool stayers_back =
+      std::all_of(stayers.begin(), stayers.end(), [&](int64_t id) { return seen.count(id) > 0; }) ||
+      enough_for >= v.join_timeout;  // a stayer that is neither back nor lost
   bool close = false;
   if (!v.previous) {
-    close = enough_for >= v.last_call;
+    close = d.present >= v.max_nodes || enough_for >= v.last_call;
   } else {
-    close = std::all_of(stayers.begin(), stayers.end(), [&](int64_t id) { return seen.count(id) > 0; }) ||
-            enough_for >= v.join_timeout;  // a stayer that is neither back nor lost
+    close = stayers_back;
   }
   if (close) {
     d.action = RoundAction::kClose;

@@ -63,12 +63,13 @@ struct RoundDecision {
   int present = 0;                 // joined and not lost (for messages)
 };
 
-// The closing rule. MAX present: close at once (stayers first, then the earliest
-// newcomers). First attempt: close when >= MIN are present and last_call passed since
-// this node saw the MIN-th. Later attempt: close as soon as every stayer has rejoined
-// and >= MIN are present (newcomers that joined meanwhile included); a stayer that
-// neither rejoins nor is marked lost is waited for at most join_timeout. Fewer than
-// MIN for join_timeout: give up. While the previous attempt runs: wait.
+// The closing rule. First attempt: close at once when MAX are present, else when
+// >= MIN are present and last_call passed since this node saw the MIN-th. Later
+// attempt: close as soon as every stayer has rejoined and >= MIN are present
+// (newcomers that joined meanwhile included, at most MAX: stayers first, then the
+// earliest newcomers); a stayer that neither rejoins nor is marked lost is waited for
+// at most join_timeout, even with MAX present. Fewer than MIN for join_timeout: give
+// up. While the previous attempt runs: wait.
 RoundDecision decide_round(const RoundView& view, RoundTimers& timers, Clock::time_point now);
 
 // A node's registration for one attempt (attempt/<k>/member/<id>).

@@ -167,26 +167,28 @@ std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, con
                  result.remote->description);
     return std::nullopt;
   }
-  if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
   if (result.stop_signal != 0) {
     // This node leaves (its notice lets the others re-form) and says why it ended: the
     // job, and whatever failed in it, goes on without it.
+    if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
     membership_.leave(attempt, linger_after_failure());
     return 128 + result.stop_signal;
   }
   const bool failure = kind == NoticeKind::kWorker || kind == NoticeKind::kNodeLost;
-  if (failure && layout.restart_count < options_.max_restarts) {
+  const bool reform = failure && layout.restart_count < options_.max_restarts;
+  // The job ends here. Nodes waiting to be admitted hear of it first (before the
+  // summary takes its time), unless the store that would tell them is what this node lost.
+  if (!reform && kind != NoticeKind::kStoreLost) {
+    std::string why = failure ? "no restart left (--max_restarts=" + std::to_string(options_.max_restarts) + ")"
+                              : "the job was stopped";
+    membership_.end_job(attempt, result.exit_status(), why);
+  }
+  if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
+  if (reform) {
     spdlog::warn("re-forming the job {} (restart {} of {})",
                  kind == NoticeKind::kNodeLost ? "without the lost node" : "after a worker failure",
                  layout.restart_count + 1, options_.max_restarts);
     return std::nullopt;
-  }
-  // The job ends here. Nodes waiting to be admitted hear of it, unless the store that
-  // would tell them is what this node lost.
-  if (kind != NoticeKind::kStoreLost) {
-    std::string why = failure ? "no restart left (--max_restarts=" + std::to_string(options_.max_restarts) + ")"
-                              : "the job was stopped";
-    membership_.end_job(attempt, result.exit_status(), why);
   }
   membership_.leave(attempt, linger_after_failure());
   return result.exit_status();

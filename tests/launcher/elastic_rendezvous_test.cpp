@@ -31,6 +31,7 @@ struct NodeSpec {
   int hint = -1;              // -1: no --node_rank
   double last_call = 0.3;
   double join_timeout = 20;
+  int max_restarts = 3;       // re-forming after a failure needs one left
 };
 
 // One node's ddprun, as far as the rendezvous goes.
@@ -46,6 +47,7 @@ struct Node {
     plan.options.node_rank_given = s.hint >= 0;
     plan.options.last_call_timeout = s.last_call;
     plan.options.join_timeout = s.join_timeout;
+    plan.options.max_restarts = s.max_restarts;
     plan.options.heartbeat_timeout = 3;
     plan.options.exit_barrier_timeout = 10;
     plan.hostname = host;
@@ -399,4 +401,29 @@ TEST_CASE("elastic: a failure after a node finished ends the job on both nodes",
   auto seen = barrier.get();
   REQUIRE(seen);
   CHECK(seen->kind == NoticeKind::kStop);
+}
+
+// The job ended with its last attempt (no restart left): newcomers arriving then must
+// hear that, not form a new attempt among themselves.
+TEST_CASE("elastic: newcomers cannot re-form a job whose last attempt ended it", "[elastic_rdzv]") {
+  testing::ServerThread server;
+  auto store = server.client();
+  NodeSpec s;
+  s.max_restarts = 0;
+  auto a = std::make_unique<Node>(server, "a", s);
+  auto b = std::make_unique<Node>(server, "b", s);
+  join_all({a.get(), b.get()}, 0);
+  a.reset();  // both killed: the attempt fails with no restart left
+  b.reset();
+  REQUIRE(failure_of(*store, 0).kind == NoticeKind::kNodeLost);
+  Node c(server, "c", s), d(server, "d", s);
+  auto joining_c = c.join(0);
+  auto joining_d = d.join(0);
+  for (auto* joining : {&joining_c, &joining_d}) {
+    REQUIRE(joining->wait_for(8s) == std::future_status::ready);
+    const auto over = job_over(*joining);
+    CHECK(over.status == 1);
+    CHECK(over.message.find("no restart left") != std::string::npos);
+  }
+  CHECK_FALSE(store->check({JobKeys(1).members()}));
 }

@@ -103,6 +103,26 @@ TEST_CASE("more than MAX present: the stayers first, then the earliest newcomers
   CHECK(ids(d) == std::vector<int64_t>{2, 4, 8});  // 9 has the smallest hint but came last
 }
 
+TEST_CASE("at MAX, a re-forming attempt still waits for its stayers before newcomers fill it", "[elastic]") {
+  const auto t0 = Clock::now();
+  RoundTimers timers(t0);
+  // Stayer 2 is on its way back (not lost); newcomers 5 and 6 queued meanwhile.
+  auto v = view(1, 3, {{1, kNoHint}, {5, kNoHint}, {6, kNoHint}});
+  v.previous = std::vector<int64_t>{1, 2};
+  CHECK(decide_round(v, timers, t0).action == RoundAction::kWait);
+  CHECK(decide_round(v, timers, t0 + 59s).action == RoundAction::kWait);
+  v.joined.push_back({2, kNoHint});
+  auto d = decide_round(v, timers, t0 + 59s);
+  REQUIRE(d.action == RoundAction::kClose);
+  CHECK(ids(d) == std::vector<int64_t>{1, 2, 5});
+  SECTION("a stayer neither back nor lost is given up after join_timeout") {
+    v.joined.pop_back();
+    d = decide_round(v, timers, t0 + 60s);
+    REQUIRE(d.action == RoundAction::kClose);
+    CHECK(ids(d) == std::vector<int64_t>{1, 5, 6});
+  }
+}
+
 TEST_CASE("while the previous attempt runs, a newcomer only waits", "[elastic]") {
   const auto t0 = Clock::now();
   RoundTimers timers(t0);
