@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include "error_files.hpp"
+#include "errors.hpp"
 #include "summary.hpp"
 
 namespace ddprun {
@@ -72,7 +73,13 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
   } catch (const JobOver& over) {
     if (over.status == 0) spdlog::info("{}", over.message);
     else spdlog::error("{}", over.message);
+    // The store's host lingers, so the nodes still waiting read the end before it goes.
+    membership_.leave(asked, linger_after_failure());
     return {asked, over.status};
+  } catch (const LaunchError&) {
+    // An elastic job gave up (fewer than MIN): as above. A fixed join lingered already.
+    if (options_.elastic) membership_.leave(asked, linger_after_failure());
+    throw;
   }
   const int attempt = layout.attempt;
   node_rank_ = layout.node_rank;

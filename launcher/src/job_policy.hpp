@@ -16,6 +16,8 @@
 //   - Exit status: the root cause's (a worker's code or 128+signal), 128+signal for a
 //     stop signal, 0 when every node's workers succeeded. JobOver from the join (an
 //     elastic job that ended without this node): its message and its status.
+//   - Every way out leaves the membership; the node hosting the store lingers after a
+//     failure, a JobOver or an elastic join that gave up, so others read the outcome.
 // A fixed job (--nnodes N):
 //   - A restart follows a worker failure (here or elsewhere) while restarts are left
 //     (--max_restarts); never a lost node or a stop signal (a stop is published, kStop,

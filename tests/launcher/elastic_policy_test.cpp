@@ -240,3 +240,29 @@ TEST_CASE("elastic: a local worker failure after another node finished ends the 
   CHECK(std::get<1>(job.membership.ended[0]) == 3);
   CHECK_THAT(job.summaries.at(0), Catch::Contains("Root cause (first worker to fail):"));
 }
+
+// The node hosting the store must not take it away before the nodes still waiting read
+// the job's end: every way out of a join leaves, with the store host's linger.
+TEST_CASE("elastic: a join that ends the job leaves the membership, lingering on the store's host",
+          "[job_policy][elastic]") {
+  ElasticJob job;
+  SECTION("JobOver") {
+    job.membership.over = ddprun::JobOver{1, "the job ended before this node was admitted"};
+    CHECK(job.run(0) == 1);
+  }
+  SECTION("giving up below MIN") {
+    job.membership.layouts.clear();
+    job.workers.attempts = {succeed()};
+    struct GivesUp : FakeMembership {
+      ddprun::JobLayout join(int attempt) override {
+        joins.push_back(attempt);
+        throw ddprun::LaunchError("rendezvous: the job needs at least 3 nodes; 2 present");
+      }
+    };
+    GivesUp m;
+    CHECK_THROWS_AS(ddprun::JobPolicy(job.plan, job.workers, m, job.options(0)).run(), ddprun::LaunchError);
+    job.membership.left = m.left;
+  }
+  CHECK(job.workers.ran.empty());
+  CHECK(job.membership.left == Left{{0, 1s}});
+}
