@@ -302,6 +302,19 @@ std::string ElasticRendezvous::claim_finish(int attempt) {
 
 void ElasticRendezvous::mark_lost() { store_.set(JobKeys::elastic_lost(id_), "1"); }
 
+std::vector<std::string> ElasticRendezvous::others_waiting_lost_keys() {
+  std::vector<std::string> keys;
+  if (registered_ < 0) return keys;
+  try {
+    for (int64_t id : elastic::decode_joined(peek(JobKeys(registered_).joined()).value_or(""))) {
+      if (id != id_) keys.push_back(JobKeys::elastic_lost(id));
+    }
+  } catch (const std::invalid_argument&) {
+    // Bad bytes: nobody to wait for.
+  }
+  return keys;
+}
+
 void ElasticRendezvous::end_job(int status, const std::string& why) {
   store_.compare_set(JobKeys::elastic_end(), "", elastic::JobEnd{status, why}.encode());
 }

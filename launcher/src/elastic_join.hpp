@@ -46,6 +46,9 @@ class ElasticRendezvous {
   std::string claim_finish(int attempt);
   // Marks this node gone for good, so forming attempts do not wait for it.
   void mark_lost();
+  // The lost marks (elastic/lost/<id>) of the other nodes that registered for the
+  // attempt this node registered for last: a node leaving from its join waits on them.
+  std::vector<std::string> others_waiting_lost_keys();
   // Records the job's end for nodes still waiting to be admitted (the first end wins).
   void end_job(int status, const std::string& why);
 

@@ -141,6 +141,7 @@ JobLayout RendezvousAgent::join(int attempt) {
   layout.store.token = token_;
   layout.store.ns = ns_;
   layout_ = layout;
+  joined_attempt_ = layout.attempt;
   return layout;
 }
 
@@ -357,11 +358,17 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
 
 void RendezvousAgent::leave(int attempt, Millis linger) {
   try {
+    std::vector<std::string> left;
     if (elastic_) elastic_->mark_lost();
-    store_->set(contract::JobKeys(attempt).left(layout_.node_rank), "1");
-    if (linger.count() > 0) {
-      std::vector<std::string> left;
+    if (!elastic_ || joined_attempt_ == attempt) {
+      store_->set(contract::JobKeys(attempt).left(layout_.node_rank), "1");
       for (int r = 0; r < layout_.nnodes; ++r) left.push_back(contract::JobKeys(attempt).left(r));
+    } else {
+      // Never a member of `attempt` (its join ended early): no group rank there to
+      // leave under. The nodes that waited beside it mark themselves lost as they go.
+      left = elastic_->others_waiting_lost_keys();
+    }
+    if (linger.count() > 0 && !left.empty()) {
       try {
         patient_multi_get(left, linger);  // short slices: the heartbeat keeps going meanwhile
       } catch (const rdzv::StoreTimeout&) {

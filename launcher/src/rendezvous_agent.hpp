@@ -112,6 +112,7 @@ class RendezvousAgent {
   std::unique_ptr<ElasticRendezvous> elastic_;  // elastic jobs only
   // The attempt this node joined last (group rank, node count): done/<r>, left/<r>.
   JobLayout layout_;
+  int joined_attempt_ = -1;  // layout_.attempt once a join succeeded
 };
 
 }  // namespace ddprun

@@ -427,3 +427,33 @@ TEST_CASE("elastic: newcomers cannot re-form a job whose last attempt ended it",
   }
   CHECK_FALSE(store->check({JobKeys(1).members()}));
 }
+
+// A node leaving from a join it never completed has no group rank in that attempt: it
+// must not write left/<its old rank> there (another member's key).
+TEST_CASE("elastic: leaving from an unfinished join writes no left key under a stale rank", "[elastic_rdzv]") {
+  TwoRunning job;
+  auto& [server, store, a, b, first] = job;
+  REQUIRE(first[1].node_rank == 1);
+  b.stop = 15;
+  CHECK_THROWS_AS(b.agent->join(1), ddprun::Interrupted);
+  b.agent->leave(1, 0s);
+  CHECK_FALSE(store->check({JobKeys(1).left(1)}));
+  const auto members = ddprun::elastic::MemberList::decode(store->get(JobKeys(0).members(), 1s));
+  CHECK(store->check({JobKeys::elastic_lost(members.ids[1])}));
+}
+
+// The store's host gave up below MIN: it lingers until the nodes that waited beside it
+// read the end and left, not for the whole linger.
+TEST_CASE("elastic: a node leaving after giving up lingers only until the waiters left", "[elastic_rdzv]") {
+  testing::ServerThread server;
+  Node quick(server, "quick", {3, 4, -1, 0.3, 1.5});
+  Node patient(server, "patient", {3, 4, -1, 0.3, 60});
+  auto waiting = patient.join(0);
+  CHECK_THROWS_AS(quick.agent->join(0), ddprun::LaunchError);
+  const auto start = Clock::now();
+  auto lingering = std::async(std::launch::async, [&] { quick.agent->leave(0, 6s); });
+  job_over(waiting);
+  patient.agent->leave(0, 0s);
+  REQUIRE(lingering.wait_for(8s) == std::future_status::ready);
+  CHECK(seconds_since(start) < 4);
+}
