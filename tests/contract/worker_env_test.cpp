@@ -47,7 +47,7 @@ TEST_CASE("under torchrun's agent store the runtime's store goes on a port deriv
   const int first = port_with({});
   CHECK(first != 29500);
   CHECK(first >= 20000);
-  CHECK(first < 40001);
+  CHECK(first < 32768);  // below Linux's ephemeral ports, which connections hold
   CHECK(port_with({{"RANK", "1"}}) == first);                          // another rank: the same port
   CHECK(port_with({{"TORCHELASTIC_RESTART_COUNT", "1"}}) != first);    // a restarted attempt: its own
   CHECK(port_with({{"TORCHELASTIC_USE_AGENT_STORE", "False"}}) == 29500);

@@ -18,12 +18,13 @@ int integer_or(const Variables& v, const char* name, long long fallback, long lo
   return static_cast<int>(v.integer_or(name, fallback, lo, hi));
 }
 
-// A port in [20000, 40000) every process of a job derives alike from `key`, below
-// Linux's ephemeral range.
+// A port in [20000, 32768) every process of a job derives alike from `key`: below
+// Linux's default ephemeral range (32768-60999), where any outgoing connection on the
+// host may hold the port and rank 0 could not listen on it.
 int derived_port(const std::string& key) {
   uint32_t hash = 2166136261u;  // FNV-1a
   for (char c : key) hash = (hash ^ static_cast<uint8_t>(c)) * 16777619u;
-  return 20000 + static_cast<int>(hash % 20000);
+  return 20000 + static_cast<int>(hash % 12768);
 }
 
 // srun with one task per GPU and no launcher.

@@ -77,7 +77,7 @@ struct WorkerEnv {
   // Where init() has rank 0 host its store when no launcher store is given:
   // MASTER_PORT, except under torchrun's agent, whose store already listens there;
   // then a port every rank derives alike from MASTER_PORT, the run id and the restart
-  // count (20000-39999).
+  // count (20000-32767, below the ephemeral ports).
   int store_port() const;
 
   // The variables this describes, name -> value, as ddprun hands them to a worker.
