@@ -17,6 +17,7 @@
 #include "launch_plan.hpp"
 #include "options.hpp"
 #include "rdzv/token.hpp"
+#include "remote_launch.hpp"
 #include "rendezvous_agent.hpp"
 #include "runtime_file.hpp"
 #include "stall_monitor.hpp"
@@ -191,6 +192,7 @@ int run(int argc, char** argv) {
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
+    if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);
     ddprun::LaunchPlan plan = ddprun::prepare_launch(*parsed.options);
     if (!plan.options.slurm_notes.empty()) {
       std::string taken;

@@ -41,6 +41,16 @@ struct RawFlags {
   std::string exit_barrier_timeout = "300";
   std::string stall_timeout = "300";
   std::string stall_action = "report";
+  // Many nodes from one command (hosts.hpp); validated in remote_options.cpp.
+  std::string hostfile;
+  std::string hosts;
+  std::string include;
+  std::string exclude;
+  std::string ssh_args;
+  std::string remote_ddprun;
+  std::vector<std::string> exports;
+  std::string env_file;
+  std::string local_addr;
 };
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
@@ -272,6 +282,22 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "its root cause, status 124)")
       ->default_str("report");
   app.add_flag("-v,--verbose", opts.verbose, "Print the launch plan before starting");
+  app.add_option("--hostfile", raw.hostfile,
+                 "Start the job on every host of FILE (lines 'host slots=N', as OpenMPI and DeepSpeed write "
+                 "them) from this one command, over ssh");
+  app.add_option("--hosts", raw.hosts, "As --hostfile, with the hosts listed: h1:4,h2:4");
+  app.add_option("--include", raw.include, "Only these hosts and GPU indices of the host list: h1:0,2@h2");
+  app.add_option("--exclude", raw.exclude, "All of the host list but these hosts or GPU indices: h1:1@h3");
+  app.add_option("--ssh_args,--ssh-args", raw.ssh_args,
+                 "Extra arguments for ssh (e.g. '-p 2222 -J jumphost'); DDPRUN_SSH replaces the ssh command");
+  app.add_option("--remote_ddprun,--remote-ddprun", raw.remote_ddprun,
+                 "Path of ddprun on the hosts (default: the same path as this one)");
+  app.add_option("-x", raw.exports, "Send this variable (VAR, or VAR=value) to every host; may be repeated")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--env_file,--env-file", raw.env_file, "Send the VAR=value lines of FILE to every host");
+  app.add_option("--local_addr,--local-addr", raw.local_addr,
+                 "The address this node advertises to the other nodes (default: the one that reaches the store)");
+  app.add_flag("--agent_stdin", opts.remote.agent_stdin)->group("");  // started by a launching ddprun
 
   try {
     app.parse(argc, const_cast<char**>(argv));
@@ -302,6 +328,16 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
 
   validate_nproc(raw.nproc_per_node);
   opts.nproc_per_node = raw.nproc_per_node;
+  opts.nproc_per_node_given = app.count("--nproc_per_node") > 0;
+  if (!raw.hostfile.empty()) opts.remote.hostfile = raw.hostfile;
+  if (!raw.hosts.empty()) opts.remote.hosts = raw.hosts;
+  if (!raw.include.empty()) opts.remote.include = raw.include;
+  if (!raw.exclude.empty()) opts.remote.exclude = raw.exclude;
+  if (!raw.remote_ddprun.empty()) opts.remote.remote_ddprun = raw.remote_ddprun;
+  if (!raw.env_file.empty()) opts.remote.env_file = raw.env_file;
+  if (!raw.local_addr.empty()) opts.local_addr = raw.local_addr;
+  opts.remote.exports = raw.exports;
+  opts.remote.ssh_command = {"ssh"};  // TODO(remote options): DDPRUN_SSH, --ssh_args, validation
   parse_nnodes(raw.nnodes, opts);
   opts.node_rank = integer_in("--node_rank", raw.node_rank, 0, 100000, "expected a node rank in [0, nnodes)");
   opts.node_rank_given = app.count("--node_rank") > 0;

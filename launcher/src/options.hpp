@@ -9,12 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "hosts.hpp"
 #include "stream_spec.hpp"
 
 namespace ddprun {
 
 struct LaunchOptions {
   std::string nproc_per_node = "1";       // "N", "gpu", "cpu" or "auto" (resolved in the plan)
+  bool nproc_per_node_given = false;      // --nproc_per_node on the command line (overrides slots)
   int nnodes = 1;                         // a fixed count N, or MAX of --nnodes MIN:MAX
   int min_nodes = 1;                      // MIN of --nnodes MIN:MAX; == nnodes for a fixed count
   int node_rank = 0;                      // elastic: only an order hint (0 hosts the embedded store)
@@ -44,6 +46,8 @@ struct LaunchOptions {
   double stall_timeout = 300.0;           // seconds without a completed call before a stall report; 0: off
   bool stall_stop = false;                // --stall_action=stop: a stall ends the job
   bool verbose = false;
+  std::optional<std::string> local_addr;  // --local_addr: the address this node advertises to the others
+  RemoteOptions remote;                   // --hostfile/--hosts launches and the agents they start
   std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
   std::string program;
   std::vector<std::string> program_args;
