@@ -30,6 +30,12 @@ std::vector<HostEntry> resolve_hosts(const LaunchOptions& options) {
   return out;
 }
 
+std::string nproc_for(const HostEntry& host, const LaunchOptions& options) {
+  if (options.nproc_per_node_given) return options.nproc_per_node;
+  if (host.devices) return std::to_string(host.devices->size());
+  return host.slots ? std::to_string(*host.slots) : std::string("1");
+}
+
 std::vector<std::pair<std::string, std::string>> propagated_environment(const LaunchOptions&) {
   std::vector<std::pair<std::string, std::string>> env;
   for (const char* name : {"PATH", "LD_LIBRARY_PATH"}) {

@@ -43,6 +43,11 @@ struct HostEntry {
 // lacks, or no host left: UsageError (an unreadable file: LaunchError), naming file and line.
 std::vector<HostEntry> resolve_hosts(const LaunchOptions& options);
 
+// The --nproc_per_node value this host's agent is started with: the command line's
+// --nproc_per_node when given, else the count of GPU indices --include/--exclude picked,
+// else the host's slots, else "1". (A value like "gpu" is resolved on the host.)
+std::string nproc_for(const HostEntry& host, const LaunchOptions& options);
+
 // The variables every agent sets for itself and its workers, in the order sent: the
 // defaults (NCCL_*, DDP_*, PYTHON*, OMP_*, CUDA_* but CUDA_VISIBLE_DEVICES, PATH,
 // LD_LIBRARY_PATH) taken from this process's environment, then --env_file's lines,
