@@ -30,9 +30,10 @@ def launcher_argv(name, hosts, hostfile, stamps, stay, opts):
     if name == "ddprun":
         return [DDPRUN, "--hostfile", hostfile, f"--grace_period={opts.grace_period:g}",
                 f"--heartbeat_timeout={opts.heartbeat_timeout:g}", *worker]
+    # OpenMPI's own launch settings otherwise (its tree spawn on or off measured the same
+    # here, 1.39 vs 1.42 s); the same ssh command as ddprun's DDPRUN_SSH.
     return ["mpirun", "--allow-run-as-root", "--hostfile", hostfile, "-np", str(WORKERS),
-            "--mca", "plm_rsh_agent", hosts.ssh_command(), "--mca", "btl", "self,tcp",
-            "--mca", "plm_rsh_no_tree_spawn", "1", *worker]
+            "--mca", "plm_rsh_agent", hosts.ssh_command(), "--mca", "btl", "self,tcp", *worker]
 
 
 def start(name, hosts, hostfile, stamps, stay, opts):
@@ -161,7 +162,7 @@ def main():
         print(f"{n:<8} {s['median'] * 1e3:>24.0f} {s['min'] * 1e3:>8.0f} {s['max'] * 1e3:>8.0f} "
               f"{ms(c['SIGINT']['median']):>21} {ms(c['SIGKILL']['median']):>22}")
     if "ddprun" in names and "mpirun" in names:
-        ratio = starts["ddprun"] and statistics.median(starts["ddprun"]) / statistics.median(starts["mpirun"])
+        ratio = statistics.median(starts["ddprun"]) / statistics.median(starts["mpirun"])
         result["start_ratio_ddprun_over_mpirun"] = ratio
         print(f"ddprun/mpirun start time: {ratio:.2f} (target <= 0.5)")
     if "ddprun" in names:
