@@ -7,20 +7,14 @@
 
 #include "errors.hpp"
 #include "options.hpp"
+#include "parse_options.hpp"
 
 using ddprun::LaunchOptions;
 using ddprun::UsageError;
 
 namespace {
 
-LaunchOptions parse(std::vector<std::string> args) {
-  args.insert(args.begin(), "ddprun");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  auto parsed = ddprun::parse_command_line(static_cast<int>(argv.size()), argv.data());
-  REQUIRE(parsed.options.has_value());
-  return *parsed.options;
-}
+using launcher_tests::parse;
 
 std::string usage_error(std::vector<std::string> args) {
   try {
