@@ -84,23 +84,38 @@ def start_latency_once(name, hosts, hostfile, opts):
 
 
 def cleanup_once(name, hosts, hostfile, sig, opts, limit):
-    """Starts workers that stay, sends `sig` to the launcher once all 6 run, and returns the
-    seconds until no process of the job is left on any host or the login node (None if
-    some outlive `limit`; they are killed then)."""
+    """Starts workers that stay, sends `sig` to the launcher once all 6 run, and returns
+    (seconds until no process of the job is left on any host or the login node, seconds
+    until no worker is left); None where some outlive `limit` (they are killed then)."""
     with tempfile.TemporaryDirectory(prefix="ddprun-bench-stamps-") as stamps:
         proc = start(name, hosts, hostfile, stamps, True, opts)
         wait_stamps(proc, stamps)
+        seen = hosts.job_processes()
+        if len([p for p in seen if is_worker(p)]) != WORKERS:  # the count below must see the job
+            proc.kill()
+            sys.exit(f"hostfile bench: {name}'s {WORKERS} workers not found among the hosts' processes")
         t0 = time.monotonic()
         proc.send_signal(sig)
         proc.wait(timeout=60)  # the launcher itself (reaped, so it is not counted as left)
-        gone = None
+        gone = workers_gone = None
         while time.monotonic() - t0 < limit:
-            if not hosts.job_processes():
+            left = hosts.job_processes()
+            if workers_gone is None and not any(is_worker(p) for p in left):
+                workers_gone = time.monotonic() - t0
+            if not left:
                 gone = time.monotonic() - t0
                 break
             time.sleep(0.002)
         hosts.kill_job_processes()
-        return gone
+        return gone, workers_gone
+
+
+def is_worker(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read() == b"sleep\x00600\x00"  # what the worker became (exec sleep 600)
+    except OSError:
+        return False
 
 
 def median_or_none(values):
@@ -135,10 +150,13 @@ def main():
                 starts[name].append(start_latency_once(name, hosts, hostfile, opts))
         limits = {signal.SIGINT: opts.grace_period + 10, signal.SIGKILL: opts.heartbeat_timeout + 10}
         cleanup = {n: {s.name: [] for s in limits} for n in names}
+        workers_gone = {n: {s.name: [] for s in limits} for n in names}
         for _ in range(opts.runs):
             for name in names:
                 for sig, limit in limits.items():
-                    cleanup[name][sig.name].append(cleanup_once(name, hosts, hostfile, sig, opts, limit))
+                    gone, workers = cleanup_once(name, hosts, hostfile, sig, opts, limit)
+                    cleanup[name][sig.name].append(gone)
+                    workers_gone[name][sig.name].append(workers)
     finally:
         hosts.close()
 
@@ -149,6 +167,8 @@ def main():
                                    for n, v in starts.items()},
         "cleanup_s": {n: {s: {"median": median_or_none(v), "all": v} for s, v in c.items()}
                       for n, c in cleanup.items()},
+        "workers_gone_s": {n: {s: {"median": median_or_none(v), "all": v} for s, v in c.items()}
+                           for n, c in workers_gone.items()},
     }
     print(f"{HOSTS} sshd hosts x {PER_HOST} workers, launcher on a 4th namespace, "
           f"median of {opts.runs} alternating runs")
@@ -161,6 +181,10 @@ def main():
         s, c = result["start_to_all_running_s"][n], result["cleanup_s"][n]
         print(f"{n:<8} {s['median'] * 1e3:>24.0f} {s['min'] * 1e3:>8.0f} {s['max'] * 1e3:>8.0f} "
               f"{ms(c['SIGINT']['median']):>21} {ms(c['SIGKILL']['median']):>22}")
+    for n in names:
+        w = result["workers_gone_s"][n]
+        print(f"{n:<8} workers alone gone after SIGINT {ms(w['SIGINT']['median'])} ms, "
+              f"after SIGKILL {ms(w['SIGKILL']['median'])} ms")
     if "ddprun" in names and "mpirun" in names:
         ratio = statistics.median(starts["ddprun"]) / statistics.median(starts["mpirun"])
         result["start_ratio_ddprun_over_mpirun"] = ratio
