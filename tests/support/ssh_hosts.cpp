@@ -21,6 +21,11 @@ void must(const std::vector<std::string>& argv) {
   if (r.status != 0) FAIL("setting up the ssh hosts: " << Catch::rangeToString(argv) << " failed: " << r.err);
 }
 
+// A fresh ed25519 key pair without a passphrase at `path` (and path.pub).
+void make_key(const std::string& path) {
+  must({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ddprun-test", "-f", path});
+}
+
 std::vector<std::string> split_blanks(const std::string& text) {
   std::istringstream in(text);
   std::vector<std::string> words;
@@ -69,12 +74,12 @@ SshHosts::SshHosts(int hosts) : hosts_(hosts) {
 SshHosts::~SshHosts() { kill_everything(); }
 
 void SshHosts::make_keys() {
-  must({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ddprun-test-client", "-f", (dir() / "client_key").string()});
+  make_key((dir() / "client_key").string());
   std::filesystem::copy_file(dir() / "client_key.pub", dir() / "authorized_keys");
   std::ofstream known(dir() / "known_hosts");
   for (int i = 0; i < hosts_; ++i) {
     const std::string key = (dir() / ("host_key_" + std::to_string(i))).string();
-    must({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ddprun-test-host", "-f", key});
+    make_key(key);
     // "ssh-ed25519 AAAA... comment" -> "ADDRESS ssh-ed25519 AAAA..."
     auto words = split_blanks(read_file(key + ".pub"));
     if (words.size() < 2) FAIL("ssh-keygen wrote an unexpected public key: " << read_file(key + ".pub"));
