@@ -111,7 +111,7 @@ TEST_CASE("an unreadable hostfile is a launch error", "[hosts]") {
                        Catch::Matchers::Message("cannot read --hostfile " + missing + ": No such file or directory"));
 }
 
-TEST_CASE("--hosts lists hosts with optional slots, IPv6 in brackets", "[hosts]") {
+TEST_CASE("the --hosts list: hosts with optional slots and IPv6 in brackets", "[hosts]") {
   auto hosts = hosts_of({"--hosts", "h1:4,h2,[::1]:2,[fe80::1%eth0]"});
   REQUIRE(names(hosts) == std::vector<std::string>{"h1", "h2", "::1", "fe80::1%eth0"});
   CHECK(hosts[0].slots == 4);
@@ -128,7 +128,7 @@ TEST_CASE("--hosts lists hosts with optional slots, IPv6 in brackets", "[hosts]"
   CHECK_THAT(hosts_error({"--hosts", "-lroot"}), Contains("'-lroot'"));
 }
 
-TEST_CASE("--include keeps the named hosts in the list's order, with their GPU picks", "[hosts]") {
+TEST_CASE("an --include keeps the named hosts in the list's order with their GPU picks", "[hosts]") {
   File f("a slots=4\nb slots=4\nc slots=4\n");
   auto hosts = hosts_of({"--hostfile", f.path, "--include", "c@a:2,0,2"});
   REQUIRE(names(hosts) == std::vector<std::string>{"a", "c"});  // node ranks follow the file
@@ -151,7 +151,7 @@ TEST_CASE("--include keeps the named hosts in the list's order, with their GPU p
   CHECK(v6[0].devices == std::vector<int>{1});
 }
 
-TEST_CASE("--exclude drops whole hosts or only GPU indices", "[hosts]") {
+TEST_CASE("an --exclude drops whole hosts or only GPU indices", "[hosts]") {
   File f("a slots=4\nb slots=2\nc\n");
   auto hosts = hosts_of({"--hostfile", f.path, "--exclude", "a:1,3@c"});
   REQUIRE(names(hosts) == std::vector<std::string>{"a", "b"});
@@ -160,7 +160,7 @@ TEST_CASE("--exclude drops whole hosts or only GPU indices", "[hosts]") {
   CHECK(ddprun::nproc_for(hosts[0], parse({"--hostfile", f.path, "--exclude", "a:1,3@c"})) == "2");
 }
 
-TEST_CASE("--include and --exclude errors are one clear line", "[hosts]") {
+TEST_CASE("each --include and --exclude error is one clear line", "[hosts]") {
   File f("a slots=2\nb slots=2\nc\n");
   CHECK_THAT(hosts_error({"--hostfile", f.path, "--include", "a", "--exclude", "b"}),
              Contains("--include and --exclude cannot be used together"));
@@ -179,7 +179,7 @@ TEST_CASE("--include and --exclude errors are one clear line", "[hosts]") {
   CHECK_THAT(hosts_error({"--hostfile", f.path, "--exclude", "a@b@c"}), Contains("no host is left"));
 }
 
-TEST_CASE("--nproc_per_node overrides slots, and must agree with GPU picks", "[hosts]") {
+TEST_CASE("a given --nproc_per_node overrides slots and must agree with GPU picks", "[hosts]") {
   File f("a slots=4\nb slots=2\n");
   auto options = parse({"--hostfile", f.path, "--nproc_per_node", "3"});
   auto hosts = ddprun::resolve_hosts(options);
@@ -196,7 +196,7 @@ TEST_CASE("--nproc_per_node overrides slots, and must agree with GPU picks", "[h
   CHECK(ddprun::nproc_for(ddprun::resolve_hosts(defaults)[0], defaults) == "1");
 }
 
-TEST_CASE("the variables sent: defaults, then --env_file, then -x", "[hosts][env]") {
+TEST_CASE("the variables sent: defaults then --env_file then -x", "[hosts][env]") {
   ScopedEnv env;
   env.set("NCCL_DEBUG", "INFO");
   env.set("DDP_SOCKET_IFNAME", "eth1");
@@ -283,7 +283,7 @@ TEST_CASE("bad variables to send are usage errors", "[hosts][env]") {
                        Catch::Matchers::Message("cannot read --env_file " + missing + ": No such file or directory"));
 }
 
-TEST_CASE("-v lists every node and every variable sent", "[hosts][env]") {
+TEST_CASE("the -v plan lists every node and every variable sent", "[hosts][env]") {
   ScopedEnv env_here;
   env_here.set("DDPRUN_SSH", std::nullopt);
   File f("a slots=4\nb slots=2\nc\n");

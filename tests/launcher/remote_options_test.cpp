@@ -14,7 +14,7 @@ constexpr auto parse = command_line::parse_flags;
 constexpr auto usage_error = command_line::flags_error;
 using Words = std::vector<std::string>;
 
-TEST_CASE("the ssh command: ssh, or DDPRUN_SSH's words, then --ssh_args' words", "[options][remote]") {
+TEST_CASE("the ssh command: ssh or DDPRUN_SSH's words then --ssh_args' words", "[options][remote]") {
   ScopedEnv env;
   env.set("DDPRUN_SSH", std::nullopt);
   CHECK(parse({"--hosts", "h"}).remote.ssh_command == Words{"ssh"});
@@ -73,7 +73,7 @@ TEST_CASE("launcher-only flags need a host list", "[options][remote]") {
              Contains("--include and --exclude cannot be used together"));
 }
 
-TEST_CASE("--remote_ddprun is absolute, --local_addr one word", "[options][remote]") {
+TEST_CASE("a --remote_ddprun is absolute and a --local_addr is one word", "[options][remote]") {
   CHECK(parse({"--hosts", "h", "--remote_ddprun", "/opt/ddprun/bin/ddprun"}).remote.remote_ddprun ==
         "/opt/ddprun/bin/ddprun");
   CHECK_FALSE(parse({"--hosts", "h"}).remote.remote_ddprun.has_value());
