@@ -90,8 +90,11 @@ def cleanup_once(name, hosts, hostfile, sig, opts, limit):
     with tempfile.TemporaryDirectory(prefix="ddprun-bench-stamps-") as stamps:
         proc = start(name, hosts, hostfile, stamps, True, opts)
         wait_stamps(proc, stamps)
-        seen = hosts.job_processes()
-        if len([p for p in seen if is_worker(p)]) != WORKERS:  # the count below must see the job
+        # The count below must see the job: all 6 workers (a stamp comes just before the exec).
+        deadline = time.monotonic() + 10
+        while sum(1 for p in hosts.job_processes() if is_worker(p)) != WORKERS and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if sum(1 for p in hosts.job_processes() if is_worker(p)) != WORKERS:
             proc.kill()
             sys.exit(f"hostfile bench: {name}'s {WORKERS} workers not found among the hosts' processes")
         t0 = time.monotonic()
