@@ -8,6 +8,7 @@
 
 #include "errors.hpp"
 #include "ddp/contract/parse.hpp"
+#include "remote_options.hpp"
 #include "slurm_env.hpp"
 #include "rdzv/store.hpp"
 #include "rdzv/token.hpp"
@@ -41,16 +42,7 @@ struct RawFlags {
   std::string exit_barrier_timeout = "300";
   std::string stall_timeout = "300";
   std::string stall_action = "report";
-  // Many nodes from one command (hosts.hpp); validated in remote_options.cpp.
-  std::string hostfile;
-  std::string hosts;
-  std::string include;
-  std::string exclude;
-  std::string ssh_args;
-  std::string remote_ddprun;
-  std::vector<std::string> exports;
-  std::string env_file;
-  std::string local_addr;
+  RemoteFlags remote;  // many nodes from one command (hosts.hpp), and --local_addr
 };
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
@@ -206,7 +198,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
       "2 for a bad command line; 1 when the launch cannot start.\n"
       "ddprun status [--run_id ID | --rdzv_endpoint HOST:PORT --rdzv_id ID] [--json] [--watch [S]]\n"
       "shows a running job's ranks (ddprun status --help); \"status\" is a subcommand only as the first\n"
-      "argument: run a program named status as ddprun -- status or ddprun ./status.");
+      "argument: run a program named status as ddprun -- status or ddprun ./status.\n"
+      "ddprun --hostfile FILE [options] PROGRAM runs the job on every host of FILE from here (ssh keys and\n"
+      "the same paths on every host); Ctrl-C stops every host; -v prints what each host is sent.");
   app.prefix_command();  // the first positional is PROGRAM; the rest belongs to it
   app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
 
@@ -282,21 +276,43 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "its root cause, status 124)")
       ->default_str("report");
   app.add_flag("-v,--verbose", opts.verbose, "Print the launch plan before starting");
-  app.add_option("--hostfile", raw.hostfile,
-                 "Start the job on every host of FILE (lines 'host slots=N', as OpenMPI and DeepSpeed write "
-                 "them) from this one command, over ssh");
-  app.add_option("--hosts", raw.hosts, "As --hostfile, with the hosts listed: h1:4,h2:4");
-  app.add_option("--include", raw.include, "Only these hosts and GPU indices of the host list: h1:0,2@h2");
-  app.add_option("--exclude", raw.exclude, "All of the host list but these hosts or GPU indices: h1:1@h3");
-  app.add_option("--ssh_args,--ssh-args", raw.ssh_args,
-                 "Extra arguments for ssh (e.g. '-p 2222 -J jumphost'); DDPRUN_SSH replaces the ssh command");
-  app.add_option("--remote_ddprun,--remote-ddprun", raw.remote_ddprun,
-                 "Path of ddprun on the hosts (default: the same path as this one)");
-  app.add_option("-x", raw.exports, "Send this variable (VAR, or VAR=value) to every host; may be repeated")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--env_file,--env-file", raw.env_file, "Send the VAR=value lines of FILE to every host");
-  app.add_option("--local_addr,--local-addr", raw.local_addr,
-                 "The address this node advertises to the other nodes (default: the one that reaches the store)");
+  app.add_option("--hostfile", raw.remote.hostfile,
+                 "Run the job on every host of FILE from this one command: one ddprun agent per host over ssh "
+                 "(a child process for this machine), node ranks in the file's order. Lines 'host slots=N' as "
+                 "OpenMPI and DeepSpeed write them, '#' comments; slots is the host's worker count unless "
+                 "--nproc_per_node is given")
+      ->type_name("FILE");
+  app.add_option("--hosts", raw.remote.hosts,
+                 "As --hostfile, with the hosts on the command line: h1:4,h2:4 (':N' slots optional; IPv6 as [::1]:2)")
+      ->type_name("LIST");
+  app.add_option("--include", raw.remote.include,
+                 "Keep only these hosts of the host list, and on a host named with indices only those GPUs (its "
+                 "CUDA_VISIBLE_DEVICES and worker count): h1:0,2@h2")
+      ->type_name("FILTER");
+  app.add_option("--exclude", raw.remote.exclude,
+                 "Leave out these hosts of the host list, or on a host named with indices only those GPUs: h1:1@h3")
+      ->type_name("FILTER");
+  app.add_option("--ssh_args,--ssh-args", raw.remote.ssh_args,
+                 "Words added to the ssh command, quoted as in a shell, e.g. '-p 2222 -J jumphost' (the environment "
+                 "variable DDPRUN_SSH replaces the ssh command itself)")
+      ->type_name("ARGS");
+  app.add_option("--remote_ddprun,--remote-ddprun", raw.remote.remote_ddprun,
+                 "Absolute path of ddprun on the hosts (default: this ddprun's own path)")
+      ->type_name("PATH");
+  app.add_option("-x", raw.remote.exports,
+                 "Send VAR (its value here) or VAR=value to every host; may be repeated. Sent without -x: NCCL_*, "
+                 "DDP_*, PYTHON*, OMP_*, CUDA_* (not CUDA_VISIBLE_DEVICES), PATH, LD_LIBRARY_PATH")
+      ->type_name("VAR[=VALUE]")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->allow_extra_args(false);  // each -x takes one word: "-x A prog" leaves prog the program
+  app.add_option("--env_file,--env-file", raw.remote.env_file,
+                 "Send the VAR=value lines of FILE to every host ('#' comment lines; 'export ' and quotes allowed); "
+                 "-x wins over it")
+      ->type_name("FILE");
+  app.add_option("--local_addr,--local-addr", raw.remote.local_addr,
+                 "The address this node advertises to the other nodes (default: the one that reaches the store); "
+                 "with --hostfile, the address the hosts reach this ddprun's store at")
+      ->type_name("ADDR");
   app.add_flag("--agent_stdin", opts.remote.agent_stdin)->group("");  // started by a launching ddprun
 
   try {
@@ -329,15 +345,6 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   validate_nproc(raw.nproc_per_node);
   opts.nproc_per_node = raw.nproc_per_node;
   opts.nproc_per_node_given = app.count("--nproc_per_node") > 0;
-  if (!raw.hostfile.empty()) opts.remote.hostfile = raw.hostfile;
-  if (!raw.hosts.empty()) opts.remote.hosts = raw.hosts;
-  if (!raw.include.empty()) opts.remote.include = raw.include;
-  if (!raw.exclude.empty()) opts.remote.exclude = raw.exclude;
-  if (!raw.remote_ddprun.empty()) opts.remote.remote_ddprun = raw.remote_ddprun;
-  if (!raw.env_file.empty()) opts.remote.env_file = raw.env_file;
-  if (!raw.local_addr.empty()) opts.local_addr = raw.local_addr;
-  opts.remote.exports = raw.exports;
-  opts.remote.ssh_command = {"ssh"};  // TODO(remote options): DDPRUN_SSH, --ssh_args, validation
   parse_nnodes(raw.nnodes, opts);
   opts.node_rank = integer_in("--node_rank", raw.node_rank, 0, 100000, "expected a node rank in [0, nnodes)");
   opts.node_rank_given = app.count("--node_rank") > 0;
@@ -404,14 +411,23 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   }
   opts.stall_stop = raw.stall_action == "stop";
 
-  // Inside `srun ddprun ...`, Slurm fills in what the flags left open.
+  NodeFlagsGiven node_flags;
+  node_flags.nnodes = app.count("--nnodes") > 0;
+  node_flags.node_rank = app.count("--node_rank") > 0;
+  node_flags.rdzv_endpoint = !raw.rdzv_endpoint.empty();
+  node_flags.standalone = opts.standalone;
+  apply_remote_flags(raw.remote, node_flags, opts);
+
+  // Inside `srun ddprun ...`, Slurm fills in what the flags left open; not for a
+  // launching ddprun (the host list decides every node) nor for the agents it starts
+  // (their launcher gave them every value).
   ExplicitFlags given;
   given.nnodes = app.count("--nnodes") > 0;
   given.node_rank = app.count("--node_rank") > 0;
   given.master_addr = app.count("--master_addr") > 0;
   given.master_port = app.count("--master_port") > 0 || opts.standalone;
   given.run_id = !opts.run_id.empty();
-  opts.slurm_notes = apply_slurm_step(opts, given);
+  if (!opts.remote.launching() && !opts.remote.agent_stdin) opts.slurm_notes = apply_slurm_step(opts, given);
   if (opts.standalone && opts.elastic()) {
     throw UsageError("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; --nnodes " +
                      std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + " is an elastic job");

@@ -116,12 +116,27 @@ TEST_CASE("a program that passes the checks but cannot be executed fails like a 
   CHECK_THAT(r.err, Catch::Contains("Root cause"));
 }
 
+TEST_CASE("a bad host list or remote flag is refused before any host is contacted", "[e2e][bad_input]") {
+  TempDir dir;
+  write_file(dir / "twice", "localhost slots=1\n# again:\nlocalhost slots=2\n");
+  expect_refusal({"--hostfile", (dir / "twice").string()}, 2, (dir / "twice").string() + ":3: host 'localhost' is given twice");
+  write_file(dir / "typo", "localhost slot=2\n");
+  expect_refusal({"--hostfile", (dir / "typo").string()}, 2, "unknown token 'slot=2'");
+  expect_refusal({"--hostfile", (dir / "missing").string()}, 1, "cannot read --hostfile");
+  expect_refusal({"--hosts", "localhost:2", "--include", "otherhost"}, 2, "'otherhost' is not in the host list");
+  expect_refusal({"--hosts", "localhost:2", "--include", "localhost:2"}, 2, "GPU index 2");
+  expect_refusal({"--hosts", "localhost", "--node_rank=0"}, 2, "node ranks follow the host list's order");
+  expect_refusal({"--hosts", "localhost", "--hostfile", (dir / "typo").string()}, 2, "cannot be used together");
+  expect_refusal({"-x", "A=1"}, 2, "-x needs --hostfile or --hosts");
+}
+
 TEST_CASE("help and version exit 0", "[e2e][bad_input]") {
   auto h = run(e2e::ddprun({"--help"}));
   CHECK(h.status == 0);
   CHECK_THAT(h.out, Catch::Contains("Usage: ddprun [options] PROGRAM [ARGS...]"));
   CHECK_THAT(h.out, Catch::Contains("--nproc_per_node,--nproc-per-node"));
   CHECK_THAT(h.out, Catch::Contains("a node lost or leaving uses one restart; a node joining uses none"));
+  CHECK_THAT(h.out, Catch::Contains("--hostfile FILE") && Catch::Contains("ddprun --hostfile FILE [options] PROGRAM"));
   auto v = run(e2e::ddprun({"--version"}));
   CHECK(v.status == 0);
   CHECK_THAT(v.out, Catch::StartsWith("ddprun "));

@@ -5,34 +5,15 @@
 
 #include <map>
 
+#include "command_line.hpp"
 #include "errors.hpp"
 #include "options.hpp"
 
 using ddprun::LaunchOptions;
 using ddprun::UsageError;
 
-namespace {
-
-LaunchOptions parse(std::vector<std::string> args) {
-  args.insert(args.begin(), "ddprun");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  auto parsed = ddprun::parse_command_line(static_cast<int>(argv.size()), argv.data());
-  REQUIRE(parsed.options.has_value());
-  return *parsed.options;
-}
-
-std::string usage_error(std::vector<std::string> args) {
-  try {
-    parse(std::move(args));
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  FAIL("expected a UsageError");
-  return {};
-}
-
-}  // namespace
+using command_line::parse;
+using command_line::usage_error;
 
 TEST_CASE("both spellings of torchrun's flags are accepted", "[options]") {
   auto a = parse({"--nproc_per_node=3", "--master_port", "1234", "--no_python", "prog"});
