@@ -9,8 +9,8 @@ using ddprun::foreign_address_reason;
 TEST_CASE("an address of this host is accepted and one elsewhere says why not", "[local_addr]") {
   CHECK(foreign_address_reason("127.0.0.1").empty());
   CHECK(foreign_address_reason("127.0.0.5").empty());  // all of 127/8 is this host's
-  // 192.0.2.0/24 is reserved for documentation: no host has it.
-  CHECK_THAT(foreign_address_reason("192.0.2.7"), Catch::Contains("Cannot assign requested address"));
+  // 198.51.100.0/24 is reserved for documentation (TEST-NET-2; some test machines use TEST-NET-1).
+  CHECK_THAT(foreign_address_reason("198.51.100.7"), Catch::Contains("Cannot assign requested address"));
   CHECK_THAT(foreign_address_reason("2001:db8::7"), !Catch::Equals(""));
 }
 
