@@ -131,6 +131,9 @@ TEST_CASE("DDP_SOCKET_IFNAME naming no interface fails the job with the interfac
 }
 
 TEST_CASE("what node 0 advertises with --local_addr is the workers' MASTER_ADDR", "[multinode][nic]") {
+  // NCCL's own variable rides along untouched.
+  ProcessOptions nccl;
+  nccl.set_env = {{"NCCL_SOCKET_IFNAME", "^=docker0,lo"}};
   NetnsCluster c(NetnsOptions{.nodes = 2, .second_interface = true});
   TempDir dir;
   write_file(dir / "token", "nic-test-token\n");
@@ -144,8 +147,8 @@ TEST_CASE("what node 0 advertises with --local_addr is the workers' MASTER_ADDR"
                                   "--rdzv_id=nic", "--rdzv_token_file=" + (dir / "token").string(),
                                   "--join_timeout=30"};
     if (i == 0) a.push_back("--local_addr=" + c.address(0, 1));
-    a.insert(a.end(), {e2e::kWorker, "env", "MASTER_ADDR", "RANK"});
-    ps.push_back(std::make_unique<Process>(c.on(i, a)));
+    a.insert(a.end(), {e2e::kWorker, "env", "MASTER_ADDR", "NCCL_SOCKET_IFNAME"});
+    ps.push_back(std::make_unique<Process>(c.on(i, a), nccl));
   }
   for (int i = 0; i < 2; ++i) {
     auto status = ps[i]->wait(60s);
@@ -154,6 +157,7 @@ TEST_CASE("what node 0 advertises with --local_addr is the workers' MASTER_ADDR"
     CHECK(*status == 0);
     const auto lines = e2e::by_rank(ps[i]->out())[i];
     CHECK(std::find(lines.begin(), lines.end(), "MASTER_ADDR=" + c.address(0, 1)) != lines.end());
+    CHECK(std::find(lines.begin(), lines.end(), "NCCL_SOCKET_IFNAME=^=docker0,lo") != lines.end());
   }
 
   // An address this host does not have is refused before anything joins.
