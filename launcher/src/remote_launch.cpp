@@ -58,12 +58,6 @@ std::string endpoint_text(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::string device_list(const std::vector<int>& devices) {
-  std::string out;
-  for (int d : devices) out += (out.empty() ? "" : ",") + std::to_string(d);
-  return out;
-}
-
 }  // namespace
 
 int run_remote_launch(const LaunchOptions& options) {
@@ -103,7 +97,7 @@ int run_remote_launch(const LaunchOptions& options) {
     place.run_id = run_id;
     place.store_endpoint = endpoint;
     AgentHandoff handoff{token, environment};
-    if (h.devices) handoff.env.emplace_back("CUDA_VISIBLE_DEVICES", device_list(*h.devices));
+    if (h.devices) handoff.env.emplace_back("CUDA_VISIBLE_DEVICES", join_numbers(*h.devices));
 
     AgentLaunch launch;
     launch.host = h.host;
@@ -127,7 +121,7 @@ int run_remote_launch(const LaunchOptions& options) {
     for (size_t i = 0; i < hosts.size(); ++i) {
       spdlog::info("node {}: {} ({}), --nproc_per_node={}{}", i, hosts[i].host,
                    launches[i].over_ssh ? "ssh" : "local child", nproc_for(hosts[i], options),
-                   hosts[i].devices ? ", CUDA_VISIBLE_DEVICES=" + device_list(*hosts[i].devices) : "");
+                   hosts[i].devices ? ", CUDA_VISIBLE_DEVICES=" + join_numbers(*hosts[i].devices) : "");
     }
     std::string names;
     for (const auto& [name, value] : environment) names += (names.empty() ? "" : " ") + name;

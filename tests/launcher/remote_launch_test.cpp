@@ -104,7 +104,10 @@ TEST_CASE("shell quoting gives the remote shell back every word as it was", "[re
   std::vector<std::string> words = {"plain", "with space", "it's", "'", "$HOME", "`id`", "a\"b", "semi;colon",
                                     "back\\slash", "*", "", "new\nline", "--flag=x,y"};
   std::string line;
-  for (const auto& w : words) line += " " + ddprun::shell_quote(w);
+  for (const auto& w : words) {
+    line += ' ';
+    line += ddprun::shell_quote(w);
+  }
   CHECK(shell_words(line) == words);
   CHECK(ddprun::shell_quote("/usr/bin/ddprun") == "/usr/bin/ddprun");
   CHECK(ddprun::shell_quote("it's") == "'it'\\''s'");
