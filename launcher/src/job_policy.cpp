@@ -40,6 +40,11 @@ std::chrono::milliseconds JobPolicy::linger_after_failure() const {
   return options_.hosts_store ? seconds(1) : seconds(0);
 }
 
+void JobPolicy::print_summary(const AttemptResult& result, int attempt) const {
+  if (!options_.print || (options_.wants_summary && !options_.wants_summary(result))) return;
+  options_.print(format_failure_summary(plan_, result, attempt));
+}
+
 int JobPolicy::run() {
   int attempt = 0;
   while (true) {
@@ -150,7 +155,7 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
 
 std::optional<int> JobPolicy::after_fixed_failure(const JobLayout& layout, const AttemptResult& result) {
   const int attempt = layout.attempt;
-  if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
+  print_summary(result, attempt);
   // A restart helps after a worker failure; not when a node was lost or told to stop
   // (it will not rejoin, and the others would wait out the join timeout for it).
   bool worker_failure = result.remote ? result.remote->kind == NoticeKind::kWorker : result.root_cause.has_value();
@@ -177,7 +182,7 @@ std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, con
   if (result.stop_signal != 0) {
     // This node leaves (its notice lets the others re-form) and says why it ended: the
     // job, and whatever failed in it, goes on without it.
-    if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
+    print_summary(result, attempt);
     membership_.leave(attempt, linger_after_failure());
     return 128 + result.stop_signal;
   }
@@ -190,7 +195,7 @@ std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, con
                               : "the job was stopped";
     membership_.end_job(attempt, result.exit_status(), why);
   }
-  if (options_.print) options_.print(format_failure_summary(plan_, result, attempt));
+  print_summary(result, attempt);
   if (reform) {
     spdlog::warn("re-forming the job {} (restart {} of {})",
                  kind == NoticeKind::kNodeLost ? "without the lost node" : "after a worker failure",

@@ -139,6 +139,10 @@ struct JobPolicyOptions {
   bool hosts_store = false;
   // Where failure summaries go (ddprun: the console's stderr).
   std::function<void(const std::string&)> print;
+  // Whether this node prints the summary of an attempt that failed (empty: always).
+  // Agents of a launching ddprun print it only where the root cause is, so the
+  // launcher's console shows one.
+  std::function<bool(const AttemptResult&)> wants_summary;
   // Told when each attempt's workers start and end (not owned; may be empty).
   std::vector<AttemptWatch*> watches;
 };
@@ -168,6 +172,7 @@ class JobPolicy {
   std::optional<int> after_elastic_failure(const JobLayout& layout, const AttemptResult& result,
                                            const std::optional<FailureNotice>& winner);
   std::chrono::milliseconds linger_after_failure() const;
+  void print_summary(const AttemptResult& result, int attempt) const;
   FailureNotice notice(int rank, int status, std::string what, NoticeKind kind) const;
   ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;
 

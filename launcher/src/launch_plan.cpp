@@ -33,16 +33,6 @@ int resolve_nproc(const std::string& spec) {
   return std::stoi(spec);  // validated by the parser
 }
 
-std::string generate_run_id() {
-  unsigned char bytes[6];
-  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
-    throw LaunchError(std::string("cannot generate a run id: ") + std::strerror(errno));
-  }
-  char text[2 * sizeof(bytes) + 1];
-  for (size_t i = 0; i < sizeof(bytes); ++i) std::snprintf(text + 2 * i, 3, "%02x", bytes[i]);
-  return text;
-}
-
 std::string local_hostname() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
@@ -76,6 +66,16 @@ WorkerCommand build_command(const LaunchOptions& o) {
 }
 
 }  // namespace
+
+std::string generate_run_id() {
+  unsigned char bytes[6];
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    throw LaunchError(std::string("cannot generate a run id: ") + std::strerror(errno));
+  }
+  char text[2 * sizeof(bytes) + 1];
+  for (size_t i = 0; i < sizeof(bytes); ++i) std::snprintf(text + 2 * i, 3, "%02x", bytes[i]);
+  return text;
+}
 
 std::string resolve_executable(const std::string& name, const std::string& what) {
   auto check = [&](const std::string& path, bool searched) -> std::string {

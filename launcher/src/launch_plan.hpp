@@ -49,6 +49,9 @@ struct JobLayout {
 // Resolves and checks everything; throws UsageError or LaunchError.
 LaunchPlan prepare_launch(const LaunchOptions& options);
 
+// A fresh run id (12 hex digits), for a job whose --rdzv_id was not given.
+std::string generate_run_id();
+
 // Adopts the run id the nodes agreed on (it names the log folder too).
 void set_run_id(LaunchPlan& plan, const std::string& run_id);
 

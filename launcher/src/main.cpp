@@ -15,6 +15,7 @@
 #include "errors.hpp"
 #include "job_adapters.hpp"
 #include "launch_plan.hpp"
+#include "launcher_link.hpp"
 #include "options.hpp"
 #include "rdzv/token.hpp"
 #include "remote_launch.hpp"
@@ -59,7 +60,9 @@ void print_plan(const ddprun::LaunchPlan& plan) {
   for (const auto& a : plan.command.argv) cmd += (cmd.empty() ? "" : " ") + a;
   spdlog::info("command: {} (exec {})", cmd, plan.command.path);
   if (o.rdzv_host) {
-    spdlog::info("rendezvous: ddp-rendezvous daemon at {}:{}, job {}", *o.rdzv_host, o.rdzv_port, plan.run_id);
+    spdlog::info("rendezvous: {} at {}:{}, job {}",
+                 o.remote.agent_stdin ? "the launching ddprun's store" : "ddp-rendezvous daemon", *o.rdzv_host,
+                 o.rdzv_port, plan.run_id);
   } else if (o.nnodes > 1) {
     spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
   } else {
@@ -165,6 +168,7 @@ int launch(ddprun::LaunchPlan& plan) {
   policy.elastic = o.elastic();
   policy.hosts_store = job.store_host != nullptr;
   policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
+  if (o.remote.agent_stdin) policy.wants_summary = ddprun::agent_wants_summary;
   return ddprun::JobPolicy(plan, workers, *membership, std::move(policy)).run();
 }
 
@@ -193,6 +197,8 @@ int run(int argc, char** argv) {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
     if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);
+    // Started by a launching ddprun: its handoff (token, variables) comes first.
+    if (parsed.options->remote.agent_stdin) ddprun::join_launcher(*parsed.options);
     ddprun::LaunchPlan plan = ddprun::prepare_launch(*parsed.options);
     if (!plan.options.slurm_notes.empty()) {
       std::string taken;

@@ -428,6 +428,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   given.master_port = app.count("--master_port") > 0 || opts.standalone;
   given.run_id = !opts.run_id.empty();
   if (!opts.remote.launching() && !opts.remote.agent_stdin) opts.slurm_notes = apply_slurm_step(opts, given);
+  opts.master_addr_given = given.master_addr;
   if (opts.standalone && opts.elastic()) {
     throw UsageError("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; --nnodes " +
                      std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + " is an elastic job");

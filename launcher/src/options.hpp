@@ -22,6 +22,7 @@ struct LaunchOptions {
   int node_rank = 0;                      // elastic: only an order hint (0 hosts the embedded store)
   bool node_rank_given = false;           // --node_rank (or SLURM_NODEID) was given
   std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;         // --master_addr (or Slurm's) was given: with --hostfile, node 0 hosts the store
   std::optional<int> master_port;         // unset: 29500, or a free port with --standalone
   bool standalone = false;
   std::string role = "default";

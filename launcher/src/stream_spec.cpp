@@ -60,6 +60,18 @@ bool StreamSpec::any() const {
   return false;
 }
 
+std::string StreamSpec::text() const {
+  if (per_rank_.empty()) return std::to_string(all_);
+  std::string out;
+  for (const auto& [rank, mask] : per_rank_) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(rank);
+    out += ':';
+    out += std::to_string(mask);
+  }
+  return out;
+}
+
 int StreamSpec::max_rank() const { return per_rank_.empty() ? -1 : per_rank_.rbegin()->first; }
 
 }  // namespace ddprun

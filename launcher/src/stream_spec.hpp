@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <string>
 #include <string_view>
 
 namespace ddprun {
@@ -26,6 +27,10 @@ class StreamSpec {
 
   // The largest local rank named in a per-rank map, or -1.
   int max_rank() const;
+
+  // The value in the form parse() reads ("3", or "0:3,1:1"), e.g. to pass it on to
+  // another ddprun.
+  std::string text() const;
 
  private:
   unsigned all_ = kNoStream;

@@ -17,14 +17,6 @@ using namespace testing;
 
 namespace {
 
-bool all_ranks_said(const std::string& out, int n, const std::string& what) {
-  auto ranks = e2e::by_rank(out);
-  for (int r = 0; r < n; ++r) {
-    if (std::find(ranks[r].begin(), ranks[r].end(), what) == ranks[r].end()) return false;
-  }
-  return true;
-}
-
 std::vector<pid_t> read_pids(const std::filesystem::path& dir, int n) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
@@ -68,45 +60,45 @@ TEST_CASE("a rank killed by a signal gives 128+signal", "[e2e][supervision]") {
 
 TEST_CASE("SIGTERM to ddprun is forwarded to every worker and ddprun exits 143", "[e2e][supervision]") {
   Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", e2e::kWorker, "trap", std::to_string(SIGTERM)}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 3, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 3, "ready"); }, 20s));
   p.send_signal(SIGTERM);
   auto status = p.wait(20s);
   INFO(p.err());
   REQUIRE(status.has_value());
   CHECK(*status == 128 + SIGTERM);
-  CHECK(all_ranks_said(p.out(), 3, "got SIGTERM"));
+  CHECK(e2e::all_ranks_said(p.out(), 3, "got SIGTERM"));
   CHECK_THAT(p.err(), Catch::Contains("stopped by SIGTERM (signal 15) sent to ddprun"));
 }
 
 TEST_CASE("INT and HUP and QUIT are forwarded the same way", "[e2e][supervision]") {
   const int sig = GENERATE(SIGINT, SIGHUP, SIGQUIT);
   Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", e2e::kWorker, "trap", std::to_string(sig)}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 2, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 20s));
   p.send_signal(sig);
   auto status = p.wait(20s);
   REQUIRE(status.has_value());
   CHECK(*status == 128 + sig);
-  CHECK(all_ranks_said(p.out(), 2, std::string("got SIG") + sigabbrev_np(sig)));
+  CHECK(e2e::all_ranks_said(p.out(), 2, std::string("got SIG") + sigabbrev_np(sig)));
 }
 
 TEST_CASE("USR1 and USR2 are forwarded and the job goes on", "[e2e][supervision]") {
   Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", e2e::kWorker, "trap", std::to_string(SIGUSR1),
                          std::to_string(SIGUSR2)}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 2, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 20s));
   p.send_signal(SIGUSR1);
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 2, "got SIGUSR1"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "got SIGUSR1"); }, 20s));
   CHECK_FALSE(p.wait(100ms).has_value());  // still running
   p.send_signal(SIGUSR2);
   auto status = p.wait(20s);  // the workers exit 0 after their last signal
   INFO(p.err());
   REQUIRE(status.has_value());
   CHECK(*status == 0);
-  CHECK(all_ranks_said(p.out(), 2, "got SIGUSR2"));
+  CHECK(e2e::all_ranks_said(p.out(), 2, "got SIGUSR2"));
 }
 
 TEST_CASE("workers that ignore SIGTERM are killed after the grace period", "[e2e][supervision]") {
   Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--grace_period=1", e2e::kWorker, "ignore-term"}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 2, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 20s));
   auto sent = p.seconds_since_start();
   p.send_signal(SIGTERM);
   auto status = p.wait(30s);
@@ -119,7 +111,7 @@ TEST_CASE("workers that ignore SIGTERM are killed after the grace period", "[e2e
 
 TEST_CASE("a second SIGINT kills at once instead of waiting out the grace period", "[e2e][supervision]") {
   Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--grace_period=300", e2e::kWorker, "ignore-term"}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 2, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 20s));
   p.send_signal(SIGINT);
   CHECK_FALSE(p.wait(300ms).has_value());  // waiting out the grace period
   p.send_signal(SIGINT);
@@ -131,7 +123,7 @@ TEST_CASE("a second SIGINT kills at once instead of waiting out the grace period
 TEST_CASE("SIGKILL of ddprun leaves no worker or grandchild alive", "[e2e][supervision]") {
   TempDir dir;
   Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", e2e::kWorker, "tree", dir.path().string()}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 3, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 3, "ready"); }, 20s));
   // Each rank wrote: its pid, a grandchild in its group, a grandchild that left the group (setsid).
   std::vector<pid_t> pids = read_pids(dir.path(), 3);
   REQUIRE(pids.size() == 9);
@@ -156,7 +148,7 @@ TEST_CASE("SIGKILL of ddprun leaves no worker or grandchild alive", "[e2e][super
 TEST_CASE("on failure even grandchildren that left the worker's group are stopped", "[e2e][supervision]") {
   TempDir dir;
   Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", e2e::kWorker, "tree", dir.path().string()}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 2, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 20s));
   std::vector<pid_t> pids = read_pids(dir.path(), 2);
   REQUIRE(pids.size() == 6);
   kill(pids[0], SIGKILL);  // rank 0 dies: the group is torn down
@@ -234,7 +226,7 @@ TEST_CASE("a worker killed by SIGTERM from outside is still the root cause when 
 TEST_CASE("workers and ddprun signalled together (as by scancel) report a stop, not a failure",
           "[e2e][supervision]") {
   Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", e2e::kWorker, "trap", std::to_string(SIGUSR1)}));
-  REQUIRE(p.wait_for_stdout([](const std::string& out) { return all_ranks_said(out, 3, "ready"); }, 20s));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 3, "ready"); }, 20s));
   for (pid_t k : testing::child_pids(p.pid())) {
     if (testing::command_name(k) == "test_worker") kill(k, SIGTERM);
   }

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +35,15 @@ inline std::map<int, std::vector<std::string>> by_rank(const std::string& output
     out[std::stoi(line.substr(5, close - 5))].push_back(line.substr(close + 2));
   }
   return out;
+}
+
+// True when each of ranks 0..n-1 printed the line `what`.
+inline bool all_ranks_said(const std::string& output, int n, const std::string& what) {
+  auto ranks = by_rank(output);
+  for (int r = 0; r < n; ++r) {
+    if (std::find(ranks[r].begin(), ranks[r].end(), what) == ranks[r].end()) return false;
+  }
+  return true;
 }
 
 // A port nothing listens on right now (the kernel's pick for a socket bound to port 0).

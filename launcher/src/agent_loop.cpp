@@ -1,0 +1,279 @@
+#include "agent_loop.hpp"
+
+#include <poll.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "agent_handoff.hpp"
+#include "console.hpp"
+#include "ddp/contract/store_keys.hpp"
+#include "errors.hpp"
+#include "rdzv/store.hpp"
+#include "rdzv/tcp_store.hpp"
+
+namespace ddprun {
+namespace {
+
+constexpr int kLoopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+// After a stop: how much longer than the grace period the agents get to stop their
+// workers, publish and leave, before the launcher SIGKILLs them.
+constexpr auto kStopMargin = std::chrono::seconds(10);
+// After the first agent failed: how long its failure notice may take to reach the
+// store (a will fires when the server sees the connection close).
+constexpr auto kSettleTime = std::chrono::seconds(1);
+// After SIGKILL, or after the last agent exited: how long to wait for exits and the
+// last buffered output.
+constexpr auto kDrainTime = std::chrono::seconds(3);
+constexpr int kSshFailed = 255;  // ssh's own failure (cannot connect, key refused)
+
+std::chrono::steady_clock::duration seconds_of(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string signal_text(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
+
+}  // namespace
+
+StoreReader::StoreReader(const std::string& host, uint16_t port, const std::string& token, const std::string& ns,
+                         int max_restarts)
+    : max_restarts_(max_restarts) {
+  rdzv::TcpStoreOptions o;
+  o.host = host;
+  o.port = port;
+  o.token = token;
+  o.ns = ns;
+  o.connect_timeout = std::chrono::milliseconds(5000);
+  o.io_timeout = std::chrono::milliseconds(2000);
+  try {
+    store_ = std::make_shared<rdzv::TcpStore>(o);
+  } catch (const std::exception& e) {
+    throw LaunchError(std::string("cannot connect to this ddprun's own store: ") + e.what());
+  }
+}
+
+std::optional<FailureNotice> StoreReader::first_failure() const {
+  if (!store_) return std::nullopt;
+  try {
+    for (int attempt = max_restarts_; attempt >= 0; --attempt) {
+      const std::string key = ddp::contract::JobKeys(attempt).failure();
+      if (store_->check({key})) return FailureNotice::decode(store_->get(key, std::chrono::milliseconds(2000)));
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("cannot read the job's failure from the store: {}", e.what());
+  }
+  return std::nullopt;
+}
+
+void AgentLoop::block_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kLoopSignals) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+AgentLoop::AgentLoop(std::vector<AgentLaunch> launches, AgentLoopOptions options)
+    : launches_(std::move(launches)), options_(std::move(options)) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kLoopSignals) sigaddset(&set, sig);
+  signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd_ < 0) throw LaunchError(std::string("cannot create a signalfd: ") + strerror(errno));
+}
+
+AgentLoop::~AgentLoop() {
+  agents_.clear();  // SIGKILLs and reaps any agent still running
+  if (signal_fd_ >= 0) close(signal_fd_);
+}
+
+int AgentLoop::run() {
+  start_agents();
+  while (true) {
+    bool running = false;
+    bool output = false;
+    for (auto& a : agents_) {
+      running = running || !a->exited();
+      output = output || a->output_open();
+    }
+    if (!running && !give_up_at_) give_up_at_ = Clock::now() + kDrainTime;
+    if (!running && !output) break;
+    if (give_up_at_ && Clock::now() >= *give_up_at_) {
+      if (running) spdlog::error("an agent did not exit after SIGKILL; giving up on it");
+      break;
+    }
+    poll_once();
+  }
+  return outcome();
+}
+
+void AgentLoop::start_agents() {
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    try {
+      agents_.push_back(std::make_unique<AgentProcess>(launches_[i]));
+    } catch (const LaunchError& e) {
+      launch_failure_ = e.what();
+      stop_all(SIGTERM, seconds_of(options_.grace_period_s) + kStopMargin);
+      return;
+    }
+  }
+}
+
+void AgentLoop::poll_once() {
+  // The console's writers queue what the agents say; while they are far behind (a
+  // console that stopped reading) the agents' output waits in the pipes instead.
+  const bool read_output =
+      Console::out().backlog() < Console::kHighWater && Console::err().backlog() < Console::kHighWater;
+  std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
+  std::vector<std::pair<size_t, int>> owner = {{SIZE_MAX, -1}};
+  for (size_t i = 0; i < agents_.size(); ++i) {
+    AgentProcess& a = *agents_[i];
+    if (a.stdin_fd() >= 0) {
+      fds.push_back({a.stdin_fd(), POLLOUT, 0});
+      owner.emplace_back(i, a.stdin_fd());
+    }
+    for (int fd : {a.stdout_fd(), a.stderr_fd()}) {
+      if (fd < 0 || !read_output) continue;
+      fds.push_back({fd, POLLIN, 0});
+      owner.emplace_back(i, fd);
+    }
+  }
+  // Wake for the next timer; at least every 100 ms while output waits on the console.
+  auto wait = std::chrono::milliseconds(read_output ? 1000 : 100);
+  for (const auto& t : {settle_at_, kill_at_, give_up_at_}) {
+    if (t) wait = std::min(wait, std::max(std::chrono::milliseconds(0),
+                                          std::chrono::duration_cast<std::chrono::milliseconds>(*t - Clock::now())));
+  }
+  int ready = poll(fds.data(), fds.size(), static_cast<int>(wait.count()) + 1);
+  if (ready < 0 && errno != EINTR) throw LaunchError(std::string("poll failed: ") + strerror(errno));
+  for (size_t k = 1; ready > 0 && k < fds.size(); ++k) {
+    if (fds[k].revents == 0) continue;
+    AgentProcess& a = *agents_[owner[k].first];
+    if (fds[k].events & POLLOUT) {
+      a.on_writable();
+    } else {
+      a.on_readable(owner[k].second);
+    }
+  }
+  if (ready > 0 && fds[0].revents != 0) {
+    signalfd_siginfo info{};
+    while (read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+      if (info.ssi_signo != SIGCHLD) on_signal(static_cast<int>(info.ssi_signo));
+    }
+  }
+  reap_all();  // SIGCHLD or not: cheap, and a merged SIGCHLD loses nothing
+  on_timers();
+}
+
+void AgentLoop::on_signal(int sig) {
+  if (stop_signal_ == 0) {
+    stop_signal_ = sig;
+    spdlog::info("received {}; stopping every node (their workers get SIGKILL after the grace period of {} s; "
+                 "a second {} kills them at once)",
+                 signal_text(sig), options_.grace_period_s, signal_text(sig));
+    stop_all(sig, seconds_of(options_.grace_period_s) + kStopMargin);
+  } else {
+    spdlog::info("received {} again; every node kills its workers now", signal_text(sig));
+    for (auto& a : agents_) a->send(stop_line(sig));
+    kill_at_ = std::min(*kill_at_, Clock::now() + kStopMargin);
+  }
+}
+
+void AgentLoop::stop_all(int sig, Clock::duration within) {
+  for (auto& a : agents_) a->send(stop_line(sig));
+  auto at = Clock::now() + within;
+  kill_at_ = kill_at_ ? std::min(*kill_at_, at) : at;
+}
+
+void AgentLoop::reap_all() {
+  for (size_t i = 0; i < agents_.size(); ++i) {
+    if (!agents_[i]->exited() && agents_[i]->reap()) on_exit(i);
+  }
+}
+
+void AgentLoop::on_exit(size_t index) {
+  const AgentProcess& a = *agents_[index];
+  if (a.status() == 0 || stop_signal_ != 0 || launch_failure_ || first_failed_) return;
+  first_failed_ = index;
+  if (a.launch().over_ssh && a.status() == kSshFailed && !options_.reader.first_failure()) {
+    std::string said = a.last_error_line().empty() ? "it wrote nothing" : a.last_error_line();
+    fail_launch(index, "ssh failed (exit status 255): " + said, kExitLaunch);
+    return;
+  }
+  // A failure of the job ends every node by itself; give them time for it (a lost
+  // node is noticed within the heartbeat timeout), then stop what is left.
+  kill_at_ = Clock::now() + seconds_of(options_.heartbeat_timeout_s + options_.grace_period_s) + kStopMargin;
+  if (options_.reader.enabled()) settle_at_ = Clock::now() + kSettleTime;
+}
+
+void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
+  const AgentProcess& a = *agents_[index];
+  launch_failure_ = "cannot run the agent on host " + a.launch().host + " (node " +
+                    std::to_string(a.launch().node_rank) + "): " + why;
+  launch_failure_status_ = status;
+  spdlog::error("{}; stopping the other nodes", *launch_failure_);
+  stop_all(SIGTERM, seconds_of(options_.grace_period_s) + kStopMargin);
+}
+
+void AgentLoop::on_timers() {
+  const auto now = Clock::now();
+  if (settle_at_ && now >= *settle_at_) {
+    settle_at_.reset();
+    // No failure in the store: that agent ended on its own (it could not start, or
+    // was killed before it joined); the others would wait out the join timeout for it.
+    if (!options_.reader.first_failure() && first_failed_) {
+      const AgentProcess& a = *agents_[*first_failed_];
+      fail_launch(*first_failed_, "it exited with status " + std::to_string(a.status()) +
+                                      " before the job started or failed (its messages above say why)",
+                  a.status());
+    }
+  }
+  if (kill_at_ && now >= *kill_at_ && !killed_) {
+    killed_ = true;
+    for (auto& a : agents_) {
+      if (a->exited()) continue;
+      spdlog::error("the agent on host {} (node {}) did not end in time; killing it (its workers die with it)",
+                    a->launch().host, a->launch().node_rank);
+      a->kill_group(SIGKILL);
+    }
+    give_up_at_ = now + kDrainTime;
+  }
+  if (give_up_at_ && now >= *give_up_at_) {
+    for (auto& a : agents_) {
+      if (a->exited() && a->output_open()) a->close_output();
+    }
+  }
+}
+
+int AgentLoop::outcome() {
+  if (stop_signal_ != 0) {
+    spdlog::error("job {} stopped by {} sent to ddprun; every node was told to stop", options_.run_id,
+                  signal_text(stop_signal_));
+    return 128 + stop_signal_;
+  }
+  if (launch_failure_) {
+    spdlog::error("job {} could not start: {}", options_.run_id, *launch_failure_);
+    return launch_failure_status_;
+  }
+  if (auto notice = options_.reader.first_failure()) {
+    std::string host = notice->node >= 0 && static_cast<size_t>(notice->node) < launches_.size()
+                           ? launches_[notice->node].host
+                           : notice->host;
+    spdlog::error("job {} failed on host {}: {}; exit status {}", options_.run_id, host, notice->describe(),
+                  notice->status);
+    return notice->status;
+  }
+  if (first_failed_) {
+    const AgentProcess& a = *agents_[*first_failed_];
+    spdlog::error("job {} failed: the agent on host {} (node {}) exited with status {}", options_.run_id,
+                  a.launch().host, a.launch().node_rank, a.status());
+    return a.status();
+  }
+  return 0;
+}
+
+}  // namespace ddprun

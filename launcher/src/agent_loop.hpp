@@ -1,0 +1,110 @@
+// The launching ddprun's one loop over its agents (remote_launch.hpp): starts them,
+// relays their output, forwards stop signals as stop lines, and tells how the job
+// ended.
+//
+// How ONE failure summary comes about: the agents are one job (they rendezvous through
+// the launcher's store), so a failure anywhere ends every node by itself. Each agent
+// started with --agent_stdin prints its full failure summary only when the root cause
+// is one of its own workers (or a stop signal that did not come from the launcher), so
+// exactly one node's summary, naming host and rank, reaches this console. When every
+// agent has exited, the launcher reads the job's first failure from its store and adds
+// one line naming the host (as the host list wrote it), node and rank, and exits with
+// that failure's status: a node lost (its agent killed, its ssh cut) is named that way
+// too, by the notice the other nodes published. With --master_addr (node 0 hosts the
+// store) the agents' exit statuses decide instead.
+//
+// An agent that fails before the job failed anywhere (ssh exits 255: unreachable host,
+// refused key; or an agent that cannot start) fails the launch: its host and its last
+// stderr line are named, every other agent is told to stop, and the launcher exits 1
+// (ssh) or with that agent's status.
+//
+// Stop: SIGINT/SIGTERM/SIGHUP/SIGQUIT → "stop <sig>" to every agent (they stop their
+// workers: SIGTERM, grace period, SIGKILL); a second one is forwarded too, and the
+// agents then kill their workers at once. Agents still running grace period + 10 s
+// later are SIGKILLed (their workers die with them). The launcher exits 128+signal.
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent_process.hpp"
+#include "failure_notice.hpp"
+
+namespace rdzv {
+class TcpStore;
+}
+
+namespace ddprun {
+
+// Where the launcher reads the job's first failure: its own store, through a
+// connection held for the whole job (the store drops a job's keys when its last
+// connection goes, and the agents are gone by the time the launcher reads).
+class StoreReader {
+ public:
+  StoreReader() = default;  // reads nothing (node 0 hosts the store)
+  // Connects now (within 5 s). Throws LaunchError when it cannot.
+  StoreReader(const std::string& host, uint16_t port, const std::string& token, const std::string& ns,
+              int max_restarts);
+
+  bool enabled() const { return store_ != nullptr; }
+  // The failure of the latest attempt that has one; nothing when none, or when the
+  // store cannot be read (within 2 s).
+  std::optional<FailureNotice> first_failure() const;
+
+ private:
+  std::shared_ptr<rdzv::TcpStore> store_;
+  int max_restarts_ = 0;  // attempts 0..max_restarts may hold a failure
+};
+
+struct AgentLoopOptions {
+  double grace_period_s = 30;       // the agents' --grace_period
+  double heartbeat_timeout_s = 10;  // the agents' --heartbeat_timeout
+  std::string run_id;
+  StoreReader reader;
+};
+
+class AgentLoop {
+ public:
+  // Blocks the signals the loop takes through its signalfd, in the calling thread and
+  // so in every thread it starts later. Call before any thread starts.
+  static void block_signals();
+
+  AgentLoop(std::vector<AgentLaunch> launches, AgentLoopOptions options);
+  ~AgentLoop();
+
+  // Starts every agent and runs until all have exited; returns the launcher's status.
+  int run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void start_agents();
+  void poll_once();
+  void on_signal(int sig);
+  void reap_all();
+  void on_exit(size_t index);
+  void on_timers();
+  void stop_all(int sig, Clock::duration within);
+  void fail_launch(size_t index, const std::string& why, int status);
+  int outcome();
+
+  std::vector<AgentLaunch> launches_;
+  AgentLoopOptions options_;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
+  int signal_fd_ = -1;
+  int stop_signal_ = 0;
+  std::optional<size_t> first_failed_;      // the first agent to exit non-zero
+  std::optional<Clock::time_point> settle_at_;  // then: did the job fail, or only that agent?
+  std::optional<Clock::time_point> kill_at_;    // then: SIGKILL whatever agent is left
+  std::optional<Clock::time_point> give_up_at_; // then: stop waiting for output or exits
+  bool killed_ = false;
+  std::optional<std::string> launch_failure_;
+  int launch_failure_status_ = 1;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,33 @@
+// The agent's side of a launch from one command (`ddprun --agent_stdin`, started by a
+// launching ddprun over ssh or as its child): the handoff on stdin, then the pipe kept
+// open as the link to the launcher.
+//
+//   - The handoff's variables are set in this process (so the workers get them) and its
+//     token becomes the store token.
+//   - The pipe moves off fd 0 (to a private close-on-exec fd; fd 0 becomes /dev/null),
+//     so no worker ever reads the launcher's control lines.
+//   - A thread reads control lines: "stop N" sends signal N to this ddprun, whose usual
+//     stop path takes over. The end of the pipe means the launcher is gone: SIGTERM to
+//     this ddprun, and a second one (SIGKILL to the workers) once the grace period or
+//     half the heartbeat timeout passed, whichever is shorter; 1 s before the heartbeat
+//     timeout this ddprun exits outright if it is still there (its store is gone with
+//     the launcher, so it would only wait out timeouts; the kernel kills any worker
+//     left: PR_SET_PDEATHSIG), so nothing of the node outlives the heartbeat timeout.
+#pragma once
+
+#include "attempt_result.hpp"
+#include "options.hpp"
+
+namespace ddprun {
+
+// Reads the handoff from fd 0 (within 30 s), applies it to the environment and to
+// `options` (token), and starts the watch on the launcher. Call before any other
+// thread reads the environment. Throws LaunchError on a bad or missing handoff.
+void join_launcher(LaunchOptions& options);
+
+// Whether the summary of `result` belongs on the launcher's console from this node:
+// its root cause is one of this node's workers, or a stop this node got that did not
+// come from the launcher.
+bool agent_wants_summary(const AttemptResult& result);
+
+}  // namespace ddprun

@@ -1,0 +1,21 @@
+// Which hosts of a --hostfile/--hosts list are this machine (their agent is a plain
+// child process, no ssh), and which of this machine's addresses the other hosts
+// reach it at (where the launcher's store listens).
+#pragma once
+
+#include <string>
+
+namespace ddprun {
+
+// True for localhost, 127.0.0.0/8, ::1, this machine's host name (short or full), and
+// any address of one of its interfaces. A name is not resolved through DNS: a name
+// that merely resolves here (e.g. through /etc/hosts to another address) is remote.
+bool is_local_host(const std::string& host);
+
+// This machine's source address on the route to `host` (IPv4): what the kernel would
+// put in a packet sent there. No packet is sent (a UDP socket is connected, then
+// asked its local address). Throws LaunchError when the host does not resolve or no
+// route leads to it.
+std::string source_address_towards(const std::string& host);
+
+}  // namespace ddprun
