@@ -17,6 +17,17 @@ std::string seconds_text(double value) {
 
 }  // namespace
 
+std::string join_numbers(const std::set<int>& numbers) { return join_numbers(std::vector<int>(numbers.begin(), numbers.end())); }
+
+std::string join_numbers(const std::vector<int>& numbers) {
+  std::string out;
+  for (int n : numbers) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(n);
+  }
+  return out;
+}
+
 std::vector<std::string> agent_arguments(const LaunchOptions& o, const AgentPlace& place) {
   std::vector<std::string> args = {"--nnodes", std::to_string(place.nnodes), "--node_rank",
                                    std::to_string(place.node_rank), "--nproc_per_node", place.nproc_per_node,
@@ -34,9 +45,7 @@ std::vector<std::string> agent_arguments(const LaunchOptions& o, const AgentPlac
   add("--redirects", o.redirects.text());
   add("--tee", o.tee.text());
   if (o.local_ranks_filter) {
-    std::string ranks;
-    for (int r : *o.local_ranks_filter) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-    add("--local_ranks_filter", ranks);
+    add("--local_ranks_filter", join_numbers(*o.local_ranks_filter));
   }
   if (o.no_python) args.push_back("--no_python");
   if (o.module) args.push_back("--module");
@@ -74,7 +83,10 @@ std::vector<std::string> ssh_argv(const SshCommand& c) {
   argv.push_back("--");
   argv.push_back(c.host);
   std::string line = "cd " + shell_quote(c.cwd) + " && exec " + shell_quote(c.ddprun);
-  for (const auto& a : c.arguments) line += " " + shell_quote(a);
+  for (const auto& a : c.arguments) {
+    line += ' ';
+    line += shell_quote(a);
+  }
   argv.push_back(line);
   return argv;
 }

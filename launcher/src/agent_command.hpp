@@ -9,6 +9,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ struct AgentPlace {
 // ddprun's arguments (without argv[0]) for the agent of `place`: the per-node flags of
 // `options`, then --agent_stdin, "--", PROGRAM, ARGS.
 std::vector<std::string> agent_arguments(const LaunchOptions& options, const AgentPlace& place);
+
+// "0,2,3": a list of numbers as flags and variables take it (--local_ranks_filter,
+// CUDA_VISIBLE_DEVICES).
+std::string join_numbers(const std::vector<int>& numbers);
+std::string join_numbers(const std::set<int>& numbers);
 
 // One word for a POSIX shell: single-quoted unless it is made only of characters no
 // shell treats specially ("'" becomes '\'').

@@ -13,11 +13,14 @@
 #include "errors.hpp"
 #include "spawn.hpp"
 
+extern char** environ;
+
 namespace ddprun {
 namespace {
 
 // Runs in the child between fork and exec: plain system calls only.
-[[noreturn]] void exec_agent(const AgentLaunch& launch, pid_t parent, char* const* argv, int in, int out, int err) {
+[[noreturn]] void exec_agent(const AgentLaunch& launch, pid_t parent, char* const* argv, char* const* envp, int in,
+                             int out, int err) {
   // Its own process group: the terminal's Ctrl-C reaches only the launcher, which
   // then stops every node in order.
   setpgid(0, 0);
@@ -40,7 +43,7 @@ namespace {
     (void)!write(STDERR_FILENO, msg, std::strlen(msg));
     _exit(126);
   }
-  execvp(argv[0], argv);
+  execvpe(argv[0], argv, envp);
   int e = errno;
   const char* head = "ddprun: cannot execute ";
   const char* what = std::strerror(e);
@@ -69,10 +72,17 @@ AgentProcess::AgentProcess(AgentLaunch launch)
   std::vector<char*> argv;
   for (auto& a : launch_.argv) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The launcher's environment without the store's token: the agent gets it on its
+  // stdin, and no `ps e` of ssh may show it.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "DDPRUN_TOKEN=", 13) != 0) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = with_signals_blocked([&] {
     pid_t child = fork();
-    if (child == 0) exec_agent(launch_, parent, argv.data(), in[0], out[1], err[1]);
+    if (child == 0) exec_agent(launch_, parent, argv.data(), envp.data(), in[0], out[1], err[1]);
     return child;
   });
   const int fork_errno = errno;

@@ -90,7 +90,7 @@ void ElasticRendezvous::register_for(int attempt) {
   store_.set_wills({{JobKeys::elastic_lost(id_), "1"}}, silence_limit_);
   elastic::Registration me;
   me.host = plan_.hostname;
-  me.address = store_.local_address();
+  me.address = plan_.options.local_addr.value_or(store_.local_address());  // --local_addr wins
   me.nproc = plan_.nproc;
   me.hint = plan_.options.node_rank_given ? plan_.options.node_rank : elastic::kNoHint;
   me.port = pick_free_port();

@@ -139,6 +139,15 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
     }
   }
 
+  // The other nodes (and, on node 0, the workers as MASTER_ADDR) will connect to it:
+  // an address that is not this host's would only surface as their timeouts.
+  if (options.local_addr) {
+    if (std::string why = foreign_address_reason(*options.local_addr); !why.empty()) {
+      throw LaunchError("--local_addr " + *options.local_addr + " is not an address of this host (" + why +
+                        "); give one of its own addresses, which the other nodes can reach");
+    }
+  }
+
   plan.run_id = options.run_id.empty() ? generate_run_id() : options.run_id;
   plan.hostname = local_hostname();
   plan.set_omp_num_threads =

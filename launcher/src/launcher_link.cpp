@@ -20,9 +20,11 @@ namespace ddprun {
 namespace {
 
 constexpr auto kHandoffTimeout = std::chrono::seconds(30);
-// After the forced stop, how long the agent may still take to exit before it exits
-// outright.
-constexpr auto kExitBackstop = std::chrono::seconds(5);
+// Once the launcher is gone, this ddprun exits outright this long before the heartbeat
+// timeout, whatever it is still waiting for (its store went with the launcher, so
+// publishing and leaving only time out): the promise is that nothing of the node is
+// left within the heartbeat timeout.
+constexpr double kExitBeforeHeartbeatS = 1.0;
 constexpr size_t kMaxControlLine = 256;
 
 std::atomic<bool> launcher_stopped{false};  // a stop line came: the launcher speaks for the job
@@ -52,12 +54,13 @@ void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   }
   spdlog::warn("the launching ddprun is gone (its connection ended); stopping this node's workers");
   kill(getpid(), SIGTERM);
+  // heartbeat_timeout_s >= 2 (the parser's floor), so cap <= exit_at.
   const double cap = std::min(grace_period_s, heartbeat_timeout_s / 2);
+  const double exit_at = heartbeat_timeout_s - kExitBeforeHeartbeatS;
   std::this_thread::sleep_for(std::chrono::duration<double>(cap));
   kill(getpid(), SIGTERM);  // a stop signal while stopping: SIGKILL to the workers now
-  std::this_thread::sleep_for(kExitBackstop);
-  spdlog::error("still running {} s after the launching ddprun went away; exiting",
-                static_cast<int>(cap + kExitBackstop.count()));
+  std::this_thread::sleep_for(std::chrono::duration<double>(exit_at - cap));
+  // Workers still running die with this process (PR_SET_PDEATHSIG, the orphan guard).
   _exit(128 + SIGTERM);
 }
 

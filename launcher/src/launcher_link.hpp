@@ -9,9 +9,10 @@
 //   - A thread reads control lines: "stop N" sends signal N to this ddprun, whose usual
 //     stop path takes over. The end of the pipe means the launcher is gone: SIGTERM to
 //     this ddprun, and a second one (SIGKILL to the workers) once the grace period or
-//     half the heartbeat timeout passed, whichever is shorter, so the workers are gone
-//     within the heartbeat timeout; as a last resort this ddprun exits a few seconds
-//     later (the kernel then kills its workers: PR_SET_PDEATHSIG).
+//     half the heartbeat timeout passed, whichever is shorter; 1 s before the heartbeat
+//     timeout this ddprun exits outright if it is still there (its store is gone with
+//     the launcher, so it would only wait out timeouts; the kernel kills any worker
+//     left: PR_SET_PDEATHSIG), so nothing of the node outlives the heartbeat timeout.
 #pragma once
 
 #include "attempt_result.hpp"

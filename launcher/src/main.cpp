@@ -60,7 +60,9 @@ void print_plan(const ddprun::LaunchPlan& plan) {
   for (const auto& a : plan.command.argv) cmd += (cmd.empty() ? "" : " ") + a;
   spdlog::info("command: {} (exec {})", cmd, plan.command.path);
   if (o.rdzv_host) {
-    spdlog::info("rendezvous: ddp-rendezvous daemon at {}:{}, job {}", *o.rdzv_host, o.rdzv_port, plan.run_id);
+    spdlog::info("rendezvous: {} at {}:{}, job {}",
+                 o.remote.agent_stdin ? "the launching ddprun's store" : "ddp-rendezvous daemon", *o.rdzv_host,
+                 o.rdzv_port, plan.run_id);
   } else if (o.nnodes > 1) {
     spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
   } else {

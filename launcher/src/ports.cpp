@@ -56,6 +56,30 @@ std::string port_unavailable_reason(int port) {
   return {};
 }
 
+std::string foreign_address_reason(const std::string& address) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    len = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    len = sizeof(*v6);
+  } else {
+    return {};
+  }
+  // Port 0 and a datagram socket: binding takes nothing from anyone and fails
+  // (EADDRNOTAVAIL) exactly when no interface of this host holds the address.
+  int fd = socket(addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::strerror(errno);
+  const int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  const int err = errno;
+  close(fd);
+  return rc == 0 ? std::string() : std::strerror(err);
+}
+
 int pick_free_port() {
   int fd = bind_wildcard(0);
   if (fd < 0) throw LaunchError(std::string("cannot find a free port: ") + std::strerror(-fd));

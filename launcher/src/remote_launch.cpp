@@ -16,6 +16,7 @@
 #include "agent_handoff.hpp"
 #include "agent_loop.hpp"
 #include "agent_process.hpp"
+#include "console.hpp"
 #include "errors.hpp"
 #include "hosts.hpp"
 #include "launch_plan.hpp"
@@ -58,12 +59,6 @@ std::string endpoint_text(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::string device_list(const std::vector<int>& devices) {
-  std::string out;
-  for (int d : devices) out += (out.empty() ? "" : ",") + std::to_string(d);
-  return out;
-}
-
 }  // namespace
 
 int run_remote_launch(const LaunchOptions& options) {
@@ -103,7 +98,8 @@ int run_remote_launch(const LaunchOptions& options) {
     place.run_id = run_id;
     place.store_endpoint = endpoint;
     AgentHandoff handoff{token, environment};
-    if (h.devices) handoff.env.emplace_back("CUDA_VISIBLE_DEVICES", device_list(*h.devices));
+    // After the -x ones: the host's GPU picks win.
+    if (auto devices = cuda_visible_devices(h)) handoff.env.emplace_back("CUDA_VISIBLE_DEVICES", *devices);
 
     AgentLaunch launch;
     launch.host = h.host;
@@ -122,16 +118,8 @@ int run_remote_launch(const LaunchOptions& options) {
   }
 
   if (options.verbose) {
-    spdlog::info("run id {}, {} node(s); store: {}", run_id, hosts.size(),
-                 endpoint ? "this ddprun at " + *endpoint : "node 0 at " + options.master_addr);
-    for (size_t i = 0; i < hosts.size(); ++i) {
-      spdlog::info("node {}: {} ({}), --nproc_per_node={}{}", i, hosts[i].host,
-                   launches[i].over_ssh ? "ssh" : "local child", nproc_for(hosts[i], options),
-                   hosts[i].devices ? ", CUDA_VISIBLE_DEVICES=" + device_list(*hosts[i].devices) : "");
-    }
-    std::string names;
-    for (const auto& [name, value] : environment) names += (names.empty() ? "" : " ") + name;
-    spdlog::info("variables sent to every node: {}", names.empty() ? "(none)" : names);
+    Console::err().write(describe_remote_plan(hosts, environment, options));
+    spdlog::info("run id {}; store: {}", run_id, endpoint ? "this ddprun at " + *endpoint : "node 0 at " + options.master_addr);
     std::string cmd;
     for (const auto& a : launches.front().argv) cmd += (cmd.empty() ? "" : " ") + a;
     spdlog::info("node 0's command: {}", cmd);

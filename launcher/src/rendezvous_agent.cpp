@@ -175,7 +175,9 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
                        NoticeKind::kNodeLost};
     store_->set_will(contract::JobKeys(attempt).failure(), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
 
-    std::string address = store_->local_address();
+    // What the other nodes (and as MASTER_ADDR the workers) reach this node at:
+    // --local_addr, else the address this node reaches the store from.
+    std::string address = o.local_addr.value_or(store_->local_address());
     store_->set(contract::JobKeys(attempt).node(me),
                 plan_.hostname + "\n" + address + "\n" + std::to_string(plan_.nproc));
     if (me == 0) store_->set(contract::JobKeys(attempt).master_port(), std::to_string(pick_free_port()));

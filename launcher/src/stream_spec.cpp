@@ -63,7 +63,12 @@ bool StreamSpec::any() const {
 std::string StreamSpec::text() const {
   if (per_rank_.empty()) return std::to_string(all_);
   std::string out;
-  for (const auto& [rank, mask] : per_rank_) out += (out.empty() ? "" : ",") + std::to_string(rank) + ":" + std::to_string(mask);
+  for (const auto& [rank, mask] : per_rank_) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(rank);
+    out += ':';
+    out += std::to_string(mask);
+  }
   return out;
 }
 

@@ -14,6 +14,8 @@
 //                                          global ranks 2 and 3 (4 ranks)
 //                                        (all_gather, broadcast, count, dtype, root,
 //                                        reduce_op, skip, p2p): all fail with Mismatch.
+//   collective_worker sum <bytes>        one f32 all_reduce of <bytes> (traffic a test can
+//                                        count on an interface), checked like the matrix
 //   collective_worker misuse             bad arguments: refused up front, or (a recv of
 //                                        the wrong size) the group breaks everywhere.
 // Prints "rank R: ..." lines; exits 0 when every check passed, 1 otherwise.
@@ -333,6 +335,17 @@ int matrix(ddp::ProcessGroup& pg, size_t big) {
   return g_failures == 0 ? 0 : 1;
 }
 
+int sum(ddp::ProcessGroup& pg, size_t bytes) {
+  const size_t count = bytes / sizeof(float);
+  Vec v = make_input(DType::F32, ReduceOp::Sum, pg.rank(), count);
+  pg.all_reduce(v.buf(), ReduceOp::Sum);
+  Vec want(DType::F32, count);
+  for (size_t i = 0; i < count; ++i) reference(DType::F32, ReduceOp::Sum, pg.size(), i, want.bytes.data());
+  check(v.bytes == want.bytes, "all_reduce of " + std::to_string(bytes) + " bytes");
+  std::printf("rank %d: %d checks, %d failed\n", pg.rank(), g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
 // ---- failures -----------------------------------------------------------------
 
 int die(ddp::ProcessGroup& pg, int victim) {
@@ -529,13 +542,14 @@ int main(int argc, char** argv) {
     }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
     if (mode == "stuck" && argc > 2) return stuck(*pg, std::atoi(argv[2]));
+    if (mode == "sum" && argc > 2) return sum(*pg, std::strtoull(argv[2], nullptr, 10));
     if (mode == "misuse") return misuse(*pg);
     if (mode == "disagree") return disagree(*pg);
     if (mode == "mismatch" && argc > 3) return mismatch(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
     if (mode == "mismatch_in_subgroup" && argc > 3) {
       return mismatch_in_subgroup(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
     }
-    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | die <rank> | stuck <rank> | misuse | disagree | "
+    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | sum <bytes> | die <rank> | stuck <rank> | misuse | disagree | "
                  "mismatch[_in_subgroup] <case> <count>\n");
     return 2;
   } catch (const ddp::contract::ContractError& e) {

@@ -177,11 +177,13 @@ TEST_CASE("the DDP_* settings are read once, with their defaults, and bad values
   CHECK(d.small_allreduce_bytes == 32 * 1024);
   CHECK(d.staged_allreduce_bytes == 1024 * 1024);
   CHECK(d.wait_notice_every.count() == 30000);
+  CHECK_FALSE(d.socket_ifname);
 
   const CommSettings s = CommSettings::from_variables(
       Variables(Vars{{"DDP_TIMEOUT_SEC", "2.5"}, {"DDP_BACKEND", "cpu"}, {"DDP_DISABLE_SHM", "1"},
                      {"DDP_DISABLE_CMA", "1"}, {"DDP_SPIN_US", "0"}, {"DDP_SHM_RING_BYTES", "65536"},
-                     {"DDP_SMALL_ALLREDUCE_BYTES", "1024"}, {"DDP_WAIT_NOTICE_SEC", "0.5"}}));
+                     {"DDP_SMALL_ALLREDUCE_BYTES", "1024"}, {"DDP_WAIT_NOTICE_SEC", "0.5"},
+                     {"DDP_SOCKET_IFNAME", "^docker,lo"}}));
   REQUIRE(s.timeout);
   CHECK(s.timeout->count() == 2500);
   CHECK(*s.backend == "cpu");
@@ -191,6 +193,7 @@ TEST_CASE("the DDP_* settings are read once, with their defaults, and bad values
   CHECK(s.shm_ring_bytes == 65536);
   CHECK(s.small_allreduce_bytes == 1024);
   CHECK(s.wait_notice_every.count() == 500);
+  CHECK(s.socket_ifname == "^docker,lo");
 
   auto fails = [](const char* name, const char* value) {
     return CommSettings::from_variables(Variables(Vars{{name, value}}));

@@ -44,11 +44,13 @@ bool all_gone_within(const std::vector<pid_t>& pids, std::chrono::milliseconds l
 
 // A directory with a fake `ssh`: it runs the remote command (its last argument) here
 // through sh -c, as sshd would through the user's shell, or (mode "refuse") fails as
-// ssh does when it cannot connect.
+// ssh does when it cannot connect. In the first mode it keeps its arguments and its
+// environment in DIR/ssh_args and DIR/ssh_env.
 ProcessOptions with_fake_ssh(const TempDir& dir, const std::string& mode) {
   std::string script = mode == "refuse"
                            ? "#!/bin/sh\necho \"ssh: connect to host somewhere port 22: Connection refused\" >&2\nexit 255\n"
-                           : "#!/bin/sh\nfor last; do :; done\nexec sh -c \"$last\"\n";
+                           : "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + (dir / "ssh_args").string() + "\nenv > " +
+                                 (dir / "ssh_env").string() + "\nfor last; do :; done\nexec sh -c \"$last\"\n";
   write_file(dir / "ssh", script, true);
   ProcessOptions o;
   o.set_env["PATH"] = dir.path().string() + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
@@ -130,18 +132,29 @@ TEST_CASE("the launcher SIGKILLed: agents and workers are gone within the heartb
   INFO("gone after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count() << " s");
 }
 
-TEST_CASE("over (fake) ssh the quoted remote command runs the agent in the launcher's directory", "[e2e][remote]") {
+TEST_CASE("over (fake) ssh the quoted remote command runs the agent and the token stays off ssh", "[e2e][remote]") {
   TempDir dir;
   // 192.0.2.1 (TEST-NET-1) is never this machine: its agent goes through `ssh`.
+  ProcessOptions options = with_fake_ssh(dir, "run");
+  const std::string secret = "s3cret-token-of-this-test";
+  options.set_env["DDPRUN_TOKEN"] = secret;
   auto r = run(e2e::ddprun({"--hosts", "localhost:1,192.0.2.1:1", "--local_addr", "127.0.0.1", e2e::kWorker, "env",
                             "RANK", "GROUP_RANK", "it's a value"}),
-               with_fake_ssh(dir, "run"), 60s);
+               options, 60s);
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   auto ranks = e2e::by_rank(r.out);
   REQUIRE(ranks.size() == 2);
   CHECK(std::find(ranks[1].begin(), ranks[1].end(), "GROUP_RANK=1") != ranks[1].end());
   CHECK(std::find(ranks[1].begin(), ranks[1].end(), "it's a value unset") != ranks[1].end());
+  // The token went on the agent's stdin: neither ssh's command line nor its environment has it.
+  std::string args = read_file(dir / "ssh_args");
+  CHECK(args.find("--agent_stdin") != std::string::npos);
+  CHECK(args.find("BatchMode=yes") != std::string::npos);
+  CHECK(args.find(secret) == std::string::npos);
+  std::string env = read_file(dir / "ssh_env");
+  CHECK(env.find("PATH=") != std::string::npos);
+  CHECK(env.find(secret) == std::string::npos);
 }
 
 TEST_CASE("a host ssh cannot reach fails the launch naming it and ssh's error, and stops the others",

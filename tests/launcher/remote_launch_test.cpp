@@ -11,14 +11,14 @@
 #include "line_relay.hpp"
 #include "local_host.hpp"
 #include "options.hpp"
-#include "parse_options.hpp"
+#include "command_line.hpp"
 
 using ddprun::AgentPlace;
 using ddprun::LaunchOptions;
 
 namespace {
 
-using launcher_tests::parse;
+using command_line::parse;
 
 // What `sh -c` makes of a line: its words (printf ends each with a NUL byte).
 std::vector<std::string> shell_words(const std::string& line) {
@@ -104,7 +104,10 @@ TEST_CASE("shell quoting gives the remote shell back every word as it was", "[re
   std::vector<std::string> words = {"plain", "with space", "it's", "'", "$HOME", "`id`", "a\"b", "semi;colon",
                                     "back\\slash", "*", "", "new\nline", "--flag=x,y"};
   std::string line;
-  for (const auto& w : words) line += " " + ddprun::shell_quote(w);
+  for (const auto& w : words) {
+    line += ' ';
+    line += ddprun::shell_quote(w);
+  }
   CHECK(shell_words(line) == words);
   CHECK(ddprun::shell_quote("/usr/bin/ddprun") == "/usr/bin/ddprun");
   CHECK(ddprun::shell_quote("it's") == "'it'\\''s'");

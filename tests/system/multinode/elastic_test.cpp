@@ -185,7 +185,9 @@ TEST_CASE("elastic 2:3 on a daemon: a node killed, one cut off, one frozen, two 
   // The daemon keeps the store, so the node with hint 0 (the first one killed) may be
   // lost too. Hosts 0-2 start the job, 3 and 4 replace lost nodes, 5 runs the daemon.
   // Three failures exactly use the three restarts: the two joins must use none.
-  ElasticJob job({.hosts = 6, .daemon_host = 5, .max_restarts = 3}, {"--epochs", "8"});
+  // 10 epochs leave the last three-node attempt epochs to run even when the joins
+  // before it were slow (a loaded machine); the freeze comes as soon as it started.
+  ElasticJob job({.hosts = 6, .daemon_host = 5, .max_restarts = 3}, {"--epochs", "10"});
   const size_t a = job.start(0, 0), b = job.start(1, 1), c = job.start(2, 2);
   job.wait_attempt(3, 0, 1, 120s);
 
@@ -200,7 +202,7 @@ TEST_CASE("elastic 2:3 on a daemon: a node killed, one cut off, one frozen, two 
   REQUIRE(cut_status);
   CHECK(*cut_status != 0);
   const size_t e = job.start(4, 2);
-  job.wait_attempt(3, 2, 1, 60s);
+  job.wait_attempt(3, 2, 0, 60s);
 
   freeze(job.node(d));  // 3: host frozen
   require_success(job, {c, e}, 300s);
@@ -212,7 +214,7 @@ TEST_CASE("elastic 2:3 on a daemon: a node killed, one cut off, one frozen, two 
   CHECK(fashion::resumed_at(out).size() == 5);
   const auto epochs = fashion::epochs_run(out);
   REQUIRE(!epochs.empty());
-  CHECK(*std::max_element(epochs.begin(), epochs.end()) == 8);
+  CHECK(*std::max_element(epochs.begin(), epochs.end()) == 10);
   CHECK(out.find("RESULT world 2 ") != std::string::npos);
   const auto acc = fashion::final_accuracy(out);
   REQUIRE(acc);

@@ -19,6 +19,7 @@ struct GroupSetup {
   int local_rank = 0;                  // rank on this node: the GPU a NCCL rank uses
   int local_size = 1;                  // ranks on this node
   std::string advertise_host = "127.0.0.1";  // this host's address as peers on other hosts reach it
+  std::string bind_host;               // the TCP mesh listens here only (DDP_SOCKET_IFNAME); empty: everywhere
   Millis timeout{600000};              // limit of every collective
   Millis connect_timeout{300000};      // limit of forming the group
   GroupPeers peers;                    // who the ranks are in the job; their exits

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "backend.hpp"
+#include "cpu/interfaces.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "exit_watch.hpp"
 #include "hosted_store.hpp"
@@ -108,6 +109,11 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   if (settings.timeout) setup.timeout = *settings.timeout;
   setup.peers.me = env.rank;
   setup.peers.notice_every = settings.wait_notice_every;
+  // DDP_SOCKET_IFNAME: chosen before anything connects, so a name that matches no
+  // interface is the rank's one error, at once.
+  if (settings.socket_ifname) {
+    setup.bind_host = cpu::pick_interface(*settings.socket_ifname, cpu::list_interfaces()).ipv4;
+  }
 
   auto bundle = std::make_shared<StoreBundle>();
   rdzv::TcpStoreOptions so;
@@ -147,7 +153,8 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   bundle->client = connect_store(so, env.rank, deadline, settings.wait_notice_every);
   if (env.store) setup.peers.exits = watch_exits(env, so);
   setup.connect_timeout = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-  setup.advertise_host = bundle->client->local_address();
+  // Peers on other hosts reach this rank where it reaches the store, unless told otherwise.
+  setup.advertise_host = setup.bind_host.empty() ? bundle->client->local_address() : setup.bind_host;
   bundle->prefixed = std::make_unique<rdzv::PrefixStore>(prefix, *bundle->client);
   setup.store = std::shared_ptr<rdzv::Store>(bundle, bundle->prefixed.get());
 

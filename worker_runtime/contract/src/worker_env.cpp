@@ -196,6 +196,7 @@ CommSettings CommSettings::from_variables(const Variables& vars) {
   s.backend = vars.get("DDP_BACKEND");
   s.disable_shm = vars.flag("DDP_DISABLE_SHM");
   s.disable_cma = vars.flag("DDP_DISABLE_CMA");
+  s.socket_ifname = vars.get("DDP_SOCKET_IFNAME");
   s.spin_us = static_cast<long>(vars.integer_or("DDP_SPIN_US", -1, -1, 1'000'000));
   auto bytes = [&](const char* name, size_t fallback) {
     return static_cast<size_t>(vars.integer_or(name, static_cast<long long>(fallback), 0, kMaxBytes));

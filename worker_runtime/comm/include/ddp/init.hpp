@@ -14,6 +14,10 @@
 //  4. mpirun: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; MASTER_ADDR (default
 //     127.0.0.1 when every rank is on one host) and MASTER_PORT (default: derived from
 //     the Open MPI job id).
+// Ranks on other hosts connect to this one's TCP listener at the address it reaches
+// the store from, or on the interface DDP_SOCKET_IFNAME names (Gloo's and NCCL's
+// syntax: eth / =eth1 / ^docker; see cpu/interfaces.hpp), whose IPv4 address it then
+// binds; a value that matches no interface makes init() throw Error naming it.
 #pragma once
 
 #include <memory>

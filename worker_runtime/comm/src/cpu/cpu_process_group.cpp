@@ -349,6 +349,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup) {
   cpu::TransportOptions topts;
   topts.advertise_host = setup.advertise_host;
+  topts.bind_host = setup.bind_host;
   topts.connect_timeout = setup.connect_timeout;
   topts.peers = setup.peers;
   return std::make_shared<CpuProcessGroup>(setup, topts);

@@ -110,8 +110,8 @@ Mesh::Mesh(rdzv::Store& store, int rank, int size, const MeshOptions& options)
   pid_fds_.assign(size, -1);
   headers_.assign(size, nullptr);
 
-  // A listener for peers on other hosts, on every interface; peers are told the
-  // address that reaches the store.
+  // A listener for peers on other hosts: on the interface DDP_SOCKET_IFNAME chose,
+  // else on every interface; peers are told the address it advertises.
   int listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd < 0) fail_errno("socket");
   struct Closer {
@@ -121,7 +121,12 @@ Mesh::Mesh(rdzv::Store& store, int rank, int size, const MeshOptions& options)
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  if (::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) fail_errno("bind");
+  if (!options.bind_host.empty() && ::inet_pton(AF_INET, options.bind_host.c_str(), &addr.sin_addr) != 1) {
+    fail("cannot listen on '" + options.bind_host + "': not an IPv4 address");
+  }
+  if (::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+    fail_errno(options.bind_host.empty() ? "bind" : "bind " + options.bind_host);
+  }
   if (::listen(listen_fd, SOMAXCONN) < 0) fail_errno("listen");
   socklen_t len = sizeof(addr);
   ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);

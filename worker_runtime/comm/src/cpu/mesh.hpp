@@ -21,6 +21,7 @@ namespace ddp::cpu {
 
 struct MeshOptions {
   std::string advertise_host = "127.0.0.1";  // address peers on other hosts connect to
+  std::string bind_host;  // the one IPv4 address to listen on (DDP_SOCKET_IFNAME); empty: every interface
   Millis connect_timeout{300000};
   size_t ring_bytes = 0;  // per shared-memory ring; 0: DDP_SHM_RING_BYTES, or 8 MiB / local peers in [256 KiB, 4 MiB]
   detail::GroupPeers peers;  // the ranks in the job: formation and transfers fail at once on a published exit

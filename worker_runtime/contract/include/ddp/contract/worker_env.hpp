@@ -109,6 +109,10 @@ struct CommSettings {
   bool disable_cma = false;             // DDP_DISABLE_CMA=1: no cross-process memory access
   long spin_us = -1;                    // DDP_SPIN_US: busy-wait before sleeping (-1: choose)
   size_t shm_ring_bytes = 0;            // DDP_SHM_RING_BYTES: each shared-memory ring (0: choose)
+  // DDP_SOCKET_IFNAME: the interfaces the TCP mesh may use, in Gloo's and NCCL's syntax
+  // (eth0,ib / ^docker / =eth1); nothing: every interface, advertising the address
+  // that reaches the store. Its syntax is checked where it is used (cpu/interfaces.hpp).
+  std::optional<std::string> socket_ifname;
   // Where the CPU all-reduce and broadcast switch algorithms (bytes).
   size_t small_allreduce_bytes = 32 * 1024;     // DDP_SMALL_ALLREDUCE_BYTES
   size_t small_broadcast_bytes = 64 * 1024;     // DDP_SMALL_BROADCAST_BYTES
