@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -27,6 +28,14 @@ WORKER = 'date +%s.%N > "$0/stamp.$$.tmp" && mv "$0/stamp.$$.tmp" "$0/stamp.$$";
 
 def launcher_argv(name, hosts, hostfile, stamps, stay, opts):
     worker = ["sh", "-c", WORKER, stamps, "stay" if stay else "exit"]
+    if name == "ssh":
+        # The floor: plain parallel ssh starting the same workers (what pdsh does), with
+        # no launcher, rendezvous or supervision at all.
+        one = "sh -c " + shlex.quote(WORKER) + " " + shlex.quote(stamps) + (" stay" if stay else " exit")
+        remote = " & ".join([one] * PER_HOST) + "; wait"
+        script = " & ".join(f"{hosts.ssh_command()} {hosts.address(i)} {shlex.quote(remote)}"
+                            for i in range(HOSTS)) + "; wait"
+        return ["sh", "-c", script]
     if name == "ddprun":
         return [DDPRUN, "--hostfile", hostfile, f"--grace_period={opts.grace_period:g}",
                 f"--heartbeat_timeout={opts.heartbeat_timeout:g}", *worker]
@@ -131,7 +140,8 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--grace_period", type=float, default=5.0)
     parser.add_argument("--heartbeat_timeout", type=float, default=5.0)
-    parser.add_argument("--launchers", default="ddprun,mpirun", help="comma-separated: ddprun, mpirun")
+    parser.add_argument("--launchers", default="ddprun,mpirun,ssh",
+                        help="comma-separated: ddprun, mpirun, ssh (plain parallel ssh: the floor; start time only)")
     parser.add_argument("--json", help="also write the figures to this file")
     opts = parser.parse_args()
     if os.geteuid() != 0:
@@ -152,10 +162,11 @@ def main():
             for name in names:
                 starts[name].append(start_latency_once(name, hosts, hostfile, opts))
         limits = {signal.SIGINT: opts.grace_period + 10, signal.SIGKILL: opts.heartbeat_timeout + 10}
-        cleanup = {n: {s.name: [] for s in limits} for n in names}
-        workers_gone = {n: {s.name: [] for s in limits} for n in names}
+        supervised = [n for n in names if n != "ssh"]
+        cleanup = {n: {s.name: [] for s in limits} for n in supervised}
+        workers_gone = {n: {s.name: [] for s in limits} for n in supervised}
         for _ in range(opts.runs):
-            for name in names:
+            for name in supervised:
                 for sig, limit in limits.items():
                     gone, workers = cleanup_once(name, hosts, hostfile, sig, opts, limit)
                     cleanup[name][sig.name].append(gone)
@@ -181,10 +192,10 @@ def main():
     def ms(v):
         return f"{v * 1e3:.0f}" if v is not None else "left"
     for n in names:
-        s, c = result["start_to_all_running_s"][n], result["cleanup_s"][n]
+        s, c = result["start_to_all_running_s"][n], result["cleanup_s"].get(n)
         print(f"{n:<8} {s['median'] * 1e3:>24.0f} {s['min'] * 1e3:>8.0f} {s['max'] * 1e3:>8.0f} "
-              f"{ms(c['SIGINT']['median']):>21} {ms(c['SIGKILL']['median']):>22}")
-    for n in names:
+              f"{ms(c['SIGINT']['median']) if c else '-':>21} {ms(c['SIGKILL']['median']) if c else '-':>22}")
+    for n in supervised:
         w = result["workers_gone_s"][n]
         print(f"{n:<8} workers alone gone after SIGINT {ms(w['SIGINT']['median'])} ms, "
               f"after SIGKILL {ms(w['SIGKILL']['median'])} ms")
@@ -192,6 +203,11 @@ def main():
         ratio = statistics.median(starts["ddprun"]) / statistics.median(starts["mpirun"])
         result["start_ratio_ddprun_over_mpirun"] = ratio
         print(f"ddprun/mpirun start time: {ratio:.2f} (target <= 0.5)")
+    if "ssh" in names and "mpirun" in names:
+        floor = statistics.median(starts["ssh"]) / statistics.median(starts["mpirun"])
+        result["start_ratio_ssh_over_mpirun"] = floor
+        print(f"plain parallel ssh/mpirun start time: {floor:.2f} (no launcher can go below this ratio "
+              f"without reusing ssh connections)")
     if "ddprun" in names:
         c = result["cleanup_s"]["ddprun"]
         print(f"ddprun SIGINT: none left after {ms(c['SIGINT']['median'])} ms "
