@@ -302,6 +302,10 @@ std::string ElasticRendezvous::claim_finish(int attempt) {
 
 void ElasticRendezvous::mark_lost() { store_.set(JobKeys::elastic_lost(id_), "1"); }
 
+void ElasticRendezvous::withdraw_failure_will() {
+  store_.set_wills({{JobKeys::elastic_lost(id_), "1"}}, silence_limit_);
+}
+
 std::vector<std::string> ElasticRendezvous::others_waiting_lost_keys() {
   std::vector<std::string> keys;
   if (registered_ < 0) return keys;

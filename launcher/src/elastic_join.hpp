@@ -46,6 +46,10 @@ class ElasticRendezvous {
   std::string claim_finish(int attempt);
   // Marks this node gone for good, so forming attempts do not wait for it.
   void mark_lost();
+  // This node's workers all finished (its done key is set): its loss can no longer end
+  // the attempt, so only the "lost" mark stays as its will (a later round, after a failure
+  // elsewhere, must not wait for it).
+  void withdraw_failure_will();
   // The lost marks (elastic/lost/<id>) of the other nodes that registered for the
   // attempt this node registered for last: a node leaving from its join waits on them.
   std::vector<std::string> others_waiting_lost_keys();

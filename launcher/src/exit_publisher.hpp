@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -21,6 +22,11 @@
 #include "rdzv/tcp_store.hpp"
 
 namespace ddprun {
+
+// Every worker exit of `attempt` published so far, by global rank (the last record of a
+// rank wins). A slot taken but not yet written is skipped. Each store call is bounded;
+// throws rdzv::StoreError when the store cannot be read.
+std::map<int, ddp::contract::ExitRecord> read_exits(rdzv::Store& store, int attempt);
 
 class ExitPublisher {
  public:

@@ -10,6 +10,7 @@
 #include "ddp/contract/store_keys.hpp"
 #include "elastic_ending.hpp"
 #include "errors.hpp"
+#include "exit_publisher.hpp"
 #include "job_policy.hpp"
 #include "ports.hpp"
 
@@ -309,6 +310,19 @@ FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice&
   }
 }
 
+namespace {
+
+bool every_worker_succeeded(rdzv::Store& store, int attempt, int world_size) {
+  const auto exits = read_exits(store, attempt);
+  for (int r = 0; r < world_size; ++r) {
+    auto it = exits.find(r);
+    if (it == exits.end() || !it->second.succeeded()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
   const LaunchOptions& o = plan_.options;
   const int me = layout_.node_rank;
@@ -326,11 +340,27 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
       }
     }
     store_->set(done[me], "1");
+    // Done: this node's part of the job is over, so losing it now (frozen or killed
+    // while it waits here) must not fail the others. Withdrawn after the done key, so a
+    // loss in between is still a failure rather than a wait for a node that never finishes.
+    if (elastic_) {
+      elastic_->withdraw_failure_will();
+    } else {
+      store_->set_wills({}, silence_limit(to_ms(o.heartbeat_timeout)));
+    }
     // Short waits, so a failure published meanwhile (the watcher sees it) ends the wait.
     while (true) {
       if (failure_seen_ || store_->check({contract::JobKeys(attempt).failure()})) {
-        return after_finish(*store_, attempt,
-                            FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), Millis(1000))));
+        FailureNotice notice = FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), Millis(1000)));
+        // A node lost after every worker of the attempt had exited with status 0 (frozen or
+        // killed in its own exit barrier) took nothing from the job: it succeeded. Every
+        // node reads the same published exits, so all come to the same verdict.
+        if (notice.kind == NoticeKind::kNodeLost && every_worker_succeeded(*store_, attempt, layout_.world_size)) {
+          spdlog::info("{}, after every worker of the job had finished with status 0: the job succeeded",
+                       notice.describe());
+          return std::nullopt;
+        }
+        return after_finish(*store_, attempt, notice);
       }
       if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
         return publish_failure(attempt, {me, -1, 128 + sig, plan_.hostname,

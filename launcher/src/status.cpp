@@ -17,6 +17,7 @@
 #include "ddp/contract/parse.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
+#include "exit_publisher.hpp"
 #include "options.hpp"
 #include "rdzv/tcp_store.hpp"
 #include "rdzv/token.hpp"
@@ -231,12 +232,7 @@ Reading read_job(rdzv::Store& store, const Target& target) {
     auto values = store.multi_get(wanted, Millis(1000));
     for (size_t i = 0; i < have.size(); ++i) records[have[i]] = contract::ProgressRecord::decode(values[i]);
   }
-  std::map<int, contract::ExitRecord> exits;
-  int64_t exit_count = store.add(keys.exit_count(), 0);
-  for (int64_t n = 0; n < exit_count && n < 100000; ++n) {
-    if (!store.check({keys.exit_slot(n)})) continue;  // taken, not written yet
-    if (auto e = contract::ExitRecord::decode(store.get(keys.exit_slot(n), Millis(500)))) exits[e->rank] = *e;
-  }
+  const std::map<int, contract::ExitRecord> exits = read_exits(store, info.attempt);
   // A stall ddprun reported that still lasts (no call completed since): the whole job
   // is stalled; the call column tells the waiting ranks from the ones that never arrived.
   std::vector<bool> stalled(static_cast<size_t>(world), false);

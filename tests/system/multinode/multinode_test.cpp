@@ -290,6 +290,25 @@ TEST_CASE("a frozen ddprun fails the job within the heartbeat timeout", "[multin
   CHECK_THAT(n0.err(), Catch::Contains("ddprun was lost"));
 }
 
+TEST_CASE("a node lost after its workers all succeeded does not fail the others", "[multinode]") {
+  NetnsCluster c(2);
+  // Node 1's worker exits 0 at once; its ddprun is then frozen in its exit barrier.
+  // Node 0's worker runs past the heartbeat timeout: node 1's silence must not end it.
+  Process n1(c.on(1, with(node_args(c, 2, 1, 1), {"sh", "-c", "echo bye; exit 0"})));
+  Process n0(c.on(0, with(node_args(c, 2, 0, 1), {"sh", "-c", "sleep 6; echo finished; exit 0"})));
+  REQUIRE(n1.wait_for_stdout([](const std::string& out) { return out.find("bye") != std::string::npos; }, 20s));
+  std::this_thread::sleep_for(500ms);  // reaped, exit published, done key set
+  n1.send_signal(SIGSTOP);
+  auto status = n0.wait(30s);
+  CHECK_FALSE(n1.wait(0s).has_value());  // it really was frozen, not finished
+  n1.send_signal(SIGKILL);
+  INFO(n0.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 0);
+  CHECK_THAT(n0.out(), Catch::Contains("finished"));
+  CHECK_THAT(n0.err(), !Catch::Contains("was lost"));
+}
+
 TEST_CASE("a signal during the join ends ddprun at once and tells the others", "[multinode]") {
   NetnsCluster c(3);
   // Node 2 never comes, so nodes 0 and 1 wait in the join.
