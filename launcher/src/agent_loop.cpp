@@ -12,10 +12,7 @@
 
 #include "agent_handoff.hpp"
 #include "console.hpp"
-#include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
-#include "rdzv/store.hpp"
-#include "rdzv/tcp_store.hpp"
 
 namespace ddprun {
 namespace {
@@ -39,36 +36,6 @@ std::chrono::steady_clock::duration seconds_of(double s) {
 std::string signal_text(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
 
 }  // namespace
-
-StoreReader::StoreReader(const std::string& host, uint16_t port, const std::string& token, const std::string& ns,
-                         int max_restarts)
-    : max_restarts_(max_restarts) {
-  rdzv::TcpStoreOptions o;
-  o.host = host;
-  o.port = port;
-  o.token = token;
-  o.ns = ns;
-  o.connect_timeout = std::chrono::milliseconds(5000);
-  o.io_timeout = std::chrono::milliseconds(2000);
-  try {
-    store_ = std::make_shared<rdzv::TcpStore>(o);
-  } catch (const std::exception& e) {
-    throw LaunchError(std::string("cannot connect to this ddprun's own store: ") + e.what());
-  }
-}
-
-std::optional<FailureNotice> StoreReader::first_failure() const {
-  if (!store_) return std::nullopt;
-  try {
-    for (int attempt = max_restarts_; attempt >= 0; --attempt) {
-      const std::string key = ddp::contract::JobKeys(attempt).failure();
-      if (store_->check({key})) return FailureNotice::decode(store_->get(key, std::chrono::milliseconds(2000)));
-    }
-  } catch (const std::exception& e) {
-    spdlog::warn("cannot read the job's failure from the store: {}", e.what());
-  }
-  return std::nullopt;
-}
 
 void AgentLoop::block_signals() {
   sigset_t set;
@@ -199,7 +166,7 @@ void AgentLoop::on_exit(size_t index) {
   const AgentProcess& a = *agents_[index];
   if (a.status() == 0 || stop_signal_ != 0 || launch_failure_ || first_failed_) return;
   first_failed_ = index;
-  if (a.launch().over_ssh && a.status() == kSshFailed && !options_.reader.first_failure()) {
+  if (a.launch().over_ssh && a.status() == kSshFailed && !options_.reader.latest_failure()) {
     std::string said = a.last_error_line().empty() ? "it wrote nothing" : a.last_error_line();
     fail_launch(index, "ssh failed (exit status 255): " + said, kExitLaunch);
     return;
@@ -225,7 +192,7 @@ void AgentLoop::on_timers() {
     settle_at_.reset();
     // No failure in the store: that agent ended on its own (it could not start, or
     // was killed before it joined); the others would wait out the join timeout for it.
-    if (!options_.reader.first_failure() && first_failed_) {
+    if (!options_.reader.latest_failure() && first_failed_) {
       const AgentProcess& a = *agents_[*first_failed_];
       fail_launch(*first_failed_, "it exited with status " + std::to_string(a.status()) +
                                       " before the job started or failed (its messages above say why)",
@@ -259,7 +226,10 @@ int AgentLoop::outcome() {
     spdlog::error("job {} could not start: {}", options_.run_id, *launch_failure_);
     return launch_failure_status_;
   }
-  if (auto notice = options_.reader.first_failure()) {
+  // Every agent exited 0: the job succeeded, whatever an attempt it restarted past
+  // left in the store.
+  if (!first_failed_) return 0;
+  if (auto notice = options_.reader.latest_failure()) {
     std::string host = notice->node >= 0 && static_cast<size_t>(notice->node) < launches_.size()
                            ? launches_[notice->node].host
                            : notice->host;
@@ -267,13 +237,10 @@ int AgentLoop::outcome() {
                   notice->status);
     return notice->status;
   }
-  if (first_failed_) {
-    const AgentProcess& a = *agents_[*first_failed_];
-    spdlog::error("job {} failed: the agent on host {} (node {}) exited with status {}", options_.run_id,
-                  a.launch().host, a.launch().node_rank, a.status());
-    return a.status();
-  }
-  return 0;
+  const AgentProcess& a = *agents_[*first_failed_];
+  spdlog::error("job {} failed: the agent on host {} (node {}) exited with status {}", options_.run_id,
+                a.launch().host, a.launch().node_rank, a.status());
+  return a.status();
 }
 
 }  // namespace ddprun

@@ -7,9 +7,10 @@
 // started with --agent_stdin prints its full failure summary only when the root cause
 // is one of its own workers (or a stop signal that did not come from the launcher), so
 // exactly one node's summary, naming host and rank, reaches this console. When every
-// agent has exited, the launcher reads the job's first failure from its store and adds
-// one line naming the host (as the host list wrote it), node and rank, and exits with
-// that failure's status: a node lost (its agent killed, its ssh cut) is named that way
+// agent has exited, if one failed, the launcher reads the failure of the attempt the
+// job ended in from its store (store_reader.hpp; a job that restarted past a failure and
+// then succeeded exits 0) and adds one line naming the host (as the host list wrote
+// it), node and rank, and exits with that failure's status: a node lost (its agent killed, its ssh cut) is named that way
 // too, by the notice the other nodes published. With --master_addr (node 0 hosts the
 // store) the agents' exit statuses decide instead.
 //
@@ -34,33 +35,9 @@
 #include <vector>
 
 #include "agent_process.hpp"
-#include "failure_notice.hpp"
-
-namespace rdzv {
-class TcpStore;
-}
+#include "store_reader.hpp"
 
 namespace ddprun {
-
-// Where the launcher reads the job's first failure: its own store, through a
-// connection held for the whole job (the store drops a job's keys when its last
-// connection goes, and the agents are gone by the time the launcher reads).
-class StoreReader {
- public:
-  StoreReader() = default;  // reads nothing (node 0 hosts the store)
-  // Connects now (within 5 s). Throws LaunchError when it cannot.
-  StoreReader(const std::string& host, uint16_t port, const std::string& token, const std::string& ns,
-              int max_restarts);
-
-  bool enabled() const { return store_ != nullptr; }
-  // The failure of the latest attempt that has one; nothing when none, or when the
-  // store cannot be read (within 2 s).
-  std::optional<FailureNotice> first_failure() const;
-
- private:
-  std::shared_ptr<rdzv::TcpStore> store_;
-  int max_restarts_ = 0;  // attempts 0..max_restarts may hold a failure
-};
 
 struct AgentLoopOptions {
   double grace_period_s = 30;       // the agents' --grace_period

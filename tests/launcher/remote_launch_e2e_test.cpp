@@ -170,3 +170,24 @@ TEST_CASE("a host ssh cannot reach fails the launch naming it and ssh's error, a
   CHECK(r.seconds < 15);
   CHECK(e2e::by_rank(r.out).empty());  // node 0 never started workers: the job never formed
 }
+
+TEST_CASE("after a restart the job's status is that of the attempt it ended in", "[e2e][remote]") {
+  // Every rank exits 5 while TORCHELASTIC_RESTART_COUNT < N, then 0.
+  auto restarted = [](const std::string& failing_attempts) {
+    return run(e2e::ddprun({"--hosts", "localhost:2,127.0.0.1:1", "--max_restarts", "1", "--grace_period", "3",
+                            e2e::kWorker, "fail-until-restart", failing_attempts}),
+               {}, 60s);
+  };
+  SECTION("attempt 0 failed, attempt 1 succeeded: its failure stays in the store but the job exits 0") {
+    auto r = restarted("1");
+    INFO(r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK(r.err.find("failed on host") == std::string::npos);
+  }
+  SECTION("both attempts failed: attempt 1's failure is the job's") {
+    auto r = restarted("2");
+    INFO(r.out << r.err);
+    CHECK(r.status == 5);
+    CHECK(r.err.find("failed on host") != std::string::npos);
+  }
+}
