@@ -11,6 +11,12 @@
 //   end
 // then, any time later:
 //   stop <signal number>            (the launcher got that signal: stop as if it came here)
+//
+// The agent answers once, on its stdout, with the line kAgentStartedLine as soon as it
+// has read the handoff; the launcher drops that line from the relayed output. It is how
+// the launcher tells ssh's own failure (exit status 255 before the agent ever ran:
+// unreachable host, refused key) from a 255 after the agent got going (a dropped
+// connection, a remote command killed, or a worker's own exit status 255 passed on).
 #pragma once
 
 #include <chrono>
@@ -34,6 +40,9 @@ std::string encode_handoff(const AgentHandoff& handoff);
 AgentHandoff read_handoff(int fd, std::chrono::milliseconds timeout);
 
 std::string stop_line(int signal);  // "stop <n>\n"
+
+// The agent's "I run" line (without its newline).
+inline constexpr const char* kAgentStartedLine = "ddprun-agent started";
 
 // A control line after the handoff: the stop signal it carries, or nothing when the
 // line is not a stop line.

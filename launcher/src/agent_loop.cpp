@@ -27,7 +27,7 @@ constexpr auto kSettleTime = std::chrono::seconds(1);
 // After SIGKILL, or after the last agent exited: how long to wait for exits and the
 // last buffered output.
 constexpr auto kDrainTime = std::chrono::seconds(3);
-constexpr int kSshFailed = 255;  // ssh's own failure (cannot connect, key refused)
+constexpr int kSshFailed = 255;  // ssh's own failure (cannot connect, key refused), and more
 
 std::chrono::steady_clock::duration seconds_of(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
@@ -166,7 +166,11 @@ void AgentLoop::on_exit(size_t index) {
   const AgentProcess& a = *agents_[index];
   if (a.status() == 0 || stop_signal_ != 0 || launch_failure_ || first_failed_) return;
   first_failed_ = index;
-  if (a.launch().over_ssh && a.status() == kSshFailed && !options_.reader.latest_failure()) {
+  // 255 is ssh's own failure only when the agent never ran: ssh also exits 255 when the
+  // connection drops or the remote command dies of a signal, and an agent passes on a
+  // worker's 255. Those go the usual way (with --master_addr: the status passes through).
+  if (a.launch().over_ssh && a.status() == kSshFailed && !a.started() &&
+      !options_.reader.joined(a.launch().node_rank)) {
     std::string said = a.last_error_line().empty() ? "it wrote nothing" : a.last_error_line();
     fail_launch(index, "ssh failed (exit status 255): " + said, kExitLaunch);
     return;
@@ -190,10 +194,12 @@ void AgentLoop::on_timers() {
   const auto now = Clock::now();
   if (settle_at_ && now >= *settle_at_) {
     settle_at_.reset();
-    // No failure in the store: that agent ended on its own (it could not start, or
-    // was killed before it joined); the others would wait out the join timeout for it.
-    if (!options_.reader.latest_failure() && first_failed_) {
-      const AgentProcess& a = *agents_[*first_failed_];
+    // No failure in the store and that agent never joined: it ended on its own (it
+    // could not start, or was killed before it joined); the others would wait out the
+    // join timeout for it. One that joined is a lost node: its will reaches the store
+    // within the heartbeat timeout, and the others end by themselves.
+    const AgentProcess& a = *agents_[*first_failed_];
+    if (!options_.reader.latest_failure() && !options_.reader.joined(a.launch().node_rank)) {
       fail_launch(*first_failed_, "it exited with status " + std::to_string(a.status()) +
                                       " before the job started or failed (its messages above say why)",
                   a.status());

@@ -14,10 +14,12 @@
 // too, by the notice the other nodes published. With --master_addr (node 0 hosts the
 // store) the agents' exit statuses decide instead.
 //
-// An agent that fails before the job failed anywhere (ssh exits 255: unreachable host,
-// refused key; or an agent that cannot start) fails the launch: its host and its last
+// An agent that fails before the job failed anywhere fails the launch: ssh exits 255
+// before the agent said it runs (agent_handoff.hpp: unreachable host, refused key), or
+// the agent exits before it joined the job (it cannot start). Its host and its last
 // stderr line are named, every other agent is told to stop, and the launcher exits 1
-// (ssh) or with that agent's status.
+// (ssh) or with that agent's status. An ssh exit 255 after the agent ran (connection
+// dropped, remote command killed, a worker's own 255) is an ordinary failure.
 //
 // Stop: SIGINT/SIGTERM/SIGHUP/SIGQUIT → "stop <sig>" to every agent (they stop their
 // workers: SIGTERM, grace period, SIGKILL); a second one is forwarded too, and the

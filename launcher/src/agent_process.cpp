@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "agent_handoff.hpp"
 #include "console.hpp"
 #include "errors.hpp"
 #include "spawn.hpp"
@@ -65,6 +66,7 @@ AgentProcess::AgentProcess(AgentLaunch launch)
     : launch_(std::move(launch)),
       out_relay_([](std::string lines) { Console::out().write(std::move(lines)); }),
       err_relay_([](std::string lines) { Console::err().write(std::move(lines)); }) {
+  out_relay_.hide_once(kAgentStartedLine);
   int in[2], out[2], err[2];
   make_pipe(in);
   make_pipe(out);

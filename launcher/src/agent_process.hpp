@@ -62,6 +62,10 @@ class AgentProcess {
   // Signals its whole process group (ssh or the agent, and anything in its group).
   void kill_group(int sig) const;
 
+  // Whether the agent said it runs (kAgentStartedLine: it read its handoff, so ssh
+  // connected and ddprun started there).
+  bool started() const { return out_relay_.hidden_seen(); }
+
   // The last line it wrote to stderr (ssh's own error, when ssh failed).
   const std::string& last_error_line() const { return err_relay_.last_line(); }
 

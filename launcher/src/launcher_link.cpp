@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "agent_handoff.hpp"
+#include "console.hpp"
 #include "errors.hpp"
 
 namespace ddprun {
@@ -80,6 +81,8 @@ void join_launcher(LaunchOptions& options) {
     }
   }
   options.token = handoff.token;
+  // Before anything else goes to stdout: the launcher learns this agent runs.
+  Console::out().write(std::string(kAgentStartedLine) + "\n");
   int link = fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (link < 0 || null_fd < 0 || dup2(null_fd, STDIN_FILENO) < 0) {

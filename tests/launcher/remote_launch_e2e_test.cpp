@@ -191,3 +191,22 @@ TEST_CASE("after a restart the job's status is that of the attempt it ended in",
     CHECK(r.err.find("failed on host") != std::string::npos);
   }
 }
+
+TEST_CASE("a worker's exit status 255 over ssh is the job's failure, not ssh's", "[e2e][remote]") {
+  // ssh passes the remote command's 255 on: the agent ran, so it is no launch failure.
+  TempDir dir;
+  std::vector<std::string> store_flags = {"--local_addr", "127.0.0.1"};
+  SECTION("node 0 hosts the store (--master_addr): the agent's status passes through") {
+    store_flags = {"--master_addr", "127.0.0.1", "--master_port", std::to_string(e2e::free_port())};
+  }
+  SECTION("the launcher hosts the store") {}
+  std::vector<std::string> args = {"--hosts", "localhost:1,192.0.2.1:1", "--grace_period", "3"};
+  args.insert(args.end(), store_flags.begin(), store_flags.end());
+  args.insert(args.end(), {e2e::kWorker, "fail", "1", "255"});
+  auto r = run(e2e::ddprun(args), with_fake_ssh(dir, "run"), 60s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 255);
+  CHECK(r.err.find("could not start") == std::string::npos);
+  CHECK(r.err.find("ssh failed") == std::string::npos);
+  CHECK(r.out.find("ddprun-agent started") == std::string::npos);  // the launcher keeps its agents' "I run" line
+}

@@ -166,3 +166,14 @@ TEST_CASE("the line relay passes whole lines only, bounds a long one and flushes
   relay.finish();  // nothing held: nothing more
   CHECK(got.size() == 3);
 }
+
+TEST_CASE("the line relay hides the first whole line equal to the hidden one, even in pieces", "[remote]") {
+  std::string got;
+  ddprun::LineRelay relay([&](std::string lines) { got += lines; });
+  relay.hide_once("I run");
+  relay.feed("motd\nI r");
+  CHECK_FALSE(relay.hidden_seen());
+  relay.feed("un\n[rank0]: I run\nI run\n");
+  CHECK(relay.hidden_seen());
+  CHECK(got == "motd\n[rank0]: I run\nI run\n");  // only the first one is hidden
+}
