@@ -42,9 +42,11 @@ std::string join_numbers(const std::set<int>& numbers);
 std::string shell_quote(const std::string& word);
 
 // What runs a remote agent: ssh_command (ssh, DDPRUN_SSH, --ssh_args), then our
-// defaults (BatchMode, ConnectTimeout: ssh keeps the first value of an option, so the
-// user's own -o wins), the host, and one shell command line
-// "cd CWD && exec DDPRUN ARGS..." with every word quoted.
+// defaults (BatchMode, ConnectTimeout, ServerAliveInterval/CountMax: ssh keeps the
+// first value of an option, so the user's own -o wins), the host, and one shell
+// command line "cd CWD && exec DDPRUN ARGS..." with every word quoted. The server
+// alive probes end an ssh whose connection is cut within about the heartbeat timeout
+// (TCP alone would notice after hours), so the launcher sees that node go.
 struct SshCommand {
   std::vector<std::string> ssh_command;  // options.remote.ssh_command
   std::string host;
@@ -52,6 +54,7 @@ struct SshCommand {
   std::string ddprun;                    // the ddprun path on that host
   std::vector<std::string> arguments;    // agent_arguments()
   int connect_timeout_s = 10;
+  double heartbeat_timeout_s = 10;       // the job's --heartbeat_timeout
 };
 std::vector<std::string> ssh_argv(const SshCommand& command);
 

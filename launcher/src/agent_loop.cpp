@@ -27,6 +27,8 @@ constexpr auto kSettleTime = std::chrono::seconds(1);
 // After SIGKILL, or after the last agent exited: how long to wait for exits and the
 // last buffered output.
 constexpr auto kDrainTime = std::chrono::seconds(3);
+// While no agent failed: how often the launcher looks for a failure in its store.
+constexpr auto kStoreReadInterval = std::chrono::seconds(1);
 constexpr int kSshFailed = 255;  // ssh's own failure (cannot connect, key refused), and more
 
 std::chrono::steady_clock::duration seconds_of(double s) {
@@ -177,8 +179,31 @@ void AgentLoop::on_exit(size_t index) {
   }
   // A failure of the job ends every node by itself; give them time for it (a lost
   // node is noticed within the heartbeat timeout), then stop what is left.
-  kill_at_ = Clock::now() + seconds_of(options_.heartbeat_timeout_s + options_.grace_period_s) + kStopMargin;
+  const auto at = Clock::now() + failure_deadline();
+  kill_at_ = kill_at_ ? std::min(*kill_at_, at) : at;
+  kill_for_attempt_.reset();
   if (options_.reader.enabled()) settle_at_ = Clock::now() + kSettleTime;
+}
+
+std::chrono::steady_clock::duration AgentLoop::failure_deadline() const {
+  return seconds_of(options_.heartbeat_timeout_s + options_.grace_period_s) + kStopMargin;
+}
+
+void AgentLoop::watch_store(Clock::time_point now) {
+  if (!options_.reader.enabled() || stop_signal_ != 0 || launch_failure_ || first_failed_) return;
+  if (now < next_store_read_) return;
+  next_store_read_ = now + kStoreReadInterval;
+  const int attempt = options_.reader.latest_attempt();
+  if (auto notice = options_.reader.latest_failure()) {
+    if (kill_at_) return;
+    kill_at_ = now + failure_deadline();
+    kill_for_attempt_ = attempt;
+    spdlog::info("the job failed ({}); waiting up to {:.0f} s for every node to end", notice->describe(),
+                 std::chrono::duration<double>(failure_deadline()).count());
+  } else if (kill_for_attempt_ && attempt > *kill_for_attempt_) {
+    kill_at_.reset();  // the nodes restarted past that failure
+    kill_for_attempt_.reset();
+  }
 }
 
 void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
@@ -192,6 +217,7 @@ void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
 
 void AgentLoop::on_timers() {
   const auto now = Clock::now();
+  watch_store(now);
   if (settle_at_ && now >= *settle_at_) {
     settle_at_.reset();
     // No failure in the store and that agent never joined: it ended on its own (it

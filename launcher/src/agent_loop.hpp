@@ -21,6 +21,11 @@
 // (ssh) or with that agent's status. An ssh exit 255 after the agent ran (connection
 // dropped, remote command killed, a worker's own 255) is an ordinary failure.
 //
+// While no agent has failed, the launcher also looks at its store about once a second:
+// a failure there that ends no agent (every remote node cut off, their ssh connections
+// hanging until ssh's server alive probes give up) gets the same deadline as an
+// agent's failure; a restart past that failure lifts it.
+//
 // Stop: SIGINT/SIGTERM/SIGHUP/SIGQUIT → "stop <sig>" to every agent (they stop their
 // workers: SIGTERM, grace period, SIGKILL); a second one is forwarded too, and the
 // agents then kill their workers at once. Agents still running grace period + 10 s
@@ -68,6 +73,8 @@ class AgentLoop {
   void reap_all();
   void on_exit(size_t index);
   void on_timers();
+  void watch_store(Clock::time_point now);
+  Clock::duration failure_deadline() const;  // after a failure: how long the nodes get to end
   void stop_all(int sig, Clock::duration within);
   void fail_launch(size_t index, const std::string& why, int status);
   int outcome();
@@ -81,6 +88,8 @@ class AgentLoop {
   std::optional<Clock::time_point> settle_at_;  // then: did the job fail, or only that agent?
   std::optional<Clock::time_point> kill_at_;    // then: SIGKILL whatever agent is left
   std::optional<Clock::time_point> give_up_at_; // then: stop waiting for output or exits
+  Clock::time_point next_store_read_{};          // watch_store(): the next look at the store
+  std::optional<int> kill_for_attempt_;          // kill_at_ was set for this attempt's failure
   bool killed_ = false;
   std::optional<std::string> launch_failure_;
   int launch_failure_status_ = 1;

@@ -116,7 +116,7 @@ int run_remote_launch(const LaunchOptions& options) {
     launch.handoff = encode_handoff(handoff);
     if (launch.over_ssh) {
       launch.argv = ssh_argv({options.remote.ssh_command, h.host, cwd, ddprun, agent_arguments(options, place),
-                              kSshConnectTimeoutS});
+                              kSshConnectTimeoutS, options.heartbeat_timeout});
     } else {
       launch.argv = agent_arguments(options, place);
       launch.argv.insert(launch.argv.begin(), ddprun);

@@ -210,3 +210,25 @@ TEST_CASE("a worker's exit status 255 over ssh is the job's failure, not ssh's",
   CHECK(r.err.find("ssh failed") == std::string::npos);
   CHECK(r.out.find("ddprun-agent started") == std::string::npos);  // the launcher keeps its agents' "I run" line
 }
+
+TEST_CASE("every agent frozen, as if all were cut off: the launcher ends the job after its deadline",
+          "[e2e][remote]") {
+  // Stopped agents neither exit nor talk to the store: their wills fail the job after
+  // the heartbeat timeout, and no agent is left to end by itself (as with ssh
+  // connections that hang after a partition). The launcher sees the failure in its
+  // store and kills them heartbeat + grace period + 10 s later.
+  Process p(e2e::ddprun({"--hosts", "localhost:1,127.0.0.1:1", "--heartbeat_timeout", "2", "--grace_period", "1",
+                         e2e::kWorker, "ignore-term"}));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 30s));
+  std::vector<pid_t> below = descendants(p.pid());
+  std::vector<pid_t> agents = child_pids(p.pid());
+  REQUIRE(agents.size() == 2);
+  for (pid_t agent : agents) kill(agent, SIGSTOP);
+  auto status = p.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(p.err());
+  CHECK(*status == 1);
+  CHECK(p.err().find("was lost") != std::string::npos);
+  CHECK(p.err().find("did not end in time; killing it") != std::string::npos);
+  CHECK(all_gone_within(below, 5s));
+}

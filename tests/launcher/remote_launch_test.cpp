@@ -120,15 +120,19 @@ TEST_CASE("the ssh command puts the user's options first and runs ddprun in the 
   c.cwd = "/work/my dir";
   c.ddprun = "/opt/ddprun";
   c.arguments = {"--agent_stdin", "--", "train", "a b"};
+  c.heartbeat_timeout_s = 10;
   auto argv = ddprun::ssh_argv(c);
-  REQUIRE(argv.size() == 10);
+  REQUIRE(argv.size() == 14);
   CHECK(std::vector<std::string>(argv.begin(), argv.begin() + 3) == c.ssh_command);
   CHECK(argv[3] == "-o");
   CHECK(argv[4] == "BatchMode=yes");
   CHECK(argv[6] == "ConnectTimeout=10");
-  CHECK(argv[7] == "--");
-  CHECK(argv[8] == "node1");
-  CHECK(argv[9] == "cd '/work/my dir' && exec /opt/ddprun --agent_stdin -- train 'a b'");
+  // A cut connection ends ssh within about the heartbeat timeout: 3 probes 4 s apart.
+  CHECK(argv[8] == "ServerAliveInterval=4");
+  CHECK(argv[10] == "ServerAliveCountMax=3");
+  CHECK(argv[11] == "--");
+  CHECK(argv[12] == "node1");
+  CHECK(argv[13] == "cd '/work/my dir' && exec /opt/ddprun --agent_stdin -- train 'a b'");
 }
 
 TEST_CASE("this machine's names and addresses are local, other hosts are not", "[remote]") {
