@@ -32,7 +32,9 @@ class AgentProcess {
   // Starts the agent. Throws LaunchError when it cannot (fork or pipe failure); a
   // program that cannot be executed shows as exit status 127 with one line on stderr.
   explicit AgentProcess(AgentLaunch launch);
-  ~AgentProcess();  // SIGKILLs its process group if it still runs, reaps it, closes the pipes
+  // SIGKILLs its process group if it still runs, reaps it (waiting 1 s at most: one
+  // that outlives SIGKILL is left to init), closes the pipes.
+  ~AgentProcess();
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;
 
