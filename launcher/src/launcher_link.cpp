@@ -29,6 +29,7 @@ constexpr double kExitBeforeHeartbeatS = 1.0;
 constexpr size_t kMaxControlLine = 256;
 
 std::atomic<bool> launcher_stopped{false};  // a stop line came: the launcher speaks for the job
+std::atomic<bool> link_lost{false};         // the link ended with no stop line before it
 
 void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   // Signals are for the threads that handle them, not this one.
@@ -53,7 +54,10 @@ void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
     }
     line.clear();
   }
-  spdlog::warn("the launching ddprun is gone (its connection ended); stopping this node's workers");
+  spdlog::warn("lost the connection to the launching ddprun (it is gone, or its ssh connection was cut); "
+               "stopping this node's workers");
+  // A stop the launcher asked for stays that stop; otherwise this node is lost to the job.
+  link_lost = !launcher_stopped;
   kill(getpid(), SIGTERM);
   // heartbeat_timeout_s >= 2 (the parser's floor), so cap <= exit_at.
   const double cap = std::min(grace_period_s, heartbeat_timeout_s / 2);
@@ -62,7 +66,7 @@ void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   kill(getpid(), SIGTERM);  // a stop signal while stopping: SIGKILL to the workers now
   std::this_thread::sleep_for(std::chrono::duration<double>(exit_at - cap));
   // Workers still running die with this process (PR_SET_PDEATHSIG, the orphan guard).
-  _exit(128 + SIGTERM);
+  _exit(link_lost ? 1 : 128 + SIGTERM);
 }
 
 std::string local_hostname() {
@@ -93,6 +97,8 @@ void join_launcher(LaunchOptions& options) {
   spdlog::default_logger()->set_pattern("ddprun[" + local_hostname() + "]: %l: %v");
   std::thread(watch_launcher, link, options.grace_period, options.heartbeat_timeout).detach();
 }
+
+bool launcher_lost() { return link_lost; }
 
 bool agent_wants_summary(const AttemptResult& result) {
   if (result.remote) return false;                             // the root cause's node prints it

@@ -133,6 +133,10 @@ int launch(ddprun::LaunchPlan& plan) {
   try {
     job = set_up_job(plan, supervisor);
   } catch (const ddprun::Interrupted& stop) {
+    if (plan.options.remote.agent_stdin && ddprun::launcher_lost()) {
+      spdlog::error("lost the connection to the launching ddprun while joining the rendezvous; no worker was started");
+      return ddprun::kExitLaunch;
+    }
     spdlog::error("received SIG{} while joining the rendezvous; no worker was started", sigabbrev_np(stop.signal));
     return 128 + stop.signal;
   }
@@ -168,7 +172,10 @@ int launch(ddprun::LaunchPlan& plan) {
   policy.elastic = o.elastic();
   policy.hosts_store = job.store_host != nullptr;
   policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
-  if (o.remote.agent_stdin) policy.wants_summary = ddprun::agent_wants_summary;
+  if (o.remote.agent_stdin) {
+    policy.wants_summary = ddprun::agent_wants_summary;
+    policy.launcher_lost = ddprun::launcher_lost;
+  }
   return ddprun::JobPolicy(plan, workers, *membership, std::move(policy)).run();
 }
 

@@ -44,13 +44,19 @@ bool all_gone_within(const std::vector<pid_t>& pids, std::chrono::milliseconds l
 
 // A directory with a fake `ssh`: it runs the remote command (its last argument) here
 // through sh -c, as sshd would through the user's shell, or (mode "refuse") fails as
-// ssh does when it cannot connect. In the first mode it keeps its arguments and its
-// environment in DIR/ssh_args and DIR/ssh_env.
+// ssh does when it cannot connect. In mode "run" it keeps its arguments and its
+// environment in DIR/ssh_args and DIR/ssh_env; in mode "cut" the remote command's
+// stdin ends once the file DIR/cut exists (as when the connection's input is lost).
 ProcessOptions with_fake_ssh(const TempDir& dir, const std::string& mode) {
-  std::string script = mode == "refuse"
-                           ? "#!/bin/sh\necho \"ssh: connect to host somewhere port 22: Connection refused\" >&2\nexit 255\n"
-                           : "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + (dir / "ssh_args").string() + "\nenv > " +
-                                 (dir / "ssh_env").string() + "\nfor last; do :; done\nexec sh -c \"$last\"\n";
+  const std::string cut = (dir / "cut").string();
+  std::string script =
+      mode == "refuse"
+          ? "#!/bin/sh\necho \"ssh: connect to host somewhere port 22: Connection refused\" >&2\nexit 255\n"
+      : mode == "cut"
+          ? "#!/bin/sh\nfor last; do :; done\n{ sed '/^end$/q'; while [ ! -e " + cut +
+                " ]; do sleep 0.1; done; } | sh -c \"$last\"\n"
+          : "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + (dir / "ssh_args").string() + "\nenv > " +
+                (dir / "ssh_env").string() + "\nfor last; do :; done\nexec sh -c \"$last\"\n";
   write_file(dir / "ssh", script, true);
   ProcessOptions o;
   o.set_env["PATH"] = dir.path().string() + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
@@ -231,4 +237,19 @@ TEST_CASE("every agent frozen, as if all were cut off: the launcher ends the job
   CHECK(p.err().find("was lost") != std::string::npos);
   CHECK(p.err().find("did not end in time; killing it") != std::string::npos);
   CHECK(all_gone_within(below, 5s));
+}
+
+TEST_CASE("an agent whose link to the launcher is cut is a lost node, not a stop", "[e2e][remote]") {
+  TempDir dir;
+  Process p(e2e::ddprun({"--hosts", "localhost:1,192.0.2.1:1", "--local_addr", "127.0.0.1", "--grace_period", "2",
+                         e2e::kWorker, "ignore-term"}),
+            with_fake_ssh(dir, "cut"));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 30s));
+  write_file(dir / "cut", "");
+  auto status = p.wait(40s);
+  REQUIRE(status.has_value());
+  INFO(p.err());
+  CHECK(*status == 1);
+  CHECK(p.err().find("lost its connection to the launching ddprun") != std::string::npos);
+  CHECK(p.err().find("ddprun received SIGTERM") == std::string::npos);  // the notice says why, not how
 }
