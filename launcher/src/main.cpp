@@ -203,6 +203,8 @@ int run(int argc, char** argv) {
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
+    // What --rdzv_conf took and ignored: a launching ddprun's too.
+    for (const auto& note : parsed.options->rdzv_conf_notes) spdlog::info("{}", note);
     if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);
     // Started by a launching ddprun: its handoff (token, variables) comes first.
     if (parsed.options->remote.agent_stdin) ddprun::join_launcher(*parsed.options);
@@ -212,7 +214,6 @@ int run(int argc, char** argv) {
       for (const auto& n : plan.options.slurm_notes) taken += (taken.empty() ? "" : ", ") + n;
       spdlog::info("Slurm step: {}", taken);
     }
-    for (const auto& note : plan.options.rdzv_conf_notes) spdlog::info("{}", note);
     if (plan.set_omp_num_threads) {
       spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
                    "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);

@@ -253,3 +253,12 @@ TEST_CASE("an agent whose link to the launcher is cut is a lost node, not a stop
   CHECK(p.err().find("lost its connection to the launching ddprun") != std::string::npos);
   CHECK(p.err().find("ddprun received SIGTERM") == std::string::npos);  // the notice says why, not how
 }
+
+TEST_CASE("the launcher says which --rdzv_conf settings have no effect", "[e2e][remote]") {
+  auto r = run(e2e::ddprun({"--hosts", "localhost:1", "--rdzv_conf", "last_call_timeout=3", e2e::kWorker, "env",
+                            "RANK"}),
+               {}, 60s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.err.find("--rdzv_conf last_call_timeout has no effect") != std::string::npos);
+}
