@@ -139,6 +139,12 @@ void AgentLoop::poll_once() {
 }
 
 void AgentLoop::on_signal(int sig) {
+  // Every agent has ended (only their last output is still draining): nothing is left
+  // to stop, and how the job ended stands.
+  if (std::all_of(agents_.begin(), agents_.end(), [](const auto& a) { return a->exited(); })) {
+    spdlog::info("received {} after every node ended; the job's status stands", signal_text(sig));
+    return;
+  }
   if (stop_signal_ == 0) {
     stop_signal_ = sig;
     spdlog::info("received {}; stopping every node (their workers get SIGKILL after the grace period of {} s; "
