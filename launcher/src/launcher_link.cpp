@@ -30,6 +30,7 @@ constexpr size_t kMaxControlLine = 256;
 
 std::atomic<bool> launcher_stopped{false};  // a stop line came: the launcher speaks for the job
 std::atomic<bool> link_lost{false};         // the link ended with no stop line before it
+int link_fd = -1;                           // the launcher's pipe, once off fd 0
 
 void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   // Signals are for the threads that handle them, not this one.
@@ -93,9 +94,15 @@ void join_launcher(LaunchOptions& options) {
     throw LaunchError(std::string("cannot move the launcher's pipe off standard input: ") + std::strerror(errno));
   }
   close(null_fd);
+  link_fd = link;
   // Every line this agent logs names its host: the launcher's console mixes all nodes.
   spdlog::default_logger()->set_pattern("ddprun[" + local_hostname() + "]: %l: %v");
-  std::thread(watch_launcher, link, options.grace_period, options.heartbeat_timeout).detach();
+}
+
+void watch_launcher_link(const LaunchOptions& options) {
+  if (link_fd < 0) return;
+  std::thread(watch_launcher, link_fd, options.grace_period, options.heartbeat_timeout).detach();
+  link_fd = -1;
 }
 
 bool launcher_lost() { return link_lost; }

@@ -22,10 +22,16 @@
 
 namespace ddprun {
 
-// Reads the handoff from fd 0 (within 30 s), applies it to the environment and to
-// `options` (token), and starts the watch on the launcher. Call before any other
-// thread reads the environment. Throws LaunchError on a bad or missing handoff.
+// Reads the handoff from fd 0 (within 30 s) and applies it to the environment and to
+// `options` (token). Call before any other thread reads the environment. Throws
+// LaunchError on a bad or missing handoff.
 void join_launcher(LaunchOptions& options);
+
+// Starts the thread that reads the launcher's control lines and watches for its end.
+// Call once this ddprun's stop signals have their handlers (the Supervisor exists): a
+// stop line turns into a signal to this process, whose default action would kill it
+// outright. Until then the launcher's lines wait in the pipe.
+void watch_launcher_link(const LaunchOptions& options);
 
 // Whether this agent lost its link to the launcher (its stdin ended without a stop line
 // first): the SIGTERM this ddprun then got is no stop anyone asked for, and the node

@@ -129,6 +129,9 @@ int launch(ddprun::LaunchPlan& plan) {
   signal(SIGPIPE, SIG_IGN);
 
   ddprun::Supervisor supervisor(plan);  // forks the orphan guard before any thread starts
+  // Only now, with the stop signals' handlers in place (and the guard forked), may the
+  // launcher's stop lines turn into signals to this process.
+  if (plan.options.remote.agent_stdin) ddprun::watch_launcher_link(plan.options);
   Job job;
   try {
     job = set_up_job(plan, supervisor);
