@@ -22,6 +22,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct AgentHandoff {
 };
 
 std::string encode_handoff(const AgentHandoff& handoff);
+
+// A name an env line may carry (and a variable one can send): ASCII letters, digits
+// and '_', not starting with a digit.
+bool valid_variable_name(std::string_view name);
 
 // Reads one handoff from fd (the agent's stdin), up to and including its "end" line and
 // nothing after it. Throws LaunchError on a malformed or truncated handoff, or when none

@@ -11,6 +11,7 @@
 #include <cerrno>
 
 #include "agent_handoff.hpp"
+#include "attempt_result.hpp"
 #include "console.hpp"
 #include "errors.hpp"
 
@@ -35,22 +36,24 @@ std::chrono::steady_clock::duration seconds_of(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
 
-std::string signal_text(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
+// The signals the loop takes through its signalfd.
+sigset_t loop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kLoopSignals) sigaddset(&set, sig);
+  return set;
+}
 
 }  // namespace
 
 void AgentLoop::block_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : kLoopSignals) sigaddset(&set, sig);
+  const sigset_t set = loop_signals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
 AgentLoop::AgentLoop(std::vector<AgentLaunch> launches, AgentLoopOptions options)
     : launches_(std::move(launches)), options_(std::move(options)) {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : kLoopSignals) sigaddset(&set, sig);
+  const sigset_t set = loop_signals();
   signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) throw LaunchError(std::string("cannot create a signalfd: ") + strerror(errno));
 }
@@ -142,17 +145,17 @@ void AgentLoop::on_signal(int sig) {
   // Every agent has ended (only their last output is still draining): nothing is left
   // to stop, and how the job ended stands.
   if (std::all_of(agents_.begin(), agents_.end(), [](const auto& a) { return a->exited(); })) {
-    spdlog::info("received {} after every node ended; the job's status stands", signal_text(sig));
+    spdlog::info("received {} after every node ended; the job's status stands", signal_name(sig));
     return;
   }
   if (stop_signal_ == 0) {
     stop_signal_ = sig;
     spdlog::info("received {}; stopping every node (their workers get SIGKILL after the grace period of {} s; "
                  "a second {} kills them at once)",
-                 signal_text(sig), options_.grace_period_s, signal_text(sig));
+                 signal_name(sig), options_.grace_period_s, signal_name(sig));
     stop_all(sig, seconds_of(options_.grace_period_s) + kStopMargin);
   } else {
-    spdlog::info("received {} again; every node kills its workers now", signal_text(sig));
+    spdlog::info("received {} again; every node kills its workers now", signal_name(sig));
     for (auto& a : agents_) a->send(stop_line(sig));
     kill_at_ = std::min(*kill_at_, Clock::now() + kStopMargin);
   }
@@ -257,7 +260,7 @@ void AgentLoop::on_timers() {
 int AgentLoop::outcome() {
   if (stop_signal_ != 0) {
     spdlog::error("job {} stopped by {} sent to ddprun; every node was told to stop", options_.run_id,
-                  signal_text(stop_signal_));
+                  signal_name(stop_signal_));
     return 128 + stop_signal_;
   }
   if (launch_failure_) {

@@ -16,6 +16,7 @@
 #include "agent_handoff.hpp"
 #include "console.hpp"
 #include "errors.hpp"
+#include "local_host.hpp"
 
 namespace ddprun {
 namespace {
@@ -68,12 +69,6 @@ void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   std::this_thread::sleep_for(std::chrono::duration<double>(exit_at - cap));
   // Workers still running die with this process (PR_SET_PDEATHSIG, the orphan guard).
   _exit(link_lost ? 1 : 128 + SIGTERM);
-}
-
-std::string local_hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
 }
 
 }  // namespace
