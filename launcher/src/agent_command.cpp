@@ -1,8 +1,9 @@
 #include "agent_command.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-
 
 namespace ddprun {
 namespace {
@@ -67,7 +68,8 @@ std::vector<std::string> agent_arguments(const LaunchOptions& o, const AgentPlac
 std::string shell_quote(const std::string& word) {
   static const std::string kPlain =
       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,/:=@+%";
-  if (!word.empty() && word.find_first_not_of(kPlain) == std::string::npos) return word;
+  // A word that starts with '=' is quoted too: zsh expands =cmd to cmd's path.
+  if (!word.empty() && word[0] != '=' && word.find_first_not_of(kPlain) == std::string::npos) return word;
   std::string out = "'";
   for (char c : word) {
     if (c == '\'') out += "'\\''";
@@ -78,7 +80,13 @@ std::string shell_quote(const std::string& word) {
 
 std::vector<std::string> ssh_argv(const SshCommand& c) {
   std::vector<std::string> argv = c.ssh_command;
-  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=" + std::to_string(c.connect_timeout_s)});
+  // Three unanswered probes, one every third of the heartbeat timeout (ssh counts
+  // whole seconds, at least 1).
+  const int alive_s = std::max(1, static_cast<int>(std::ceil(c.heartbeat_timeout_s / 3)));
+  // -T: no terminal, even if the user's config asks for one (a terminal would echo the
+  // handoff, token included, back to the console).
+  argv.insert(argv.end(), {"-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=" + std::to_string(c.connect_timeout_s),
+                           "-o", "ServerAliveInterval=" + std::to_string(alive_s), "-o", "ServerAliveCountMax=3"});
   // "--" ends ssh's options, so a host that starts with '-' is never read as one.
   argv.push_back("--");
   argv.push_back(c.host);

@@ -37,14 +37,16 @@ std::vector<std::string> agent_arguments(const LaunchOptions& options, const Age
 std::string join_numbers(const std::vector<int>& numbers);
 std::string join_numbers(const std::set<int>& numbers);
 
-// One word for a POSIX shell: single-quoted unless it is made only of characters no
-// shell treats specially ("'" becomes '\'').
+// One word for a POSIX shell (or zsh): single-quoted unless it is made only of
+// characters no shell treats specially and does not start with '=' ("'" becomes '\'').
 std::string shell_quote(const std::string& word);
 
 // What runs a remote agent: ssh_command (ssh, DDPRUN_SSH, --ssh_args), then our
-// defaults (BatchMode, ConnectTimeout: ssh keeps the first value of an option, so the
-// user's own -o wins), the host, and one shell command line
-// "cd CWD && exec DDPRUN ARGS..." with every word quoted.
+// defaults (-T, BatchMode, ConnectTimeout, ServerAliveInterval/CountMax: ssh keeps the
+// first value of an option, so the user's own -o wins), the host, and one shell
+// command line "cd CWD && exec DDPRUN ARGS..." with every word quoted. The server
+// alive probes end an ssh whose connection is cut within about the heartbeat timeout
+// (TCP alone would notice after hours), so the launcher sees that node go.
 struct SshCommand {
   std::vector<std::string> ssh_command;  // options.remote.ssh_command
   std::string host;
@@ -52,6 +54,7 @@ struct SshCommand {
   std::string ddprun;                    // the ddprun path on that host
   std::vector<std::string> arguments;    // agent_arguments()
   int connect_timeout_s = 10;
+  double heartbeat_timeout_s = 10;       // the job's --heartbeat_timeout
 };
 std::vector<std::string> ssh_argv(const SshCommand& command);
 

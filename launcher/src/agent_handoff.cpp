@@ -1,5 +1,6 @@
 #include "agent_handoff.hpp"
 
+#include <algorithm>
 #include <errno.h>
 #include <poll.h>
 #include <unistd.h>
@@ -42,15 +43,14 @@ std::string unescape(const std::string& text) {
   return out;
 }
 
-bool valid_name(const std::string& name) {
-  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
-  for (char c : name) {
-    if (!(c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
-  }
-  return true;
-}
-
 }  // namespace
+
+bool valid_variable_name(std::string_view name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  });
+}
 
 std::string encode_handoff(const AgentHandoff& handoff) {
   std::string out = std::string(kMagic) + "\n";
@@ -93,7 +93,7 @@ AgentHandoff read_handoff(int fd, std::chrono::milliseconds timeout) {
     } else if (line.rfind("env ", 0) == 0) {
       auto eq = line.find('=', 4);
       std::string name = line.substr(4, eq == std::string::npos ? std::string::npos : eq - 4);
-      if (eq == std::string::npos || !valid_name(name)) throw LaunchError("launcher handoff: bad env line");
+      if (eq == std::string::npos || !valid_variable_name(name)) throw LaunchError("launcher handoff: bad env line");
       handoff.env.emplace_back(name, unescape(line.substr(eq + 1)));
     } else {
       throw LaunchError("launcher handoff: unexpected line");

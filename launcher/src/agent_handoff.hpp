@@ -11,11 +11,18 @@
 //   end
 // then, any time later:
 //   stop <signal number>            (the launcher got that signal: stop as if it came here)
+//
+// The agent answers once, on its stdout, with the line kAgentStartedLine as soon as it
+// has read the handoff; the launcher drops that line from the relayed output. It is how
+// the launcher tells ssh's own failure (exit status 255 before the agent ever ran:
+// unreachable host, refused key) from a 255 after the agent got going (a dropped
+// connection, a remote command killed, or a worker's own exit status 255 passed on).
 #pragma once
 
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -28,12 +35,19 @@ struct AgentHandoff {
 
 std::string encode_handoff(const AgentHandoff& handoff);
 
+// A name an env line may carry (and a variable one can send): ASCII letters, digits
+// and '_', not starting with a digit.
+bool valid_variable_name(std::string_view name);
+
 // Reads one handoff from fd (the agent's stdin), up to and including its "end" line and
 // nothing after it. Throws LaunchError on a malformed or truncated handoff, or when none
 // arrived within `timeout`.
 AgentHandoff read_handoff(int fd, std::chrono::milliseconds timeout);
 
 std::string stop_line(int signal);  // "stop <n>\n"
+
+// The agent's "I run" line (without its newline).
+inline constexpr const char* kAgentStartedLine = "ddprun-agent started";
 
 // A control line after the handoff: the stop signal it carries, or nothing when the
 // line is not a stop line.

@@ -11,11 +11,9 @@
 #include <cerrno>
 
 #include "agent_handoff.hpp"
+#include "attempt_result.hpp"
 #include "console.hpp"
-#include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
-#include "rdzv/store.hpp"
-#include "rdzv/tcp_store.hpp"
 
 namespace ddprun {
 namespace {
@@ -30,58 +28,32 @@ constexpr auto kSettleTime = std::chrono::seconds(1);
 // After SIGKILL, or after the last agent exited: how long to wait for exits and the
 // last buffered output.
 constexpr auto kDrainTime = std::chrono::seconds(3);
-constexpr int kSshFailed = 255;  // ssh's own failure (cannot connect, key refused)
+// While no agent failed: how often the launcher looks for a failure in its store.
+constexpr auto kStoreReadInterval = std::chrono::seconds(1);
+constexpr int kSshFailed = 255;  // ssh's own failure (cannot connect, key refused), and more
 
 std::chrono::steady_clock::duration seconds_of(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
 
-std::string signal_text(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
-
-}  // namespace
-
-StoreReader::StoreReader(const std::string& host, uint16_t port, const std::string& token, const std::string& ns,
-                         int max_restarts)
-    : max_restarts_(max_restarts) {
-  rdzv::TcpStoreOptions o;
-  o.host = host;
-  o.port = port;
-  o.token = token;
-  o.ns = ns;
-  o.connect_timeout = std::chrono::milliseconds(5000);
-  o.io_timeout = std::chrono::milliseconds(2000);
-  try {
-    store_ = std::make_shared<rdzv::TcpStore>(o);
-  } catch (const std::exception& e) {
-    throw LaunchError(std::string("cannot connect to this ddprun's own store: ") + e.what());
-  }
-}
-
-std::optional<FailureNotice> StoreReader::first_failure() const {
-  if (!store_) return std::nullopt;
-  try {
-    for (int attempt = max_restarts_; attempt >= 0; --attempt) {
-      const std::string key = ddp::contract::JobKeys(attempt).failure();
-      if (store_->check({key})) return FailureNotice::decode(store_->get(key, std::chrono::milliseconds(2000)));
-    }
-  } catch (const std::exception& e) {
-    spdlog::warn("cannot read the job's failure from the store: {}", e.what());
-  }
-  return std::nullopt;
-}
-
-void AgentLoop::block_signals() {
+// The signals the loop takes through its signalfd.
+sigset_t loop_signals() {
   sigset_t set;
   sigemptyset(&set);
   for (int sig : kLoopSignals) sigaddset(&set, sig);
+  return set;
+}
+
+}  // namespace
+
+void AgentLoop::block_signals() {
+  const sigset_t set = loop_signals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
 AgentLoop::AgentLoop(std::vector<AgentLaunch> launches, AgentLoopOptions options)
     : launches_(std::move(launches)), options_(std::move(options)) {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : kLoopSignals) sigaddset(&set, sig);
+  const sigset_t set = loop_signals();
   signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) throw LaunchError(std::string("cannot create a signalfd: ") + strerror(errno));
 }
@@ -170,14 +142,20 @@ void AgentLoop::poll_once() {
 }
 
 void AgentLoop::on_signal(int sig) {
+  // Every agent has ended (only their last output is still draining): nothing is left
+  // to stop, and how the job ended stands.
+  if (std::all_of(agents_.begin(), agents_.end(), [](const auto& a) { return a->exited(); })) {
+    spdlog::info("received {} after every node ended; the job's status stands", signal_name(sig));
+    return;
+  }
   if (stop_signal_ == 0) {
     stop_signal_ = sig;
     spdlog::info("received {}; stopping every node (their workers get SIGKILL after the grace period of {} s; "
                  "a second {} kills them at once)",
-                 signal_text(sig), options_.grace_period_s, signal_text(sig));
+                 signal_name(sig), options_.grace_period_s, signal_name(sig));
     stop_all(sig, seconds_of(options_.grace_period_s) + kStopMargin);
   } else {
-    spdlog::info("received {} again; every node kills its workers now", signal_text(sig));
+    spdlog::info("received {} again; every node kills its workers now", signal_name(sig));
     for (auto& a : agents_) a->send(stop_line(sig));
     kill_at_ = std::min(*kill_at_, Clock::now() + kStopMargin);
   }
@@ -199,15 +177,42 @@ void AgentLoop::on_exit(size_t index) {
   const AgentProcess& a = *agents_[index];
   if (a.status() == 0 || stop_signal_ != 0 || launch_failure_ || first_failed_) return;
   first_failed_ = index;
-  if (a.launch().over_ssh && a.status() == kSshFailed && !options_.reader.first_failure()) {
+  // 255 is ssh's own failure only when the agent never ran: ssh also exits 255 when the
+  // connection drops or the remote command dies of a signal, and an agent passes on a
+  // worker's 255. Those go the usual way (with --master_addr: the status passes through).
+  if (a.launch().over_ssh && a.status() == kSshFailed && !a.started() &&
+      !options_.reader.joined(a.launch().node_rank)) {
     std::string said = a.last_error_line().empty() ? "it wrote nothing" : a.last_error_line();
     fail_launch(index, "ssh failed (exit status 255): " + said, kExitLaunch);
     return;
   }
   // A failure of the job ends every node by itself; give them time for it (a lost
   // node is noticed within the heartbeat timeout), then stop what is left.
-  kill_at_ = Clock::now() + seconds_of(options_.heartbeat_timeout_s + options_.grace_period_s) + kStopMargin;
+  const auto at = Clock::now() + failure_deadline();
+  kill_at_ = kill_at_ ? std::min(*kill_at_, at) : at;
+  kill_for_attempt_.reset();
   if (options_.reader.enabled()) settle_at_ = Clock::now() + kSettleTime;
+}
+
+std::chrono::steady_clock::duration AgentLoop::failure_deadline() const {
+  return seconds_of(options_.heartbeat_timeout_s + options_.grace_period_s) + kStopMargin;
+}
+
+void AgentLoop::watch_store(Clock::time_point now) {
+  if (!options_.reader.enabled() || stop_signal_ != 0 || launch_failure_ || first_failed_) return;
+  if (now < next_store_read_) return;
+  next_store_read_ = now + kStoreReadInterval;
+  const int attempt = options_.reader.latest_attempt();
+  if (auto notice = options_.reader.latest_failure()) {
+    if (kill_at_) return;
+    kill_at_ = now + failure_deadline();
+    kill_for_attempt_ = attempt;
+    spdlog::info("the job failed ({}); waiting up to {:.0f} s for every node to end", notice->describe(),
+                 std::chrono::duration<double>(failure_deadline()).count());
+  } else if (kill_for_attempt_ && attempt > *kill_for_attempt_) {
+    kill_at_.reset();  // the nodes restarted past that failure
+    kill_for_attempt_.reset();
+  }
 }
 
 void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
@@ -221,12 +226,15 @@ void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
 
 void AgentLoop::on_timers() {
   const auto now = Clock::now();
+  watch_store(now);
   if (settle_at_ && now >= *settle_at_) {
     settle_at_.reset();
-    // No failure in the store: that agent ended on its own (it could not start, or
-    // was killed before it joined); the others would wait out the join timeout for it.
-    if (!options_.reader.first_failure() && first_failed_) {
-      const AgentProcess& a = *agents_[*first_failed_];
+    // No failure in the store and that agent never joined: it ended on its own (it
+    // could not start, or was killed before it joined); the others would wait out the
+    // join timeout for it. One that joined is a lost node: its will reaches the store
+    // within the heartbeat timeout, and the others end by themselves.
+    const AgentProcess& a = *agents_[*first_failed_];
+    if (!options_.reader.latest_failure() && !options_.reader.joined(a.launch().node_rank)) {
       fail_launch(*first_failed_, "it exited with status " + std::to_string(a.status()) +
                                       " before the job started or failed (its messages above say why)",
                   a.status());
@@ -252,14 +260,17 @@ void AgentLoop::on_timers() {
 int AgentLoop::outcome() {
   if (stop_signal_ != 0) {
     spdlog::error("job {} stopped by {} sent to ddprun; every node was told to stop", options_.run_id,
-                  signal_text(stop_signal_));
+                  signal_name(stop_signal_));
     return 128 + stop_signal_;
   }
   if (launch_failure_) {
     spdlog::error("job {} could not start: {}", options_.run_id, *launch_failure_);
     return launch_failure_status_;
   }
-  if (auto notice = options_.reader.first_failure()) {
+  // Every agent exited 0: the job succeeded, whatever an attempt it restarted past
+  // left in the store.
+  if (!first_failed_) return 0;
+  if (auto notice = options_.reader.latest_failure()) {
     std::string host = notice->node >= 0 && static_cast<size_t>(notice->node) < launches_.size()
                            ? launches_[notice->node].host
                            : notice->host;
@@ -267,13 +278,10 @@ int AgentLoop::outcome() {
                   notice->status);
     return notice->status;
   }
-  if (first_failed_) {
-    const AgentProcess& a = *agents_[*first_failed_];
-    spdlog::error("job {} failed: the agent on host {} (node {}) exited with status {}", options_.run_id,
-                  a.launch().host, a.launch().node_rank, a.status());
-    return a.status();
-  }
-  return 0;
+  const AgentProcess& a = *agents_[*first_failed_];
+  spdlog::error("job {} failed: the agent on host {} (node {}) exited with status {}", options_.run_id,
+                a.launch().host, a.launch().node_rank, a.status());
+  return a.status();
 }
 
 }  // namespace ddprun

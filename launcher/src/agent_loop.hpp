@@ -7,16 +7,24 @@
 // started with --agent_stdin prints its full failure summary only when the root cause
 // is one of its own workers (or a stop signal that did not come from the launcher), so
 // exactly one node's summary, naming host and rank, reaches this console. When every
-// agent has exited, the launcher reads the job's first failure from its store and adds
-// one line naming the host (as the host list wrote it), node and rank, and exits with
-// that failure's status: a node lost (its agent killed, its ssh cut) is named that way
+// agent has exited, if one failed, the launcher reads the failure of the attempt the
+// job ended in from its store (store_reader.hpp; a job that restarted past a failure and
+// then succeeded exits 0) and adds one line naming the host (as the host list wrote
+// it), node and rank, and exits with that failure's status: a node lost (its agent killed, its ssh cut) is named that way
 // too, by the notice the other nodes published. With --master_addr (node 0 hosts the
 // store) the agents' exit statuses decide instead.
 //
-// An agent that fails before the job failed anywhere (ssh exits 255: unreachable host,
-// refused key; or an agent that cannot start) fails the launch: its host and its last
+// An agent that fails before the job failed anywhere fails the launch: ssh exits 255
+// before the agent said it runs (agent_handoff.hpp: unreachable host, refused key), or
+// the agent exits before it joined the job (it cannot start). Its host and its last
 // stderr line are named, every other agent is told to stop, and the launcher exits 1
-// (ssh) or with that agent's status.
+// (ssh) or with that agent's status. An ssh exit 255 after the agent ran (connection
+// dropped, remote command killed, a worker's own 255) is an ordinary failure.
+//
+// While no agent has failed, the launcher also looks at its store about once a second:
+// a failure there that ends no agent (every remote node cut off, their ssh connections
+// hanging until ssh's server alive probes give up) gets the same deadline as an
+// agent's failure; a restart past that failure lifts it.
 //
 // Stop: SIGINT/SIGTERM/SIGHUP/SIGQUIT → "stop <sig>" to every agent (they stop their
 // workers: SIGTERM, grace period, SIGKILL); a second one is forwarded too, and the
@@ -34,33 +42,9 @@
 #include <vector>
 
 #include "agent_process.hpp"
-#include "failure_notice.hpp"
-
-namespace rdzv {
-class TcpStore;
-}
+#include "store_reader.hpp"
 
 namespace ddprun {
-
-// Where the launcher reads the job's first failure: its own store, through a
-// connection held for the whole job (the store drops a job's keys when its last
-// connection goes, and the agents are gone by the time the launcher reads).
-class StoreReader {
- public:
-  StoreReader() = default;  // reads nothing (node 0 hosts the store)
-  // Connects now (within 5 s). Throws LaunchError when it cannot.
-  StoreReader(const std::string& host, uint16_t port, const std::string& token, const std::string& ns,
-              int max_restarts);
-
-  bool enabled() const { return store_ != nullptr; }
-  // The failure of the latest attempt that has one; nothing when none, or when the
-  // store cannot be read (within 2 s).
-  std::optional<FailureNotice> first_failure() const;
-
- private:
-  std::shared_ptr<rdzv::TcpStore> store_;
-  int max_restarts_ = 0;  // attempts 0..max_restarts may hold a failure
-};
 
 struct AgentLoopOptions {
   double grace_period_s = 30;       // the agents' --grace_period
@@ -89,6 +73,8 @@ class AgentLoop {
   void reap_all();
   void on_exit(size_t index);
   void on_timers();
+  void watch_store(Clock::time_point now);
+  Clock::duration failure_deadline() const;  // after a failure: how long the nodes get to end
   void stop_all(int sig, Clock::duration within);
   void fail_launch(size_t index, const std::string& why, int status);
   int outcome();
@@ -102,6 +88,8 @@ class AgentLoop {
   std::optional<Clock::time_point> settle_at_;  // then: did the job fail, or only that agent?
   std::optional<Clock::time_point> kill_at_;    // then: SIGKILL whatever agent is left
   std::optional<Clock::time_point> give_up_at_; // then: stop waiting for output or exits
+  Clock::time_point next_store_read_{};          // watch_store(): the next look at the store
+  std::optional<int> kill_for_attempt_;          // kill_at_ was set for this attempt's failure
   bool killed_ = false;
   std::optional<std::string> launch_failure_;
   int launch_failure_status_ = 1;

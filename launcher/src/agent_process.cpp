@@ -1,14 +1,18 @@
 #include "agent_process.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
+#include "agent_handoff.hpp"
 #include "console.hpp"
 #include "errors.hpp"
 #include "spawn.hpp"
@@ -17,6 +21,9 @@ extern char** environ;
 
 namespace ddprun {
 namespace {
+
+// The destructor's wait for an agent it SIGKILLed.
+constexpr auto kReapAfterKill = std::chrono::milliseconds(1000);
 
 // Runs in the child between fork and exec: plain system calls only.
 [[noreturn]] void exec_agent(const AgentLaunch& launch, pid_t parent, char* const* argv, char* const* envp, int in,
@@ -65,6 +72,7 @@ AgentProcess::AgentProcess(AgentLaunch launch)
     : launch_(std::move(launch)),
       out_relay_([](std::string lines) { Console::out().write(std::move(lines)); }),
       err_relay_([](std::string lines) { Console::err().write(std::move(lines)); }) {
+  out_relay_.hide_once(kAgentStartedLine);
   int in[2], out[2], err[2];
   make_pipe(in);
   make_pipe(out);
@@ -104,9 +112,19 @@ AgentProcess::AgentProcess(AgentLaunch launch)
 AgentProcess::~AgentProcess() {
   if (pid_ > 0 && !status_) {
     kill_group(SIGKILL);
-    int st = 0;
-    while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    // Bounded: a process in uninterruptible sleep outlives SIGKILL for as long as its
+    // I/O takes, and the loop may already have given up on it. Not reaped then: init
+    // reaps it once the launcher is gone. (The pid is ours until reaped, so the pidfd
+    // is surely this agent's.)
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      while (poll(&p, 1, static_cast<int>(kReapAfterKill.count())) < 0 && errno == EINTR) {
+      }
+      close(pidfd);
     }
+    int st = 0;
+    waitpid(pid_, &st, WNOHANG);
   }
   for (int* fd : {&stdin_, &stdout_, &stderr_}) close_fd(*fd);
 }

@@ -32,7 +32,9 @@ class AgentProcess {
   // Starts the agent. Throws LaunchError when it cannot (fork or pipe failure); a
   // program that cannot be executed shows as exit status 127 with one line on stderr.
   explicit AgentProcess(AgentLaunch launch);
-  ~AgentProcess();  // SIGKILLs its process group if it still runs, reaps it, closes the pipes
+  // SIGKILLs its process group if it still runs, reaps it (waiting 1 s at most: one
+  // that outlives SIGKILL is left to init), closes the pipes.
+  ~AgentProcess();
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;
 
@@ -61,6 +63,10 @@ class AgentProcess {
 
   // Signals its whole process group (ssh or the agent, and anything in its group).
   void kill_group(int sig) const;
+
+  // Whether the agent said it runs (kAgentStartedLine: it read its handoff, so ssh
+  // connected and ddprun started there).
+  bool started() const { return out_relay_.hidden_seen(); }
 
   // The last line it wrote to stderr (ssh's own error, when ssh failed).
   const std::string& last_error_line() const { return err_relay_.last_line(); }

@@ -3,6 +3,9 @@
 // The rules are documented on resolve_hosts in hosts.hpp.
 #include "hosts.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -27,6 +30,16 @@ bool valid_host(std::string_view host) {
   return std::all_of(host.begin(), host.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._-:@%", c) != nullptr;
   });
+}
+
+// A host with a ':' in a hostfile must be an IPv6 address (optionally with a %zone):
+// "h1:4" is MPICH's and Horovod's way to give slots, which would only fail later as a
+// host that cannot be resolved.
+bool ipv6_address(const std::string& host) {
+  const size_t at = host.find('@');  // user@address
+  const std::string address = host.substr(at == std::string::npos ? 0 : at + 1);
+  in6_addr addr{};
+  return inet_pton(AF_INET6, address.substr(0, address.find('%')).c_str(), &addr) == 1;
 }
 
 // "host", "host:SUFFIX", "[v6]" or "[v6]:SUFFIX" (of --hosts and --include/--exclude).
@@ -91,6 +104,11 @@ std::vector<HostEntry> parse_hostfile(const std::string& path) {
     e.host = tokens[0];
     if (!valid_host(e.host)) {
       throw UsageError(where + ": '" + e.host + "' is not a host name or address");
+    }
+    if (e.host.find(':') != std::string::npos && !ipv6_address(e.host)) {
+      const auto colon = e.host.rfind(':');
+      throw UsageError(where + ": '" + e.host + "' is not a host name or address; a hostfile gives slots as '" +
+                       e.host.substr(0, colon) + " slots=" + e.host.substr(colon + 1) + "'");
     }
     bool max_slots_seen = false;
     for (size_t t = 1; t < tokens.size(); ++t) {

@@ -21,7 +21,7 @@ struct RemoteOptions {
   std::optional<std::string> hosts;          // --hosts h1:4,h2:4 (":N" optional)
   std::optional<std::string> include;        // --include h1:0,2@h2 (DeepSpeed's syntax)
   std::optional<std::string> exclude;        // --exclude h1:1@h3
-  std::vector<std::string> ssh_command;      // DDPRUN_SSH (split on blanks) or "ssh", then --ssh_args words
+  std::vector<std::string> ssh_command;      // DDPRUN_SSH's words (split as --ssh_args) or "ssh", then --ssh_args words
   std::optional<std::string> remote_ddprun;  // --remote_ddprun PATH (absolute); unset: this ddprun's own path
   std::vector<std::string> exports;          // each -x as given: "VAR" or "VAR=value"
   std::optional<std::string> env_file;       // --env_file FILE: "VAR=value" lines

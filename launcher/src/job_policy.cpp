@@ -129,7 +129,15 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
     result = workers_.run(attempt, layout, hooks);
   }
 
-  if (result.stop_signal != 0 && !result.root_cause) {
+  if (result.stop_signal != 0 && !result.root_cause && options_.launcher_lost && options_.launcher_lost()) {
+    // Nobody asked for this stop: the node lost its launcher. It is a lost node, as
+    // its will would have said, and the store may be gone with the launcher.
+    const FailureNotice lost = notice(-1, 1, "ddprun lost its connection to the launching ddprun and stopped its workers",
+                                      NoticeKind::kNodeLost);
+    winner = membership_.publish_failure(attempt, lost);
+    if (!winner) winner = lost;
+    result.stop_signal = 0;
+  } else if (result.stop_signal != 0 && !result.root_cause) {
     // An elastic job goes on without this node; a fixed one ends everywhere.
     const int sig = result.stop_signal;
     const std::string said = "ddprun received " + signal_name(sig);

@@ -143,6 +143,9 @@ struct JobPolicyOptions {
   // Agents of a launching ddprun print it only where the root cause is, so the
   // launcher's console shows one.
   std::function<bool(const AttemptResult&)> wants_summary;
+  // Whether a stop signal this node got means it lost its launching ddprun (an agent
+  // of --hostfile/--hosts): then the node is lost to the job (status 1), not stopped.
+  std::function<bool()> launcher_lost;
   // Told when each attempt's workers start and end (not owned; may be empty).
   std::vector<AttemptWatch*> watches;
 };

@@ -12,6 +12,7 @@
 
 #include "devices.hpp"
 #include "errors.hpp"
+#include "local_host.hpp"
 #include "ports.hpp"
 
 extern char** environ;
@@ -31,12 +32,6 @@ int resolve_nproc(const std::string& spec) {
     return gpus.count;
   }
   return std::stoi(spec);  // validated by the parser
-}
-
-std::string local_hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {

@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "agent_handoff.hpp"
+#include "console.hpp"
 #include "errors.hpp"
+#include "local_host.hpp"
 
 namespace ddprun {
 namespace {
@@ -28,6 +30,8 @@ constexpr double kExitBeforeHeartbeatS = 1.0;
 constexpr size_t kMaxControlLine = 256;
 
 std::atomic<bool> launcher_stopped{false};  // a stop line came: the launcher speaks for the job
+std::atomic<bool> link_lost{false};         // the link ended with no stop line before it
+int link_fd = -1;                           // the launcher's pipe, once off fd 0
 
 void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   // Signals are for the threads that handle them, not this one.
@@ -52,7 +56,10 @@ void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
     }
     line.clear();
   }
-  spdlog::warn("the launching ddprun is gone (its connection ended); stopping this node's workers");
+  spdlog::warn("lost the connection to the launching ddprun (it is gone, or its ssh connection was cut); "
+               "stopping this node's workers");
+  // A stop the launcher asked for stays that stop; otherwise this node is lost to the job.
+  link_lost = !launcher_stopped;
   kill(getpid(), SIGTERM);
   // heartbeat_timeout_s >= 2 (the parser's floor), so cap <= exit_at.
   const double cap = std::min(grace_period_s, heartbeat_timeout_s / 2);
@@ -61,13 +68,7 @@ void watch_launcher(int fd, double grace_period_s, double heartbeat_timeout_s) {
   kill(getpid(), SIGTERM);  // a stop signal while stopping: SIGKILL to the workers now
   std::this_thread::sleep_for(std::chrono::duration<double>(exit_at - cap));
   // Workers still running die with this process (PR_SET_PDEATHSIG, the orphan guard).
-  _exit(128 + SIGTERM);
-}
-
-std::string local_hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
+  _exit(link_lost ? 1 : 128 + SIGTERM);
 }
 
 }  // namespace
@@ -80,16 +81,26 @@ void join_launcher(LaunchOptions& options) {
     }
   }
   options.token = handoff.token;
+  // Before anything else goes to stdout: the launcher learns this agent runs.
+  Console::out().write(std::string(kAgentStartedLine) + "\n");
   int link = fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (link < 0 || null_fd < 0 || dup2(null_fd, STDIN_FILENO) < 0) {
     throw LaunchError(std::string("cannot move the launcher's pipe off standard input: ") + std::strerror(errno));
   }
   close(null_fd);
+  link_fd = link;
   // Every line this agent logs names its host: the launcher's console mixes all nodes.
   spdlog::default_logger()->set_pattern("ddprun[" + local_hostname() + "]: %l: %v");
-  std::thread(watch_launcher, link, options.grace_period, options.heartbeat_timeout).detach();
 }
+
+void watch_launcher_link(const LaunchOptions& options) {
+  if (link_fd < 0) return;
+  std::thread(watch_launcher, link_fd, options.grace_period, options.heartbeat_timeout).detach();
+  link_fd = -1;
+}
+
+bool launcher_lost() { return link_lost; }
 
 bool agent_wants_summary(const AttemptResult& result) {
   if (result.remote) return false;                             // the root cause's node prints it

@@ -15,7 +15,13 @@ void LineRelay::feed(std::string_view bytes) {
     size_t take = newline == std::string_view::npos || newline >= room ? room : newline + 1;
     partial_.append(bytes.substr(0, take));
     bytes.remove_prefix(take);
-    if (partial_.back() != '\n') partial_ += '\n';
+    if (partial_.back() != '\n') {
+      partial_ += '\n';
+    } else if (!hidden_seen_ && !hidden_.empty() && partial_ == hidden_) {
+      hidden_seen_ = true;
+      partial_.clear();
+      continue;
+    }
     last_line_.assign(partial_, 0, partial_.size() - 1);
     out += partial_;
     partial_.clear();

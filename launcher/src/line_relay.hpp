@@ -23,11 +23,17 @@ class LineRelay {
   void finish();
   // The last line that went out, without its newline (e.g. ssh's error message).
   const std::string& last_line() const { return last_line_; }
+  // The first whole line equal to `line` (without its newline) is not relayed;
+  // hidden_seen() says whether it came.
+  void hide_once(std::string line) { hidden_ = std::move(line) + '\n'; }
+  bool hidden_seen() const { return hidden_seen_; }
 
  private:
   std::function<void(std::string)> sink_;
   std::string partial_;
   std::string last_line_;
+  std::string hidden_;
+  bool hidden_seen_ = false;
 };
 
 }  // namespace ddprun

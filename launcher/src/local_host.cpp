@@ -41,16 +41,18 @@ bool is_interface_address(const std::string& host) {
 
 }  // namespace
 
+std::string local_hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
 bool is_local_host(const std::string& host) {
   if (host == "localhost" || host == "::1" || host == "[::1]") return true;
   in_addr v4{};
   if (inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) return true;
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
-    std::string me = name;
-    std::string short_me = me.substr(0, me.find('.'));
-    if (host == me || host == short_me) return true;
-  }
+  const std::string me = local_hostname();
+  if (host == me || host == me.substr(0, me.find('.'))) return true;
   return is_interface_address(host);
 }
 

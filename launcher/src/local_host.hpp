@@ -12,6 +12,9 @@ namespace ddprun {
 // that merely resolves here (e.g. through /etc/hosts to another address) is remote.
 bool is_local_host(const std::string& host);
 
+// This machine's host name (gethostname), or "localhost" when it has none.
+std::string local_hostname();
+
 // This machine's source address on the route to `host` (IPv4): what the kernel would
 // put in a packet sent there. No packet is sent (a UDP socket is connected, then
 // asked its local address). Throws LaunchError when the host does not resolve or no

@@ -129,10 +129,17 @@ int launch(ddprun::LaunchPlan& plan) {
   signal(SIGPIPE, SIG_IGN);
 
   ddprun::Supervisor supervisor(plan);  // forks the orphan guard before any thread starts
+  // Only now, with the stop signals' handlers in place (and the guard forked), may the
+  // launcher's stop lines turn into signals to this process.
+  if (plan.options.remote.agent_stdin) ddprun::watch_launcher_link(plan.options);
   Job job;
   try {
     job = set_up_job(plan, supervisor);
   } catch (const ddprun::Interrupted& stop) {
+    if (plan.options.remote.agent_stdin && ddprun::launcher_lost()) {
+      spdlog::error("lost the connection to the launching ddprun while joining the rendezvous; no worker was started");
+      return ddprun::kExitLaunch;
+    }
     spdlog::error("received SIG{} while joining the rendezvous; no worker was started", sigabbrev_np(stop.signal));
     return 128 + stop.signal;
   }
@@ -168,7 +175,10 @@ int launch(ddprun::LaunchPlan& plan) {
   policy.elastic = o.elastic();
   policy.hosts_store = job.store_host != nullptr;
   policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
-  if (o.remote.agent_stdin) policy.wants_summary = ddprun::agent_wants_summary;
+  if (o.remote.agent_stdin) {
+    policy.wants_summary = ddprun::agent_wants_summary;
+    policy.launcher_lost = ddprun::launcher_lost;
+  }
   return ddprun::JobPolicy(plan, workers, *membership, std::move(policy)).run();
 }
 
@@ -196,6 +206,8 @@ int run(int argc, char** argv) {
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
+    // What --rdzv_conf took and ignored: a launching ddprun's too.
+    for (const auto& note : parsed.options->rdzv_conf_notes) spdlog::info("{}", note);
     if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);
     // Started by a launching ddprun: its handoff (token, variables) comes first.
     if (parsed.options->remote.agent_stdin) ddprun::join_launcher(*parsed.options);
@@ -205,7 +217,6 @@ int run(int argc, char** argv) {
       for (const auto& n : plan.options.slurm_notes) taken += (taken.empty() ? "" : ", ") + n;
       spdlog::info("Slurm step: {}", taken);
     }
-    for (const auto& note : plan.options.rdzv_conf_notes) spdlog::info("{}", note);
     if (plan.set_omp_num_threads) {
       spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
                    "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);

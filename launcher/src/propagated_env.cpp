@@ -2,9 +2,9 @@
 // taken from this environment, then --env_file, then -x (rules on
 // propagated_environment in hosts.hpp).
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 
+#include "agent_handoff.hpp"
 #include "errors.hpp"
 #include "hosts.hpp"
 #include "options.hpp"
@@ -19,12 +19,6 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 // The token reaches the agents in the handoff; sending it as a variable too would put
 // it where the handoff exists to keep it out of.
 constexpr const char* kTokenVariable = "DDPRUN_TOKEN";
-
-bool valid_name(std::string_view name) {
-  if (name.empty() || std::isdigit(static_cast<unsigned char>(name.front()))) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-}
 
 bool sent_by_default(std::string_view name) {
   if (name == "CUDA_VISIBLE_DEVICES") return false;  // each host's comes from its GPU picks, or its own
@@ -45,7 +39,7 @@ void put(EnvList& env, std::string name, std::string value) {
 }
 
 void check_name(const std::string& where, const std::string& name) {
-  if (!valid_name(name)) {
+  if (!valid_variable_name(name)) {
     throw UsageError(where + ": '" + name + "' is not a variable name (letters, digits and '_', not starting with a digit)");
   }
   if (name == kTokenVariable) {
@@ -93,7 +87,7 @@ std::vector<std::pair<std::string, std::string>> propagated_environment(const La
     auto eq = entry.find('=');
     if (eq == std::string_view::npos) continue;
     std::string name(entry.substr(0, eq));
-    if (sent_by_default(name) && valid_name(name)) env.emplace_back(std::move(name), std::string(entry.substr(eq + 1)));
+    if (sent_by_default(name) && valid_variable_name(name)) env.emplace_back(std::move(name), std::string(entry.substr(eq + 1)));
   }
   std::sort(env.begin(), env.end());  // environ's order is an accident of how ddprun was started
 

@@ -85,7 +85,14 @@ int run_remote_launch(const LaunchOptions& options) {
     server.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.heartbeat_timeout * 1000));
     store = std::make_unique<StoreHost>(server);
     endpoint = endpoint_text(server.host, store->port());
-    reader = StoreReader(server.host, store->port(), token, run_id, options.max_restarts);
+    StoreReaderOptions read;
+    read.host = server.host;
+    read.port = store->port();
+    read.token = token;
+    read.ns = run_id;
+    read.nnodes = static_cast<int>(hosts.size());
+    read.max_restarts = options.max_restarts;
+    reader = StoreReader(read);
   }
 
   std::vector<AgentLaunch> launches;
@@ -109,7 +116,7 @@ int run_remote_launch(const LaunchOptions& options) {
     launch.handoff = encode_handoff(handoff);
     if (launch.over_ssh) {
       launch.argv = ssh_argv({options.remote.ssh_command, h.host, cwd, ddprun, agent_arguments(options, place),
-                              kSshConnectTimeoutS});
+                              kSshConnectTimeoutS, options.heartbeat_timeout});
     } else {
       launch.argv = agent_arguments(options, place);
       launch.argv.insert(launch.argv.begin(), ddprun);

@@ -2,7 +2,6 @@
 #include "remote_options.hpp"
 
 #include <cstdlib>
-#include <sstream>
 
 #include "errors.hpp"
 
@@ -16,13 +15,12 @@ bool has_blank_or_control(const std::string& text) {
   return false;
 }
 
-// DDPRUN_SSH's words, split on blanks (a wrapper such as "ssh -F cfg" or "tsh ssh").
+// DDPRUN_SSH's words, split as --ssh_args is (a wrapper such as "ssh -F cfg" or
+// "tsh ssh"; quotes keep a path with blanks in one word).
 std::vector<std::string> ssh_base_command() {
   const char* env = std::getenv("DDPRUN_SSH");
   if (!env) return {"ssh"};
-  std::vector<std::string> words;
-  std::istringstream in(env);
-  for (std::string w; in >> w;) words.push_back(w);
+  std::vector<std::string> words = split_shell_words("DDPRUN_SSH", env);
   if (words.empty()) {
     throw UsageError("DDPRUN_SSH is set but empty: unset it to use ssh, or name the command (e.g. DDPRUN_SSH='ssh -F cfg')");
   }

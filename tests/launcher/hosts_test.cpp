@@ -76,6 +76,8 @@ TEST_CASE("a hostfile as OpenMPI and DeepSpeed write it", "[hosts]") {
   CHECK_FALSE(hosts[2].slots.has_value());
   CHECK(hosts[3].slots == 1);
   for (const auto& h : hosts) CHECK_FALSE(h.devices.has_value());
+  File v6("::1 slots=2\nme@fe80::1%eth0\n");  // a ':' only in IPv6 addresses
+  CHECK(names(hosts_of({"--hostfile", v6.path})) == std::vector<std::string>{"::1", "me@fe80::1%eth0"});
 }
 
 TEST_CASE("bad hostfile lines are usage errors naming FILE:LINE and the token", "[hosts]") {
@@ -99,6 +101,8 @@ TEST_CASE("bad hostfile lines are usage errors naming FILE:LINE and the token", 
   CHECK_THAT(hosts_error({"--hostfile", option_like.path}), Contains("is not a host name or address"));
   File shell("a;reboot slots=1\n");
   CHECK_THAT(hosts_error({"--hostfile", shell.path}), Contains("'a;reboot'"));
+  File mpich("h1:4\nh2:4\n");  // MPICH/Horovod's HOST:SLOTS
+  CHECK_THAT(hosts_error({"--hostfile", mpich.path}), Contains(":1") && Contains("'h1:4'") && Contains("'h1 slots=4'"));
   File empty("# nothing here\n\n");
   CHECK_THAT(hosts_error({"--hostfile", empty.path}), Contains("names no host"));
 }

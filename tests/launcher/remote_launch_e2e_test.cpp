@@ -44,13 +44,19 @@ bool all_gone_within(const std::vector<pid_t>& pids, std::chrono::milliseconds l
 
 // A directory with a fake `ssh`: it runs the remote command (its last argument) here
 // through sh -c, as sshd would through the user's shell, or (mode "refuse") fails as
-// ssh does when it cannot connect. In the first mode it keeps its arguments and its
-// environment in DIR/ssh_args and DIR/ssh_env.
+// ssh does when it cannot connect. In mode "run" it keeps its arguments and its
+// environment in DIR/ssh_args and DIR/ssh_env; in mode "cut" the remote command's
+// stdin ends once the file DIR/cut exists (as when the connection's input is lost).
 ProcessOptions with_fake_ssh(const TempDir& dir, const std::string& mode) {
-  std::string script = mode == "refuse"
-                           ? "#!/bin/sh\necho \"ssh: connect to host somewhere port 22: Connection refused\" >&2\nexit 255\n"
-                           : "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + (dir / "ssh_args").string() + "\nenv > " +
-                                 (dir / "ssh_env").string() + "\nfor last; do :; done\nexec sh -c \"$last\"\n";
+  const std::string cut = (dir / "cut").string();
+  std::string script =
+      mode == "refuse"
+          ? "#!/bin/sh\necho \"ssh: connect to host somewhere port 22: Connection refused\" >&2\nexit 255\n"
+      : mode == "cut"
+          ? "#!/bin/sh\nfor last; do :; done\n{ sed '/^end$/q'; while [ ! -e " + cut +
+                " ]; do sleep 0.1; done; } | sh -c \"$last\"\n"
+          : "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + (dir / "ssh_args").string() + "\nenv > " +
+                (dir / "ssh_env").string() + "\nfor last; do :; done\nexec sh -c \"$last\"\n";
   write_file(dir / "ssh", script, true);
   ProcessOptions o;
   o.set_env["PATH"] = dir.path().string() + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
@@ -169,4 +175,90 @@ TEST_CASE("a host ssh cannot reach fails the launch naming it and ssh's error, a
                    "Connection refused") != std::string::npos);
   CHECK(r.seconds < 15);
   CHECK(e2e::by_rank(r.out).empty());  // node 0 never started workers: the job never formed
+}
+
+TEST_CASE("after a restart the job's status is that of the attempt it ended in", "[e2e][remote]") {
+  // Every rank exits 5 while TORCHELASTIC_RESTART_COUNT < N, then 0.
+  auto restarted = [](const std::string& failing_attempts) {
+    return run(e2e::ddprun({"--hosts", "localhost:2,127.0.0.1:1", "--max_restarts", "1", "--grace_period", "3",
+                            e2e::kWorker, "fail-until-restart", failing_attempts}),
+               {}, 60s);
+  };
+  SECTION("attempt 0 failed, attempt 1 succeeded: its failure stays in the store but the job exits 0") {
+    auto r = restarted("1");
+    INFO(r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK(r.err.find("failed on host") == std::string::npos);
+  }
+  SECTION("both attempts failed: attempt 1's failure is the job's") {
+    auto r = restarted("2");
+    INFO(r.out << r.err);
+    CHECK(r.status == 5);
+    CHECK(r.err.find("failed on host") != std::string::npos);
+  }
+}
+
+TEST_CASE("a worker's exit status 255 over ssh is the job's failure, not ssh's", "[e2e][remote]") {
+  // ssh passes the remote command's 255 on: the agent ran, so it is no launch failure.
+  TempDir dir;
+  std::vector<std::string> store_flags = {"--local_addr", "127.0.0.1"};
+  SECTION("node 0 hosts the store (--master_addr): the agent's status passes through") {
+    store_flags = {"--master_addr", "127.0.0.1", "--master_port", std::to_string(e2e::free_port())};
+  }
+  SECTION("the launcher hosts the store") {}
+  std::vector<std::string> args = {"--hosts", "localhost:1,192.0.2.1:1", "--grace_period", "3"};
+  args.insert(args.end(), store_flags.begin(), store_flags.end());
+  args.insert(args.end(), {e2e::kWorker, "fail", "1", "255"});
+  auto r = run(e2e::ddprun(args), with_fake_ssh(dir, "run"), 60s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 255);
+  CHECK(r.err.find("could not start") == std::string::npos);
+  CHECK(r.err.find("ssh failed") == std::string::npos);
+  CHECK(r.out.find("ddprun-agent started") == std::string::npos);  // the launcher keeps its agents' "I run" line
+}
+
+TEST_CASE("every agent frozen, as if all were cut off: the launcher ends the job after its deadline",
+          "[e2e][remote]") {
+  // Stopped agents neither exit nor talk to the store: their wills fail the job after
+  // the heartbeat timeout, and no agent is left to end by itself (as with ssh
+  // connections that hang after a partition). The launcher sees the failure in its
+  // store and kills them heartbeat + grace period + 10 s later.
+  Process p(e2e::ddprun({"--hosts", "localhost:1,127.0.0.1:1", "--heartbeat_timeout", "2", "--grace_period", "1",
+                         e2e::kWorker, "ignore-term"}));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 30s));
+  std::vector<pid_t> below = descendants(p.pid());
+  std::vector<pid_t> agents = child_pids(p.pid());
+  REQUIRE(agents.size() == 2);
+  for (pid_t agent : agents) kill(agent, SIGSTOP);
+  auto status = p.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(p.err());
+  CHECK(*status == 1);
+  CHECK(p.err().find("was lost") != std::string::npos);
+  CHECK(p.err().find("did not end in time; killing it") != std::string::npos);
+  CHECK(all_gone_within(below, 5s));
+}
+
+TEST_CASE("an agent whose link to the launcher is cut is a lost node, not a stop", "[e2e][remote]") {
+  TempDir dir;
+  Process p(e2e::ddprun({"--hosts", "localhost:1,192.0.2.1:1", "--local_addr", "127.0.0.1", "--grace_period", "2",
+                         e2e::kWorker, "ignore-term"}),
+            with_fake_ssh(dir, "cut"));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 30s));
+  write_file(dir / "cut", "");
+  auto status = p.wait(40s);
+  REQUIRE(status.has_value());
+  INFO(p.err());
+  CHECK(*status == 1);
+  CHECK(p.err().find("lost its connection to the launching ddprun") != std::string::npos);
+  CHECK(p.err().find("ddprun received SIGTERM") == std::string::npos);  // the notice says why, not how
+}
+
+TEST_CASE("the launcher says which --rdzv_conf settings have no effect", "[e2e][remote]") {
+  auto r = run(e2e::ddprun({"--hosts", "localhost:1", "--rdzv_conf", "last_call_timeout=3", e2e::kWorker, "env",
+                            "RANK"}),
+               {}, 60s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.err.find("--rdzv_conf last_call_timeout has no effect") != std::string::npos);
 }

@@ -102,7 +102,7 @@ TEST_CASE("with --master_addr an agent is told node 0's store, not the launcher'
 
 TEST_CASE("shell quoting gives the remote shell back every word as it was", "[remote]") {
   std::vector<std::string> words = {"plain", "with space", "it's", "'", "$HOME", "`id`", "a\"b", "semi;colon",
-                                    "back\\slash", "*", "", "new\nline", "--flag=x,y"};
+                                    "back\\slash", "*", "", "new\nline", "--flag=x,y", "=ls"};
   std::string line;
   for (const auto& w : words) {
     line += ' ';
@@ -111,6 +111,8 @@ TEST_CASE("shell quoting gives the remote shell back every word as it was", "[re
   CHECK(shell_words(line) == words);
   CHECK(ddprun::shell_quote("/usr/bin/ddprun") == "/usr/bin/ddprun");
   CHECK(ddprun::shell_quote("it's") == "'it'\\''s'");
+  CHECK(ddprun::shell_quote("=ls") == "'=ls'");  // zsh would expand =ls to ls's path
+  CHECK(ddprun::shell_quote("a=b") == "a=b");
 }
 
 TEST_CASE("the ssh command puts the user's options first and runs ddprun in the same directory", "[remote]") {
@@ -120,15 +122,20 @@ TEST_CASE("the ssh command puts the user's options first and runs ddprun in the 
   c.cwd = "/work/my dir";
   c.ddprun = "/opt/ddprun";
   c.arguments = {"--agent_stdin", "--", "train", "a b"};
+  c.heartbeat_timeout_s = 10;
   auto argv = ddprun::ssh_argv(c);
-  REQUIRE(argv.size() == 10);
+  REQUIRE(argv.size() == 15);
   CHECK(std::vector<std::string>(argv.begin(), argv.begin() + 3) == c.ssh_command);
-  CHECK(argv[3] == "-o");
-  CHECK(argv[4] == "BatchMode=yes");
-  CHECK(argv[6] == "ConnectTimeout=10");
-  CHECK(argv[7] == "--");
-  CHECK(argv[8] == "node1");
-  CHECK(argv[9] == "cd '/work/my dir' && exec /opt/ddprun --agent_stdin -- train 'a b'");
+  CHECK(argv[3] == "-T");  // no terminal: it would echo the handoff
+  CHECK(argv[4] == "-o");
+  CHECK(argv[5] == "BatchMode=yes");
+  CHECK(argv[7] == "ConnectTimeout=10");
+  // A cut connection ends ssh within about the heartbeat timeout: 3 probes 4 s apart.
+  CHECK(argv[9] == "ServerAliveInterval=4");
+  CHECK(argv[11] == "ServerAliveCountMax=3");
+  CHECK(argv[12] == "--");
+  CHECK(argv[13] == "node1");
+  CHECK(argv[14] == "cd '/work/my dir' && exec /opt/ddprun --agent_stdin -- train 'a b'");
 }
 
 TEST_CASE("this machine's names and addresses are local, other hosts are not", "[remote]") {
@@ -165,4 +172,15 @@ TEST_CASE("the line relay passes whole lines only, bounds a long one and flushes
   CHECK(got[2].find("tail\n") != std::string::npos);
   relay.finish();  // nothing held: nothing more
   CHECK(got.size() == 3);
+}
+
+TEST_CASE("the line relay hides the first whole line equal to the hidden one, even in pieces", "[remote]") {
+  std::string got;
+  ddprun::LineRelay relay([&](std::string lines) { got += lines; });
+  relay.hide_once("I run");
+  relay.feed("motd\nI r");
+  CHECK_FALSE(relay.hidden_seen());
+  relay.feed("un\n[rank0]: I run\nI run\n");
+  CHECK(relay.hidden_seen());
+  CHECK(got == "motd\n[rank0]: I run\nI run\n");  // only the first one is hidden
 }

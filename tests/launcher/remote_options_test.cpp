@@ -24,6 +24,11 @@ TEST_CASE("the ssh command: ssh or DDPRUN_SSH's words then --ssh_args' words", "
 
   env.set("DDPRUN_SSH", "  /usr/bin/ssh   -F /etc/cfg ");
   CHECK(parse({"--hosts", "h", "--ssh_args", "-q"}).remote.ssh_command == Words{"/usr/bin/ssh", "-F", "/etc/cfg", "-q"});
+  // Split as --ssh_args is: quotes keep a path with blanks in one word.
+  env.set("DDPRUN_SSH", "'/opt/my ssh/ssh' -F \"/etc/a cfg\"");
+  CHECK(parse({"--hosts", "h"}).remote.ssh_command == Words{"/opt/my ssh/ssh", "-F", "/etc/a cfg"});
+  env.set("DDPRUN_SSH", "ssh -o 'unclosed");
+  CHECK_THAT(usage_error({"--hosts", "h"}), Contains("DDPRUN_SSH") && Contains("not closed"));
   env.set("DDPRUN_SSH", " \t ");
   CHECK_THAT(usage_error({"--hosts", "h"}), Contains("DDPRUN_SSH is set but empty"));
   // Only a launcher uses ssh: a bad DDPRUN_SSH does not stop a one-node run.
