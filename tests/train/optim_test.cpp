@@ -213,3 +213,80 @@ TEST_CASE("linear scaling rule", "[train][lr]") {
   CHECK_THROWS_AS(ddp::scaled_lr(0.1, 0), ddp::InvalidArgument);
   CHECK_THROWS_AS(ddp::scaled_lr(0.1, int64_t{0}, int64_t{256}), ddp::InvalidArgument);
 }
+
+namespace {
+
+uint64_t fnv1a(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+// The bytes checkpoints hold: pinned to what save_state wrote before the state became
+// values (OptimizerState), so files written by earlier builds keep loading.
+TEST_CASE("optimizer state bytes stay the checkpoint format of earlier builds", "[train][optim][state]") {
+  ddp::Parameter a("w", 2, 3), b("b", 1, 3), c("c", 1, 2);
+  a.value.fill(0.5f);
+  b.value.fill(-0.25f);
+  c.value.fill(1.0f);
+  auto bytes = [](const ddp::Optimizer& o) {
+    std::stringstream s;
+    o.save_state(s);
+    return s.str();
+  };
+  ddp::SGD sgd({&a, &b, &c}, {.lr = 0.1f, .momentum = 0.9f});
+  a.grad.fill(0.1f);
+  b.grad.fill(0.2f);
+  sgd.step();
+  CHECK(bytes(sgd).size() == 118);
+  CHECK(fnv1a(bytes(sgd)) == 0xe3f332356b718c94ull);
+  ddp::SGD fresh({&a, &b, &c}, {.lr = 0.1f, .momentum = 0.9f});  // no momentum buffers yet
+  CHECK(fnv1a(bytes(fresh)) == 0xcfe8a4dfd6912b83ull);
+  ddp::AdamW adam({&a, &b, &c}, {.lr = 0.01f});
+  a.grad.fill(0.3f);
+  b.grad.fill(-0.1f);
+  c.grad.fill(0.05f);
+  adam.step();
+  adam.step();
+  CHECK(bytes(adam).size() == 209);
+  CHECK(fnv1a(bytes(adam)) == 0x542c482be1ecbb34ull);
+}
+
+TEST_CASE("optimizer state as values: views out, copies in, all or nothing", "[train][optim][state]") {
+  ddp::Parameter a("w", 2, 2), b("w", 2, 2);
+  a.value.fill(0.5f);
+  b.value.fill(0.5f);
+  ddp::AdamW one({&a}, {.lr = 0.01f});
+  a.grad.fill(0.1f);
+  one.step();
+  const ddp::OptimizerState st = one.state();
+  REQUIRE(st.kind == "adamw");
+  CHECK(st.steps == 1);
+  REQUIRE(st.buffers.size() == 2);
+  CHECK(st.buffers[0][0].is_view());
+  CHECK(one.state_bytes() == 2 * 4 * sizeof(float));
+
+  ddp::AdamW two({&b}, {.lr = 0.01f});
+  two.set_state(st);
+  CHECK(two.steps() == 1);
+  CHECK_FALSE(two.exp_avg(0).is_view());  // copied in: independent of `one`
+  CHECK(two.exp_avg(0)[0] == one.exp_avg(0)[0]);
+
+  ddp::OptimizerState wrong = two.state();
+  wrong.buffers[1][0] = ddp::Tensor(3, 1);
+  CHECK_THROWS_WITH(two.set_state(wrong), Catch::Contains("another shape"));
+  CHECK(two.exp_avg_sq(0).rows() == 2);  // unchanged
+  wrong = two.state();
+  wrong.kind = "sgd";
+  CHECK_THROWS_WITH(two.set_state(wrong), Catch::Contains("is for 'sgd'"));
+
+  ddp::SGD sgd({&a}, {.lr = 0.1f, .momentum = 0.9f});
+  CHECK(sgd.state_bytes() == 0);  // no momentum buffer before the first step
+  sgd.step();
+  CHECK(sgd.state_bytes() == 4 * sizeof(float));
+}

@@ -31,26 +31,51 @@ void check_params(const std::vector<Parameter*>& params, const char* who) {
   }
 }
 
-void put_header(std::ostream& out, const char* kind, int64_t steps, size_t count) {
-  binary_io::put_string(out, kind);
-  put<int64_t>(out, steps);
-  put<uint64_t>(out, count);
+// Buffers per parameter of each kind, and whether they may be absent (SGD's momentum
+// before its first step with momentum: a u8 flag in the byte format says which).
+struct KindLayout {
+  size_t buffers;
+  bool optional;
+};
+
+KindLayout layout_of(const std::string& kind) {
+  if (kind == "sgd") return {1, true};
+  if (kind == "adamw") return {2, false};
+  throw InvalidArgument("optimizer state: unknown kind '" + kind + "'");
 }
 
-// Reads and checks the header; returns the step count.
-int64_t get_header(std::istream& in, const char* kind, size_t count) {
-  const std::string stored = binary_io::get_string(in, "optimizer kind", 64);
-  if (stored != kind) {
-    throw Error(std::string("optimizer state is for '") + stored + "', this optimizer is '" + kind + "'");
+const char* buffer_name(const std::string& kind, size_t k) {
+  if (kind == "sgd") return "SGD momentum";
+  return k == 0 ? "AdamW exp_avg" : "AdamW exp_avg_sq";
+}
+
+// A read-only view of an optimizer's own buffer (state() hands out views, not copies).
+Tensor view_of(const Tensor& t) {
+  if (t.empty()) return Tensor();
+  return Tensor::view(const_cast<float*>(t.data()), t.rows(), t.cols(), t.device());
+}
+
+// All-or-nothing checks for set_state: kind, buffer count and every shape.
+void check_state(const OptimizerState& st, const char* kind, size_t buffers, const std::vector<Parameter*>& params,
+                 bool optional) {
+  if (st.kind != kind) {
+    throw Error("optimizer state is for '" + st.kind + "', this optimizer is '" + kind + "'");
   }
-  const auto steps = get<int64_t>(in, "optimizer step count");
-  if (steps < 0) throw Error(std::string("optimizer state has a negative step count"));
-  const auto n = get<uint64_t>(in, "optimizer parameter count");
-  if (n != count) {
-    throw Error(std::string("optimizer state has ") + std::to_string(n) + " parameters, this optimizer has " +
-                std::to_string(count));
+  if (st.steps < 0) throw Error(std::string("optimizer state has a negative step count"));
+  if (st.buffers.size() != buffers) throw Error(std::string("optimizer state has another number of buffers"));
+  for (const auto& per_param : st.buffers) {
+    if (per_param.size() != params.size()) {
+      throw Error("optimizer state has " + std::to_string(per_param.size()) + " parameters, this optimizer has " +
+                  std::to_string(params.size()));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& b = per_param[i];
+      if (optional && b.empty()) continue;
+      if (b.rows() != params[i]->value.rows() || b.cols() != params[i]->value.cols()) {
+        throw Error("optimizer state of " + params[i]->name + " has another shape");
+      }
+    }
   }
-  return steps;
 }
 
 // State buffers follow their parameter: a state loaded from a checkpoint (host) or
@@ -72,6 +97,69 @@ Optimizer::Optimizer(std::vector<Parameter*> params, float lr) : params_(std::mo
 
 void Optimizer::zero_grad() {
   for (Parameter* p : params_) p->grad.zero();
+}
+
+size_t Optimizer::state_bytes() const {
+  size_t bytes = 0;
+  for (const auto& per_param : state().buffers) {
+    for (const Tensor& b : per_param) bytes += b.size() * sizeof(float);
+  }
+  return bytes;
+}
+
+void Optimizer::save_state(std::ostream& out) const { write_optimizer_state(out, state()); }
+
+void Optimizer::load_state(std::istream& in) {
+  std::vector<std::pair<size_t, size_t>> shapes;
+  for (const Parameter* p : params_) shapes.emplace_back(p->value.rows(), p->value.cols());
+  set_state(read_optimizer_state(in, kind(), shapes));
+}
+
+void write_optimizer_state(std::ostream& out, const OptimizerState& state) {
+  const KindLayout layout = layout_of(state.kind);
+  const size_t count = state.buffers.empty() ? 0 : state.buffers[0].size();
+  if (state.buffers.size() != layout.buffers) throw InvalidArgument("optimizer state: wrong number of buffers");
+  binary_io::put_string(out, state.kind);
+  put<int64_t>(out, state.steps);
+  put<uint64_t>(out, count);
+  for (size_t i = 0; i < count; ++i) {
+    for (size_t k = 0; k < layout.buffers; ++k) {
+      const Tensor& b = state.buffers[k].at(i);
+      if (layout.optional) put<uint8_t>(out, b.empty() ? 0 : 1);
+      if (!layout.optional || !b.empty()) binary_io::put_tensor(out, b);
+    }
+  }
+}
+
+OptimizerState read_optimizer_state(std::istream& in, const std::string& kind,
+                                    const std::vector<std::pair<size_t, size_t>>& shapes) {
+  const KindLayout layout = layout_of(kind);
+  OptimizerState state;
+  state.kind = binary_io::get_string(in, "optimizer kind", 64);
+  if (state.kind != kind) {
+    throw Error("optimizer state is for '" + state.kind + "', this optimizer is '" + kind + "'");
+  }
+  state.steps = get<int64_t>(in, "optimizer step count");
+  if (state.steps < 0) throw Error(std::string("optimizer state has a negative step count"));
+  const auto n = get<uint64_t>(in, "optimizer parameter count");
+  if (n != shapes.size()) {
+    throw Error(std::string("optimizer state has ") + std::to_string(n) + " parameters, this optimizer has " +
+                std::to_string(shapes.size()));
+  }
+  state.buffers.assign(layout.buffers, std::vector<Tensor>(shapes.size()));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (size_t k = 0; k < layout.buffers; ++k) {
+      if (layout.optional) {
+        const auto has = get<uint8_t>(in, "SGD momentum flag");
+        if (has > 1) throw Error("SGD state: bad momentum flag");
+        if (has == 0) continue;
+      }
+      state.buffers[k][i] = binary_io::get_tensor(in, shapes[i].first, shapes[i].second,
+                                                  std::string(buffer_name(kind, k)) + " of parameter " +
+                                                      std::to_string(i));
+    }
+  }
+  return state;
 }
 
 // ---------------------------------------------------------------------------
@@ -121,27 +209,16 @@ void SGD::step() {
   ++steps_;
 }
 
-void SGD::save_state(std::ostream& out) const {
-  put_header(out, kind(), steps_, params_.size());
-  for (const Tensor& b : momentum_) {
-    put<uint8_t>(out, b.empty() ? 0 : 1);
-    if (!b.empty()) binary_io::put_tensor(out, b);
-  }
+OptimizerState SGD::state() const {
+  OptimizerState st{kind(), steps_, {{}}};
+  for (const Tensor& b : momentum_) st.buffers[0].push_back(view_of(b));
+  return st;
 }
 
-void SGD::load_state(std::istream& in) {
-  const int64_t steps = get_header(in, kind(), params_.size());
-  std::vector<Tensor> momentum(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto has = get<uint8_t>(in, "SGD momentum flag");
-    if (has > 1) throw Error("SGD state: bad momentum flag");
-    if (has != 0) {
-      const Tensor& v = params_[i]->value;
-      momentum[i] = binary_io::get_tensor(in, v.rows(), v.cols(), "SGD momentum of " + params_[i]->name);
-    }
-  }
-  momentum_ = std::move(momentum);
-  steps_ = steps;
+void SGD::set_state(const OptimizerState& state) {
+  check_state(state, kind(), 1, params_, /*optional=*/true);
+  momentum_ = state.buffers[0];
+  steps_ = state.steps;
 }
 
 // ---------------------------------------------------------------------------
@@ -192,24 +269,20 @@ void AdamW::step() {
   }
 }
 
-void AdamW::save_state(std::ostream& out) const {
-  put_header(out, kind(), steps_, params_.size());
+OptimizerState AdamW::state() const {
+  OptimizerState st{kind(), steps_, {{}, {}}};
   for (size_t i = 0; i < params_.size(); ++i) {
-    binary_io::put_tensor(out, m_[i]);
-    binary_io::put_tensor(out, v_[i]);
+    st.buffers[0].push_back(view_of(m_[i]));
+    st.buffers[1].push_back(view_of(v_[i]));
   }
+  return st;
 }
 
-void AdamW::load_state(std::istream& in) {
-  const int64_t steps = get_header(in, kind(), params_.size());
-  std::vector<Tensor> m, v;
-  for (const Parameter* p : params_) {
-    m.push_back(binary_io::get_tensor(in, p->value.rows(), p->value.cols(), "AdamW exp_avg of " + p->name));
-    v.push_back(binary_io::get_tensor(in, p->value.rows(), p->value.cols(), "AdamW exp_avg_sq of " + p->name));
-  }
-  m_ = std::move(m);
-  v_ = std::move(v);
-  steps_ = steps;
+void AdamW::set_state(const OptimizerState& state) {
+  check_state(state, kind(), 2, params_, /*optional=*/false);
+  m_ = state.buffers[0];
+  v_ = state.buffers[1];
+  steps_ = state.steps;
 }
 
 }  // namespace ddp

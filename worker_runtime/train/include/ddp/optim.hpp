@@ -11,11 +11,32 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/tensor.hpp"
 
 namespace ddp {
+
+// An optimizer's whole state as values, per parameter: what save_state writes, and what
+// sharded optimizers slice and assemble without parsing bytes.
+struct OptimizerState {
+  std::string kind;  // "sgd", "adamw"
+  int64_t steps = 0;
+  // buffers[k][i]: state buffer k of parameter i, shaped like that parameter (sgd:
+  // {momentum}; adamw: {exp_avg, exp_avg_sq}). An empty tensor where a buffer does not
+  // exist yet (SGD's momentum before its first step with momentum). Host or device.
+  std::vector<std::vector<Tensor>> buffers;
+};
+
+// The byte format of save_state: a header (kind, step count, parameter count), then per
+// parameter its buffers in order (SGD: a u8 "has momentum" flag before the optional
+// buffer). Unknown kinds throw InvalidArgument.
+void write_optimizer_state(std::ostream& out, const OptimizerState& state);
+// Reads what write_optimizer_state wrote, checking it against `kind` and the parameters'
+// shapes (rows, cols). Throws ddp::Error on a truncated stream or a mismatch.
+OptimizerState read_optimizer_state(std::istream& in, const std::string& kind,
+                                    const std::vector<std::pair<size_t, size_t>>& shapes);
 
 class Optimizer {
  public:
@@ -30,12 +51,20 @@ class Optimizer {
   virtual const char* kind() const = 0;
 
   // Writes the state (step count and buffers) to out in a binary format.
-  virtual void save_state(std::ostream& out) const = 0;
+  virtual void save_state(std::ostream& out) const;
   // Reads what save_state() wrote, for the same parameter shapes. Throws ddp::Error
   // on a truncated stream or a mismatch (other kind, buffer count or sizes) and then
   // leaves the current state unchanged.
-  virtual void load_state(std::istream& in) = 0;
+  virtual void load_state(std::istream& in);
 
+  // The state as values. The tensors are views of the optimizer's own buffers: valid
+  // until the next step() or set_state(), not to be written through.
+  virtual OptimizerState state() const = 0;
+  // Replaces the state (copied in). Throws ddp::Error for another kind, buffer count or
+  // shape, and then leaves the current state unchanged.
+  virtual void set_state(const OptimizerState& state) = 0;
+  // Bytes of state buffers this optimizer holds now (for memory accounting).
+  size_t state_bytes() const;
   // Sets every parameter's grad to zero.
   void zero_grad();
   // The learning rate the next step() uses (change it per step for a schedule).
@@ -66,8 +95,8 @@ class SGD : public Optimizer {
   SGD(std::vector<Parameter*> params, const SgdOptions& options);
   void step() override;
   const char* kind() const override { return "sgd"; }
-  void save_state(std::ostream& out) const override;
-  void load_state(std::istream& in) override;
+  OptimizerState state() const override;
+  void set_state(const OptimizerState& state) override;
 
   const SgdOptions& options() const { return options_; }
   // The momentum buffer of parameter i (empty until the first step with momentum).
@@ -95,8 +124,8 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Parameter*> params, const AdamWOptions& options);
   void step() override;
   const char* kind() const override { return "adamw"; }
-  void save_state(std::ostream& out) const override;
-  void load_state(std::istream& in) override;
+  OptimizerState state() const override;
+  void set_state(const OptimizerState& state) override;
 
   const AdamWOptions& options() const { return options_; }
   const Tensor& exp_avg(size_t i) const { return m_[i]; }     // first moment m
