@@ -433,3 +433,34 @@ TEST_CASE("a model reuses its buffers across batch sizes", "[train][nn]") {
   const ddp::Tensor& again = model->forward(x);
   for (size_t i = 0; i < full.size(); ++i) CHECK(again[i] == full[i]);
 }
+
+TEST_CASE("a released parameter keeps its shape, and a layer refuses it until it is bound again",
+          "[train][nn][sharding]") {
+  ddp::Rng rng(7);
+  ddp::Linear layer({.in_features = 3, .out_features = 2}, rng, "0.");
+  ddp::Tensor x(4, 3);
+  x.fill(1.0f);
+  const ddp::Tensor before = layer.forward(x);
+  const ddp::Tensor weights = layer.weight().value;
+
+  layer.weight().release_value();
+  CHECK_FALSE(layer.weight().materialized());
+  CHECK(layer.weight().value.empty());
+  CHECK(layer.weight().rows() == 2);
+  CHECK(layer.weight().cols() == 3);
+  CHECK(layer.weight().numel() == 6);
+  CHECK_THROWS_WITH(layer.forward(x), Catch::Contains("'0.weight' is not gathered"));
+
+  std::vector<float> gathered(weights.span().begin(), weights.span().end());
+  layer.weight().bind_value(gathered.data());
+  CHECK(layer.weight().materialized());
+  CHECK(layer.weight().value.is_view());
+  const ddp::Tensor& after = layer.forward(x);
+  for (size_t i = 0; i < before.size(); ++i) CHECK(after[i] == before[i]);
+
+  // Bound while materialized: the values move into the new memory.
+  std::vector<float> other(6, 0.0f);
+  layer.weight().bind_value(other.data());
+  CHECK(other[0] == weights[0]);
+  CHECK(layer.weight().value.data() == other.data());
+}

@@ -14,6 +14,15 @@
 namespace ddp {
 namespace {
 
+// A parameter released by sharded training (FSDP) must be gathered before use.
+void need_gathered(const Parameter& weight, const Parameter& bias) {
+  for (const Parameter* p : {&weight, &bias}) {
+    if (!p->materialized()) {
+      throw InvalidArgument("Linear: parameter '" + p->name + "' is not gathered (its value is sharded)");
+    }
+  }
+}
+
 const Tensor kEmpty;  // what backward returns when no input gradient was asked for
 
 std::string shape(const Tensor& t) { return std::to_string(t.rows()) + "x" + std::to_string(t.cols()); }
@@ -71,6 +80,7 @@ const Tensor& Linear::forward(const Tensor& x) {
   if (x.cols() != in) {
     throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " + shape(x));
   }
+  need_gathered(weight_, bias_);
   need_device("Linear", x.device(), weight_.device(), "'" + weight_.name + "'");
   const Device device = x.device();
   const size_t batch = x.rows();
@@ -96,6 +106,7 @@ const Tensor& Linear::forward(const Tensor& x) {
 const Tensor& Linear::backward(const Tensor& dy, const GradReadyHook& hook, bool need_dx) {
   const size_t in = options_.in_features, out = options_.out_features;
   if (input_ == nullptr) throw InvalidArgument("Linear::backward before forward");
+  need_gathered(weight_, bias_);
   const size_t batch = input_->rows();
   if (dy.rows() != batch || dy.cols() != out) {
     throw InvalidArgument("Linear::backward: dy is " + shape(dy) + ", expected " + std::to_string(batch) + "x" +

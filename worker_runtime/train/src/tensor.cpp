@@ -255,4 +255,21 @@ void Parameter::bind_grad(float* memory) {
   grad = std::move(bound);
 }
 
+void Parameter::release_value() {
+  if (!value.empty()) {
+    released_rows_ = value.rows();
+    released_cols_ = value.cols();
+    released_device_ = value.device();
+  }
+  value = Tensor();  // an owning 0 × 0 tensor: the old storage is freed
+}
+
+void Parameter::bind_value(float* memory, bool copy) {
+  const Device device = value.empty() ? released_device_ : value.device();
+  Tensor bound = Tensor::view(memory, rows(), cols(), device);
+  if (copy && !value.empty()) bound.copy_from(value);
+  value = std::move(bound);
+  released_rows_ = released_cols_ = 0;
+}
+
 }  // namespace ddp

@@ -132,8 +132,8 @@ struct Parameter {
   Parameter(const Parameter&) = delete;  // models hold Parameter* (stable addresses)
   Parameter& operator=(const Parameter&) = delete;
 
-  size_t numel() const { return value.size(); }
-  Device device() const { return value.device(); }
+  size_t numel() const { return rows() * cols(); }
+  Device device() const { return value.empty() ? released_device_ : value.device(); }
   // Moves value and grad to `device` (values kept). The grad must be owning: move
   // a model before DistributedDataParallel binds its grads (InvalidArgument otherwise).
   void to(Device device);
@@ -142,6 +142,26 @@ struct Parameter {
   // accumulated gradients survive. `memory` must outlive the binding; a later
   // bind_grad(nullptr) makes the grad owning again (values copied back).
   void bind_grad(float* memory);
+
+  // Sharded training (FSDP) frees a parameter's full value between uses and binds it to
+  // gathered memory when a layer needs it:
+  //   release_value(): the value's memory is freed (value becomes 0 × 0); the shape and
+  //     device are kept (rows(), cols()), and materialized() turns false.
+  //   bind_value(memory, copy): value becomes a view of rows()*cols() floats at `memory`
+  //     on this parameter's device (the current values copied there first when `copy` and
+  //     the value is materialized); `memory` must outlive the binding.
+  // Layers refuse a parameter that is not materialized (InvalidArgument), rather than
+  // read freed memory.
+  void release_value();
+  void bind_value(float* memory, bool copy = true);
+  bool materialized() const { return !value.empty() || released_rows_ * released_cols_ == 0; }
+  size_t rows() const { return value.empty() ? released_rows_ : value.rows(); }
+  size_t cols() const { return value.empty() ? released_cols_ : value.cols(); }
+
+ private:
+  size_t released_rows_ = 0;  // the shape while released
+  size_t released_cols_ = 0;
+  Device released_device_ = Device::Cpu;
 };
 
 }  // namespace ddp
