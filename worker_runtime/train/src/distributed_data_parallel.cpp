@@ -30,30 +30,30 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
     }
   }
 
-  // Buckets in reverse registration order: the order backward finishes them.
-  size_t cap = options_.first_bucket_bytes;
-  buckets_.emplace_back();
-  size_t bytes = 0;
-  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
-    const size_t b = (*it)->numel() * sizeof(float);
-    if (!buckets_.back().params.empty() && bytes + b > cap) {
-      buckets_.emplace_back();
-      bytes = 0;
-      cap = options_.bucket_cap_bytes;
-    }
-    buckets_.back().params.push_back(*it);
-    bytes += b;
+  if (options_.grad_dtype != DType::F32 || options_.reduce != GradReduce::AllReduce) {
+    // Issue 16's bf16 and reduce-scatter modes: their reduction lands with the
+    // widening reduce_scatter (see DdpOptions).
+    throw InvalidArgument("DistributedDataParallel: grad_dtype bf16 and GradReduce::ReduceScatter are not implemented yet");
+  }
+  // Buckets in reverse registration order: the order backward finishes them. They are
+  // padded to a multiple of the world size only where a reduce-scatter splits them.
+  const bool split = options_.grad_dtype != DType::F32 || options_.reduce == GradReduce::ReduceScatter;
+  for (FlatGroup& g : bucket_groups(params_, options_.first_bucket_bytes, options_.bucket_cap_bytes,
+                                    split ? pg_->size() : 1)) {
+    buckets_.emplace_back();
+    for (const ShardSlot& s : g.slots) buckets_.back().params.push_back(s.param);
+    buckets_.back().group = std::move(g);
   }
   // Each grad becomes a view into its bucket (keeping what it held).
   for (size_t i = 0; i < buckets_.size(); ++i)
     for (Parameter* p : buckets_[i].params) bucket_of_[p] = i;
   for (auto& bucket : buckets_) {
-    size_t n = 0;
-    for (Parameter* p : bucket.params) n += p->numel();
+    const size_t n = bucket.group.padded;
     float* memory = nullptr;
     if (device_ == Device::Cuda) {
       // GPU buckets: plain device memory, which the group's NCCL member reduces.
       bucket.device_memory = Tensor(1, n, Device::Cuda);
+      bucket.device_memory.zero();
       memory = bucket.device_memory.data();
     } else {
       // Shared with the local peers where possible, so the all-reduce reads and writes
@@ -62,11 +62,7 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
       memory = reinterpret_cast<float*>(bucket.memory->data());
     }
     bucket.grads = Tensor::view(memory, 1, n, device_);
-    size_t offset = 0;
-    for (Parameter* p : bucket.params) {
-      p->bind_grad(memory + offset);  // keeps the gradient the parameter held
-      offset += p->numel();
-    }
+    for (const ShardSlot& s : bucket.group.slots) s.param->bind_grad(memory + s.offset);  // keeps what it held
   }
   if (options_.broadcast_parameters && pg_->size() > 1) {
     // One broadcast of every value, flattened, instead of one per parameter.
@@ -193,6 +189,20 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   for (const auto& b : buckets_) stats_.buckets_overlapped += b.launched < last_ready_ ? 1 : 0;
   stats_.buckets_reduced = static_cast<int>(buckets_.size());
   report_step();  // gradients are final on every rank: the optimizer step follows
+}
+
+Tensor DistributedDataParallel::shard_grads(size_t i) {
+  if (options_.reduce != GradReduce::ReduceScatter) {
+    throw InvalidArgument("DistributedDataParallel::shard_grads: the buckets are all-reduced (GradReduce::AllReduce)");
+  }
+  throw InvalidArgument("DistributedDataParallel::shard_grads: not implemented yet (bucket " + std::to_string(i) + ")");
+}
+
+MemoryStats DistributedDataParallel::memory() const {
+  MemoryStats m;
+  for (const Parameter* p : params_) m.params += p->numel() * sizeof(float);
+  for (const auto& b : buckets_) m.grads += b.group.padded * sizeof(float);
+  return m;
 }
 
 float DistributedDataParallel::clip_grad_norm(float max_norm) {

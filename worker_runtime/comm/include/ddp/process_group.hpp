@@ -129,6 +129,7 @@ class ProcessGroup {
   // root's buf = op over every rank's buf; other ranks' buf is left unchanged.
   Work reduce(Buffer buf, int root, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {});
   // output (size() * input.count elements) = every rank's input, in rank order.
+  // input may be block rank() of output (in place).
   Work all_gather(Buffer input, Buffer output, CollectiveOptions o = {});
   // As all_gather, but only root's output is written (others may pass an empty one).
   Work gather(Buffer input, Buffer output, int root, CollectiveOptions o = {});
@@ -137,6 +138,11 @@ class ProcessGroup {
   Work scatter(Buffer input, Buffer output, int root, CollectiveOptions o = {});
   // input holds size() blocks of output.count elements; rank r's output = op over
   // every rank's block r.
+  // Widening (issue 16, bf16 gradient communication): input BF16 or F16 with output
+  // F32, op Sum or Avg only. Each rank's block r is converted exactly to f32 and summed
+  // in f32 in rank order 0..size()-1 (then divided by size() for Avg), so the result is
+  // the same bits on every rank and in every run; the wire carries the 16-bit blocks.
+  // Host buffers only.
   Work reduce_scatter(Buffer input, Buffer output, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {});
   // input and output hold size() blocks each; block j of rank i's input lands in
   // block i of rank j's output.

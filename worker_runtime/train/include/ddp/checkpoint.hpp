@@ -49,5 +49,10 @@ std::string read_checkpoint_file(const std::string& path);
 CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path);
 CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
                                      Optimizer* optimizer);
+// Only the optimizer half of a checkpoint's bytes, for an optimizer built after the
+// model was loaded (sharded strategies wrap the full model first, then shard it): the
+// same validation, and an error when the checkpoint holds no optimizer state or
+// another kind. A ShardedOptimizer keeps its slice of the full per-parameter state.
+void load_optimizer_state(const std::string& bytes, const std::string& path, Optimizer& optimizer);
 
 }  // namespace ddp

@@ -27,6 +27,7 @@
 // that work, and comm_wait includes the compute still queued when backward returned.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <span>
@@ -35,17 +36,34 @@
 
 #include "ddp/nn.hpp"
 #include "ddp/process_group.hpp"
+#include "ddp/sharding.hpp"
 
 namespace ddp {
 
 class Trace;
+
+// How a bucket's gradients are reduced.
+enum class GradReduce : uint8_t {
+  // Every rank ends with the whole bucket averaged (all-reduce; with grad_dtype BF16 a
+  // widening reduce-scatter then an all-gather of the f32 shards, so ranks stay
+  // bit-identical).
+  AllReduce,
+  // Only this rank's shard of each bucket is reduced (shard_grads); the rest of the
+  // bucket holds local gradients. For sharded optimizers (ZeroRedundancyOptimizer).
+  ReduceScatter,
+};
 
 struct DdpOptions {
   size_t first_bucket_bytes = 1u << 20;  // PyTorch's first bucket: 1 MiB
   size_t bucket_cap_bytes = 25u << 20;   // later buckets: 25 MiB
   bool broadcast_parameters = true;      // copy rank 0's values to every rank at construction
   bool all_reduce = true;                // false: skip the reduction (measurement only)
-  Trace* trace = nullptr;                // records each bucket's all-reduce when set
+  // F32, or BF16: each complete bucket is rounded once to bf16 for the wire and reduced
+  // in f32 (reduce_scatter bf16 -> f32, in rank order), as PyTorch's bf16_compress_hook
+  // but with f32 arithmetic; gradients stay f32 in the buckets.
+  DType grad_dtype = DType::F32;
+  GradReduce reduce = GradReduce::AllReduce;
+  Trace* trace = nullptr;                // records each bucket's reduction when set
 };
 
 // Where the time of the last backward() went (seconds).
@@ -57,6 +75,9 @@ struct BackwardStats {
   int buckets_overlapped = 0;  // buckets whose all-reduce started before the last gradient was ready
   double first_launch = -1;    // from the start of backward to the first bucket's launch (-1: none)
   double last_grad_ready = -1; // from the start of backward to the last gradient being ready
+  double comm_busy = 0;        // the buckets' reductions as their Work timed them (summed)
+  // The share of communication hidden behind compute (0..1; 1 when there was none).
+  double hidden() const { return comm_busy > 0 ? std::max(0.0, comm_busy - comm_wait) / comm_busy : 1.0; }
 };
 
 class DistributedDataParallel {
@@ -110,6 +131,19 @@ class DistributedDataParallel {
   const BackwardStats& last_backward() const { return stats_; }
   // Bucket layout: the parameter names of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_layout() const;
+  size_t num_buckets() const { return buckets_.size(); }
+  // Bucket i's flat layout (padded to a multiple of the world size when the options
+  // reduce-scatter or send bf16; otherwise padded == numel and world 1).
+  const FlatGroup& bucket_group(size_t i) const { return buckets_.at(i).group; }
+  // Bucket i's gradients, 1 × padded (the parameters' grads are views into it).
+  Tensor bucket_grads(size_t i) { return Tensor::view(buckets_.at(i).grads.data(), 1, buckets_.at(i).grads.size(), device_); }
+  // GradReduce::ReduceScatter: this rank's reduced (averaged) shard of bucket i,
+  // 1 × group.shard(), valid after backward(). Throws InvalidArgument in AllReduce mode.
+  Tensor shard_grads(size_t i);
+  // Full values (the model's) and grad buckets, plus reduce-scatter outputs and bf16
+  // staging in `comm`; no optimizer state (that is the optimizer's).
+  MemoryStats memory() const;
+  const DdpOptions& options() const { return options_; }
 
  private:
   struct Bucket {
@@ -117,6 +151,7 @@ class DistributedDataParallel {
     Tensor device_memory;                 // GPU: device memory (the NCCL member reduces it)
     Tensor grads;                         // 1 × n view of the flat gradients, in one of the two
     Buffer buffer() const;
+    FlatGroup group;                    // layout: slots in bucket order, padding
     std::vector<Parameter*> params;     // in bucket order (reverse registration order)
     size_t pending = 0;                 // gradients not yet final in this backward
     Work work;                          // the running all-reduce

@@ -1,0 +1,97 @@
+// FullyShardedDataParallel (ZeRO-3, FSDP's idea; issue 16): parameters, gradients and
+// optimizer state sharded across ranks per unit (a Linear with the parameter-free modules
+// after it, or several such layers: FsdpOptions::layers_per_unit).
+//
+// Each unit keeps only its 1 × shard slice of values and grads (sharding.hpp's FlatGroup
+// layout). Forward: wait for the unit's all-gather (issued ahead: `prefetch` units), issue
+// the next unit's, bind the gathered buffer to the unit's parameters (Parameter::
+// bind_value), run it, release it (reshard_after_forward). Backward, in reverse: gather
+// again (prefetched), run the unit's backward into a full-size grad buffer, reduce-scatter
+// it asynchronously into the unit's grad shard (average over ranks; bf16 on the wire with
+// grad_dtype BF16), release. The optimizer (make_optimizer) steps the shards.
+//
+//   ddp::FullyShardedDataParallel model(*mlp, pg);
+//   auto opt = model.make_optimizer([](auto params) {
+//     return std::make_unique<ddp::AdamW>(std::move(params), ddp::AdamWOptions{.lr = 1e-3f}); });
+//   const auto& logits = model.forward(x);
+//   model.backward(dlogits);
+//   opt->step();
+//
+// Outside forward/backward the model's parameters are released: read or save them inside
+// summon_full_params() (a layer refuses a released parameter with InvalidArgument).
+//
+// STATUS: contract only (declarations); see sharding.hpp.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+
+#include "ddp/nn.hpp"
+#include "ddp/process_group.hpp"
+#include "ddp/sharding.hpp"
+
+namespace ddp {
+
+class Trace;
+
+struct FsdpOptions {
+  size_t layers_per_unit = 1;         // parameterised children of the Sequential per unit
+  bool reshard_after_forward = true;  // false: keep gathered values from forward to backward
+  int prefetch = 1;                   // units whose all-gather is issued ahead
+  DType grad_dtype = DType::F32;      // BF16: rounded once for the reduce-scatter, reduced in f32
+  bool broadcast_parameters = true;   // rank 0's initial values everywhere
+  Trace* trace = nullptr;
+};
+
+// Where the time of the last step went (seconds).
+struct FsdpStepStats {
+  double forward = 0;    // compute
+  double backward = 0;   // compute
+  double comm_busy = 0;  // the step's gathers and reduce-scatters, as their Work timed them
+  double comm_wait = 0;  // time blocked waiting for them
+  // The share of communication hidden behind compute (0..1).
+  double hidden() const { return comm_busy > 0 ? std::max(0.0, comm_busy - comm_wait) / comm_busy : 1.0; }
+};
+
+class FullyShardedDataParallel {
+ public:
+  // Collective. Splits `model` into units, keeps this rank's slice of each and releases
+  // the full values.
+  FullyShardedDataParallel(Sequential& model, std::shared_ptr<ProcessGroup> pg, const FsdpOptions& options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  const Tensor& forward(const Tensor& x);
+  // Gradients end reduced (averaged) in each unit's grad shard.
+  void backward(const Tensor& dy);
+  void zero_grad();
+  std::unique_ptr<ShardedOptimizer> make_optimizer(const OptimizerFactory& make);
+
+  // RAII: the full values gathered and bound to the model's parameters (on `root` only,
+  // or on every rank when nullopt), released again when it goes. Inside it,
+  // save_checkpoint(path, module(), ...) and parameter hashes work as for DDP.
+  class FullParams {
+   public:
+    FullParams(FullParams&&) noexcept;
+    ~FullParams();
+
+   private:
+    friend class FullyShardedDataParallel;
+    explicit FullParams(FullyShardedDataParallel* owner);
+    FullyShardedDataParallel* owner_;
+  };
+  FullParams summon_full_params(std::optional<int> root = 0);
+
+  MemoryStats memory() const;
+  const FsdpStepStats& last_step() const;
+  Sequential& module();
+  size_t num_units() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
