@@ -261,3 +261,76 @@ TEST_CASE("a checkpoint of format version 1 (no run id) still loads", "[train][c
   CHECK(values(*restored) == values(*model));
   CHECK(opt2.steps() == 2);
 }
+
+TEST_CASE("load_optimizer_state reads only the optimizer half, validated as a whole load is", "[train][checkpoint]") {
+  // Sharded strategies load the model before wrapping it and the optimizer once it
+  // exists: the optimizer half alone must restore exactly what a whole load would.
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
+  auto model = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::AdamW opt(model->parameters(), {.lr = 0.01f});
+  train(*model, opt, 3);
+  ddp::save_checkpoint(path, *model, &opt, {.epoch = 2, .step = 3, .run_id = "r"});
+  std::ostringstream saved;
+  opt.save_state(saved);
+
+  auto other = ddp::make_mlp({{6, 5, 3}, 7});
+  const auto other_values = values(*other);
+  ddp::AdamW opt2(other->parameters(), {.lr = 0.01f});
+  ddp::load_optimizer_state(read(path), path, opt2);
+  std::ostringstream loaded;
+  opt2.save_state(loaded);
+  CHECK(loaded.str() == saved.str());
+  CHECK(opt2.steps() == 3);
+  CHECK(values(*other) == other_values);  // the model is not its business
+
+  // Version 1 files carry the same optimizer half.
+  std::string payload = read(path).substr(kHeader);
+  payload.erase(16, 4 + 1);  // the run id "r"
+  ddp::AdamW opt_v1(other->parameters(), {.lr = 0.01f});
+  ddp::load_optimizer_state(with_header(1, payload), path, opt_v1);
+  CHECK(opt_v1.steps() == 3);
+}
+
+TEST_CASE("load_optimizer_state refuses a checkpoint without state, of another kind or damaged, naming the file",
+          "[train][checkpoint]") {
+  testing::TempDir dir;
+  const std::string path = (dir / "model.ckpt").string();
+  const auto [good, state] = save_sgd_checkpoint(path);
+
+  auto model = ddp::make_mlp({{6, 5, 3}, 2});
+  ddp::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  train(*model, sgd, 2);
+  std::ostringstream before;
+  sgd.save_state(before);
+  auto refused = [&](ddp::Optimizer& opt, const std::string& bytes, const std::string& why) {
+    CHECK_THROWS_WITH(ddp::load_optimizer_state(bytes, path, opt), Catch::Contains(path) && Catch::Contains(why));
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x10;
+  refused(sgd, flipped, "checksum");
+  refused(sgd, good.substr(0, good.size() - 9), "truncated");
+  refused(sgd, good + "xx", "trailing");
+  refused(sgd, "", "truncated header");
+  // Trailing bytes inside the optimizer's part show only after it has read them.
+  std::string payload = good.substr(kHeader);
+  const size_t size_at = payload.size() - state.size() - 8;
+  const uint64_t grown = state.size() + 2;
+  std::memcpy(payload.data() + size_at, &grown, 8);
+  refused(sgd, with_header(2, payload + "xx"), "trailing data after the optimizer");
+  std::ostringstream after;
+  sgd.save_state(after);
+  CHECK(after.str() == before.str());  // every refusal left the state as it was
+  CHECK(sgd.steps() == 2);
+
+  ddp::AdamW adamw(model->parameters(), {});
+  refused(adamw, good, "'sgd'");  // the checkpoint's kind, not this optimizer's
+  CHECK(adamw.steps() == 0);
+  auto wider = ddp::make_mlp({{6, 7, 3}, 2});
+  ddp::SGD wider_sgd(wider->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  refused(wider_sgd, good, "5x6");  // its shapes are the optimizer's to check
+
+  auto bare = ddp::make_mlp({{6, 5, 3}, 1});
+  ddp::save_checkpoint(path, *bare, nullptr, {});
+  refused(sgd, read(path), "no optimizer state");
+}

@@ -124,6 +124,91 @@ std::string read_file(const std::string& path) {
   return bytes;
 }
 
+// A checkpoint's payload, read and validated: the parameter values (when read against
+// a model) and the optimizer's state bytes, not yet applied to anything.
+struct Parsed {
+  CheckpointInfo info;
+  std::vector<Tensor> values;  // empty when read without a model
+  bool has_optimizer = false;
+  std::string state;           // Optimizer::save_state bytes
+};
+
+// Skips a tensor written by binary_io::put_tensor whatever its shape (no model to
+// check it against), without reading past the payload.
+void skip_tensor(std::istream& in, size_t payload, const std::string& what) {
+  const auto rows = get<uint64_t>(in, what.c_str());
+  const auto cols = get<uint64_t>(in, what.c_str());
+  if (cols != 0 && rows > payload / cols) throw Error(what + ": implausible shape");
+  const uint64_t bytes = rows * cols * sizeof(float);
+  if (bytes > payload) throw Error(what + ": implausible shape");
+  if (!in.seekg(static_cast<std::streamoff>(bytes), std::ios::cur) || in.tellg() < 0 ||
+      static_cast<uint64_t>(in.tellg()) > payload) {
+    throw Error("truncated data reading " + what);
+  }
+}
+
+// Validates a checkpoint's bytes (header, CRC-32, structure) and reads its payload.
+// With `params`, the parameter names and shapes must match them and their values are
+// read; without, the parameter section is only walked over. Throws Error naming path.
+Parsed parse(const std::string& bytes, const std::string& path, const std::vector<Parameter*>* params) {
+  uint32_t version = 0;
+  std::string body = checked_payload(bytes, path, version);
+  const size_t have = body.size();
+  try {
+    std::istringstream in(std::move(body), std::ios::binary);
+    Parsed out;
+    out.info = get_info(in, version);
+    const auto count = get<uint64_t>(in, "parameter count");
+    if (params != nullptr && count != params->size()) {
+      throw Error("checkpoint has " + std::to_string(count) + " parameters, the model has " +
+                  std::to_string(params->size()));
+    }
+    if (count > have) throw Error("implausible parameter count " + std::to_string(count));
+    if (params != nullptr) out.values.reserve(params->size());
+    for (size_t i = 0; i < count; ++i) {
+      const std::string name = binary_io::get_string(in, "parameter name");
+      if (params == nullptr) {
+        skip_tensor(in, have, "parameter " + name);
+        continue;
+      }
+      const Parameter* p = (*params)[i];
+      if (name != p->name) throw Error("checkpoint parameter '" + name + "' where the model has '" + p->name + "'");
+      out.values.push_back(binary_io::get_tensor(in, p->value.rows(), p->value.cols(), "parameter " + name));
+    }
+    const auto has_optimizer = get<uint8_t>(in, "optimizer flag");
+    if (has_optimizer > 1) throw Error(std::string("bad optimizer flag"));
+    out.has_optimizer = has_optimizer == 1;
+    if (out.has_optimizer) {
+      const auto state_size = get<uint64_t>(in, "optimizer state size");
+      if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
+      out.state.resize(state_size);
+      if (state_size != 0 && !in.read(out.state.data(), static_cast<std::streamsize>(state_size))) {
+        throw Error(std::string("truncated data reading optimizer state"));
+      }
+    }
+    if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
+    return out;
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+// Loads the parsed optimizer state into `optimizer`, all or nothing. load_state leaves
+// the state as it was when what it reads is wrong, but only the end of the stream shows
+// trailing bytes: a copy of the current state (state() deep-copied; save_state would not
+// do for a sharded optimizer, which writes only after consolidating) is put back then.
+void apply_optimizer_state(const Parsed& parsed, Optimizer& optimizer) {
+  if (!parsed.has_optimizer) throw Error(std::string("checkpoint holds no optimizer state"));
+  const OptimizerState live = optimizer.state();  // views of the optimizer's buffers
+  const OptimizerState before = live;             // Tensor's copy is deep
+  std::istringstream state_in(parsed.state, std::ios::binary);
+  optimizer.load_state(state_in);
+  if (state_in.peek() != std::char_traits<char>::eof()) {
+    optimizer.set_state(before);
+    throw Error(std::string("trailing data after the optimizer state"));
+  }
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info) {
@@ -209,54 +294,23 @@ CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path
 
 CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
                                      Optimizer* optimizer) {
-  uint32_t version = 0;
-  std::string body = checked_payload(bytes, path, version);
-  const size_t have = body.size();
+  const std::vector<Parameter*> params = model.parameters();
+  const Parsed parsed = parse(bytes, path, &params);
+  if (optimizer != nullptr) {
+    try {
+      apply_optimizer_state(parsed, *optimizer);
+    } catch (const Error& e) {
+      throw Error(path + ": " + e.what());
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(parsed.values[i]);
+  return parsed.info;
+}
+
+void load_optimizer_state(const std::string& bytes, const std::string& path, Optimizer& optimizer) {
+  const Parsed parsed = parse(bytes, path, nullptr);
   try {
-    std::istringstream in(std::move(body), std::ios::binary);
-    const CheckpointInfo info = get_info(in, version);
-    const std::vector<Parameter*> params = model.parameters();
-    const auto count = get<uint64_t>(in, "parameter count");
-    if (count != params.size()) {
-      throw Error("checkpoint has " + std::to_string(count) + " parameters, the model has " +
-                  std::to_string(params.size()));
-    }
-    // Read everything into temporaries first: the model changes only when all is valid.
-    std::vector<Tensor> values;
-    values.reserve(params.size());
-    for (const Parameter* p : params) {
-      const std::string name = binary_io::get_string(in, "parameter name");
-      if (name != p->name) throw Error("checkpoint parameter '" + name + "' where the model has '" + p->name + "'");
-      values.push_back(binary_io::get_tensor(in, p->value.rows(), p->value.cols(), "parameter " + name));
-    }
-    const auto has_optimizer = get<uint8_t>(in, "optimizer flag");
-    if (has_optimizer > 1) throw Error(std::string("bad optimizer flag"));
-    std::string state;
-    if (has_optimizer == 1) {
-      const auto state_size = get<uint64_t>(in, "optimizer state size");
-      if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
-      state.resize(state_size);
-      if (state_size != 0 && !in.read(state.data(), static_cast<std::streamsize>(state_size))) {
-        throw Error(std::string("truncated data reading optimizer state"));
-      }
-    }
-    if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
-    if (optimizer != nullptr) {
-      if (has_optimizer == 0) throw Error(std::string("checkpoint holds no optimizer state"));
-      // load_state validates what it reads before changing anything, but only the
-      // end of the stream shows trailing bytes: keep the current state to put back.
-      std::ostringstream before(std::ios::binary);
-      optimizer->save_state(before);
-      std::istringstream state_in(std::move(state), std::ios::binary);
-      optimizer->load_state(state_in);
-      if (state_in.peek() != std::char_traits<char>::eof()) {
-        std::istringstream restore(before.str(), std::ios::binary);
-        optimizer->load_state(restore);
-        throw Error(std::string("trailing data after the optimizer state"));
-      }
-    }
-    for (size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(values[i]);
-    return info;
+    apply_optimizer_state(parsed, optimizer);
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }
