@@ -15,15 +15,25 @@
 //   - inside no_sync() nothing is reduced (each rank keeps its own gradients); the
 //     next backward reduces the accumulated sum: the average over ranks of each
 //     rank's accumulated gradients;
-//   - clip_grad_norm scales to the requested global norm and returns the old one.
+//   - clip_grad_norm scales to the requested global norm and returns the old one;
+//   - GradReduce::ReduceScatter: shard_grads(i) is this rank's slice of what the
+//     all-reduce mode gives for bucket i (same data, same bucket layout), padding 0;
+//     the shards are counted in memory().comm and clip_grad_norm refuses;
+//   - round_to_bf16 gives to_bfloat16's bits (ties, NaN, infinities, subnormals);
+//   - grad_dtype BF16 (AdamW, 20 steps): every rank's parameters are bit-identical
+//     after every step; in ReduceScatter mode the shard is bit for bit the slice the
+//     all-reduce mode gathered; the bf16 staging is counted in memory().comm.
 //
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "ddp/bf16.hpp"
 #include "ddp/distributed_data_parallel.hpp"
 #include "ddp/init.hpp"
 #include "ddp/nn.hpp"
@@ -217,6 +227,131 @@ void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   check(grads_of(*model) == kept, "clip_grad_norm leaves gradients below the bound alone");
 }
 
+// The largest |a - b| over max |b| (0 when both are all zeros).
+double relative_difference(std::span<const float> a, std::span<const float> b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+void reduce_scatter_mode(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  const ddp::DdpOptions all{.first_bucket_bytes = kFirstBucket, .bucket_cap_bytes = kBucketCap};
+  ddp::DdpOptions scattered = all;
+  scattered.reduce = ddp::GradReduce::ReduceScatter;
+  auto model_a = ddp::make_mlp({.sizes = kSizes, .seed = 21});
+  auto model_s = ddp::make_mlp({.sizes = kSizes, .seed = 21});
+  ddp::DistributedDataParallel ddp_a(*model_a, pg, all);
+  ddp::DistributedDataParallel ddp_s(*model_s, pg, scattered);
+  const size_t rank = static_cast<size_t>(pg->rank());
+  bool layout = ddp_a.num_buckets() == ddp_s.num_buckets(), padding = true;
+  double worst = 0;
+  size_t shards_bytes = 0;
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  for (int step = 0; step < 3 && layout; ++step) {
+    fill_batch(x, y, 32, kSizes.front(), pg->rank(), 500 + step);
+    for (auto* d : {&ddp_a, &ddp_s}) {
+      d->zero_grad();
+      ddp::softmax_cross_entropy(d->forward(x), y, dlogits);
+      d->backward(dlogits);
+    }
+    shards_bytes = 0;
+    for (size_t i = 0; i < ddp_s.num_buckets(); ++i) {
+      const ddp::FlatGroup& g = ddp_s.bucket_group(i);
+      layout &= g.numel == ddp_a.bucket_group(i).numel && g.padded % static_cast<size_t>(pg->size()) == 0;
+      const ddp::Tensor shard = ddp_s.shard_grads(i);
+      const ddp::Tensor full = ddp_a.bucket_grads(i);
+      layout &= shard.size() == g.shard();
+      shards_bytes += shard.size() * sizeof(float);
+      // Elements of the shard past numel are padding: zero. The rest match the slice.
+      const size_t from = rank * g.shard(), real = from < g.numel ? std::min(g.shard(), g.numel - from) : 0;
+      for (size_t k = real; k < shard.size(); ++k) padding &= shard.data()[k] == 0.0f;
+      worst = std::max(worst, relative_difference(std::span(shard.data(), real), std::span(full.data() + from, real)));
+    }
+  }
+  check(layout, "ReduceScatter mode: the same buckets, padded to a multiple of the world size");
+  check(padding, "ReduceScatter mode: the shard's padding stays zero");
+  // Two ranks add a + b either way; three fold in another order than the all-reduce.
+  const double bound = pg->size() <= 2 ? 0.0 : 1e-6;
+  if (rank == 0) std::printf("rank 0: reduce_scatter shard vs all_reduce slice, max relative difference %.3g\n", worst);
+  check(worst <= bound, "ReduceScatter mode: shard_grads is the all-reduced bucket's slice (max relative difference " +
+                            std::to_string(worst) + ")");
+  check(ddp_s.memory().comm == (pg->size() > 1 ? shards_bytes : 0), "ReduceScatter mode: memory().comm counts the shards");
+  bool refused = false;
+  try {
+    ddp_s.clip_grad_norm(1.0f);
+  } catch (const ddp::InvalidArgument&) {
+    refused = true;
+  }
+  check(refused, "ReduceScatter mode: clip_grad_norm refuses (only shards are reduced)");
+  if (pg->size() > 1) check(ddp_s.last_backward().comm_busy > 0, "ReduceScatter mode: comm_busy is recorded");
+}
+
+void bf16_rounding() {
+  // Every 4099th bit pattern (all exponents, both signs) and the edge cases.
+  std::vector<float> values;
+  for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 4099) {
+    float f;
+    const auto b = static_cast<uint32_t>(bits);
+    std::memcpy(&f, &b, 4);
+    values.push_back(f);
+  }
+  for (uint32_t b : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                     0xffffffffu, 0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u}) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    values.push_back(f);
+  }
+  std::vector<ddp::BFloat16> got(values.size());
+  ddp::round_to_bf16(values.data(), got.data(), values.size());
+  size_t wrong = 0;
+  for (size_t i = 0; i < values.size(); ++i) wrong += got[i].bits != ddp::to_bfloat16(values[i]).bits ? 1 : 0;
+  check(wrong == 0, "round_to_bf16 gives to_bfloat16's bits (" + std::to_string(wrong) + " of " +
+                        std::to_string(values.size()) + " differ)");
+}
+
+void bf16_steps(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  ddp::DdpOptions all{.first_bucket_bytes = kFirstBucket, .bucket_cap_bytes = kBucketCap, .grad_dtype = ddp::DType::BF16};
+  ddp::DdpOptions scattered = all;
+  scattered.reduce = ddp::GradReduce::ReduceScatter;
+  auto model_a = ddp::make_mlp({.sizes = kSizes, .seed = 31});
+  auto model_s = ddp::make_mlp({.sizes = kSizes, .seed = 31});
+  ddp::DistributedDataParallel ddp_a(*model_a, pg, all);
+  ddp::DistributedDataParallel ddp_s(*model_s, pg, scattered);
+  ddp::AdamW opt(model_a->parameters(), {.lr = 1e-3f});
+  const size_t rank = static_cast<size_t>(pg->rank());
+  bool identical = true, same_shard = true;
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  for (int step = 0; step < 20; ++step) {
+    fill_batch(x, y, 32, kSizes.front(), pg->rank(), 700 + step);
+    // The shard model follows the trained one's values, so both see the same gradients.
+    for (size_t i = 0; i < model_a->parameters().size(); ++i) {
+      model_s->parameters()[i]->value.copy_from(model_a->parameters()[i]->value);
+    }
+    for (auto* d : {&ddp_a, &ddp_s}) {
+      d->zero_grad();
+      ddp::softmax_cross_entropy(d->forward(x), y, dlogits);
+      d->backward(dlogits);
+    }
+    for (size_t i = 0; i < ddp_s.num_buckets(); ++i) {
+      const ddp::Tensor shard = ddp_s.shard_grads(i);
+      const float* slice = ddp_a.bucket_grads(i).data() + rank * shard.size();
+      same_shard &= std::memcmp(shard.data(), slice, shard.size() * sizeof(float)) == 0;
+    }
+    opt.step();
+    identical &= same_everywhere(*pg, hash_params(*model_a));
+  }
+  check(identical, "bf16 gradients: parameters are bit-identical on every rank after every step");
+  check(same_shard, "bf16 gradients: the ReduceScatter shard is the all-reduce mode's slice, bit for bit");
+  size_t staging = 0;
+  for (size_t i = 0; i < ddp_a.num_buckets(); ++i) staging += ddp_a.bucket_group(i).padded * sizeof(ddp::BFloat16);
+  check(ddp_a.memory().comm == (pg->size() > 1 ? staging : 0), "bf16 gradients: memory().comm counts the staging");
+}
+
 }  // namespace
 
 int main() {
@@ -227,6 +362,9 @@ int main() {
     training_steps(pg);
     accumulation(pg);
     clipping(pg);
+    reduce_scatter_mode(pg);
+    bf16_rounding();
+    bf16_steps(pg);
     pg->barrier();
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", g_rank, e.what());

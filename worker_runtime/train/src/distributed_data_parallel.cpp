@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "ddp/bf16.hpp"
 #include "ddp/progress.hpp"
 #include "ddp/trace.hpp"
 #include "device_ops.hpp"
@@ -30,10 +31,13 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
     }
   }
 
-  if (options_.grad_dtype != DType::F32 || options_.reduce != GradReduce::AllReduce) {
-    // Issue 16's bf16 and reduce-scatter modes: their reduction lands with the
-    // widening reduce_scatter (see DdpOptions).
-    throw InvalidArgument("DistributedDataParallel: grad_dtype bf16 and GradReduce::ReduceScatter are not implemented yet");
+  if (options_.grad_dtype != DType::F32 && options_.grad_dtype != DType::BF16) {
+    throw InvalidArgument(std::string("DistributedDataParallel: grad_dtype ") + dtype_name(options_.grad_dtype) +
+                          " is not supported (f32 or bf16)");
+  }
+  if (options_.grad_dtype == DType::BF16 && device_ == Device::Cuda) {
+    // The widening bf16 -> f32 reduce_scatter exists on host buffers only.
+    throw InvalidArgument("DistributedDataParallel: grad_dtype bf16 needs a model on the host (Device::Cpu)");
   }
   // Buckets in reverse registration order: the order backward finishes them. They are
   // padded to a multiple of the world size only where a reduce-scatter splits them.
@@ -63,6 +67,16 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
     }
     bucket.grads = Tensor::view(memory, 1, n, device_);
     for (const ShardSlot& s : bucket.group.slots) s.param->bind_grad(memory + s.offset);  // keeps what it held
+    const size_t shard = bucket.group.shard();
+    if (options_.reduce == GradReduce::ReduceScatter) {
+      // World 1: the bucket is its own shard (nothing to reduce), so no copy.
+      bucket.shard = pg_->size() > 1 ? Tensor(1, shard, device_) : Tensor::view(memory, 1, n, device_);
+      if (pg_->size() > 1) bucket.shard.zero();
+    }
+    if (options_.grad_dtype == DType::BF16 && pg_->size() > 1) {
+      // From the group: peers on this host may read it in place.
+      bucket.staging = pg_->allocate(n * sizeof(BFloat16));
+    }
   }
   if (options_.broadcast_parameters && pg_->size() > 1) {
     // One broadcast of every value, flattened, instead of one per parameter.
@@ -90,9 +104,11 @@ Buffer DistributedDataParallel::Bucket::buffer() const {
 DistributedDataParallel::~DistributedDataParallel() {
   // Never leave an all-reduce writing into buckets that are about to go away.
   for (auto& b : buckets_) {
-    try {
-      b.work.wait();
-    } catch (...) {
+    for (Work* w : {&b.work, &b.gather}) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
     }
   }
 }
@@ -128,8 +144,37 @@ void DistributedDataParallel::launch_ready_buckets() {
     // progress thread; it still starts after every earlier bucket).
     const bool last = next_to_launch_ == buckets_.size();
     if (stats_.first_launch < 0) stats_.first_launch = seconds(b.launched - backward_start_);
-    b.work = pg_->all_reduce(b.buffer(), ReduceOp::Avg, {.async_op = !last});
+    reduce_bucket(b, !last);
     if (last) inline_comm_ = Clock::now() - b.launched;  // communication, though on backward's clock
+  }
+}
+
+// Starts bucket b's reduction (average over ranks), as the options say:
+//   f32 AllReduce:      all_reduce of the bucket.
+//   f32 ReduceScatter:  reduce_scatter of the bucket into b.shard.
+//   bf16:               this thread rounds the bucket to bf16 once (the only rounding),
+//                       then a widening reduce_scatter (bf16 -> f32, summed in f32 in rank
+//                       order); AllReduce mode writes it into block rank() of the bucket and
+//                       chains an in-place all_gather of that block over the bucket. Both
+//                       are issued back to back: the group runs them in issue order, so no
+//                       host wait in between, and every rank ends with copies of the same
+//                       f32 shards (bit-identical).
+void DistributedDataParallel::reduce_bucket(Bucket& b, bool async) {
+  const CollectiveOptions o{.async_op = async};
+  const bool scatter = options_.reduce == GradReduce::ReduceScatter;
+  const size_t shard = b.group.shard();
+  Buffer bucket = b.buffer();
+  Buffer shard_out = scatter ? Buffer{b.shard.data(), shard, DType::F32, device_}
+                             : Buffer{b.grads.data() + shard * static_cast<size_t>(pg_->rank()), shard, DType::F32, device_};
+  if (options_.grad_dtype == DType::BF16) {
+    auto* wire = reinterpret_cast<BFloat16*>(b.staging->data());
+    round_to_bf16(b.grads.data(), wire, b.group.padded);
+    b.work = pg_->reduce_scatter(Buffer{wire, b.group.padded, DType::BF16, device_}, shard_out, ReduceOp::Avg, o);
+    if (!scatter) b.gather = pg_->all_gather(shard_out, bucket, o);
+  } else if (scatter) {
+    b.work = pg_->reduce_scatter(bucket, shard_out, ReduceOp::Avg, o);
+  } else {
+    b.work = pg_->all_reduce(bucket, ReduceOp::Avg, o);
   }
 }
 
@@ -139,9 +184,11 @@ void DistributedDataParallel::launch_ready_buckets() {
 // bucket: memory-safe, and the gradients of a failed step are undefined anyway.)
 void DistributedDataParallel::settle() noexcept {
   for (size_t i = 0; i < next_to_launch_ && i < buckets_.size(); ++i) {
-    try {
-      buckets_[i].work.wait();
-    } catch (...) {
+    for (Work* w : {&buckets_[i].work, &buckets_[i].gather}) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
     }
   }
 }
@@ -167,6 +214,13 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   const auto t1 = Clock::now();
   stats_.backward = seconds(t1 - t0 - inline_comm_);
   if (!reduce) {
+    if (sync_ && options_.reduce == GradReduce::ReduceScatter && pg_->size() > 1) {
+      // Reduction switched off (measurement): the shard is this rank's local slice.
+      for (auto& b : buckets_) {
+        const size_t shard = b.group.shard();
+        b.shard.copy_from(Tensor::view(b.grads.data() + shard * static_cast<size_t>(pg_->rank()), 1, shard, device_));
+      }
+    }
     if (sync_) report_step();  // a step of its own (one rank, or reduction switched off)
     return;
   }
@@ -175,12 +229,16 @@ void DistributedDataParallel::backward(const Tensor& dy) {
     throw Error("DistributedDataParallel: backward finished but " + std::to_string(buckets_.size() - next_to_launch_) +
                 " bucket(s) did not receive every gradient (a parameter without a gradient?)");
   }
+  const char* label = options_.reduce == GradReduce::ReduceScatter ? "reduce_scatter bucket" : "all_reduce bucket";
   for (auto& b : buckets_) {
-    b.work.wait();
-    if (options_.trace) {
-      const auto t = b.work.timing();
-      if (t.known) options_.trace->add("all_reduce bucket", t.start, t.end, Trace::kCommunication);
+    for (Work* w : {&b.work, &b.gather}) {
+      w->wait();
+      const auto t = w->timing();
+      if (!t.known) continue;
+      stats_.comm_busy += seconds(t.end - t.start);
+      if (options_.trace) options_.trace->add(w == &b.gather ? "all_gather bucket" : label, t.start, t.end, Trace::kCommunication);
     }
+    b.gather = Work{};
   }
   stats_.comm_wait = seconds(Clock::now() - t1 + inline_comm_);
   // Overlap, from the clock: buckets launched before the last gradient was ready
@@ -195,17 +253,32 @@ Tensor DistributedDataParallel::shard_grads(size_t i) {
   if (options_.reduce != GradReduce::ReduceScatter) {
     throw InvalidArgument("DistributedDataParallel::shard_grads: the buckets are all-reduced (GradReduce::AllReduce)");
   }
-  throw InvalidArgument("DistributedDataParallel::shard_grads: not implemented yet (bucket " + std::to_string(i) + ")");
+  if (i >= buckets_.size()) {
+    throw InvalidArgument("DistributedDataParallel::shard_grads: bucket " + std::to_string(i) + " of " +
+                          std::to_string(buckets_.size()));
+  }
+  Tensor& s = buckets_[i].shard;
+  return Tensor::view(s.data(), 1, s.size(), device_);
 }
 
 MemoryStats DistributedDataParallel::memory() const {
   MemoryStats m;
   for (const Parameter* p : params_) m.params += p->numel() * sizeof(float);
-  for (const auto& b : buckets_) m.grads += b.group.padded * sizeof(float);
+  for (const auto& b : buckets_) {
+    m.grads += b.group.padded * sizeof(float);
+    if (options_.reduce == GradReduce::ReduceScatter && pg_->size() > 1) m.comm += b.shard.size() * sizeof(float);
+    if (b.staging) m.comm += b.group.padded * sizeof(BFloat16);
+  }
   return m;
 }
 
 float DistributedDataParallel::clip_grad_norm(float max_norm) {
+  if (options_.reduce == GradReduce::ReduceScatter) {
+    // Only this rank's shard is reduced: the norm needs every rank's shard.
+    throw InvalidArgument(
+        "DistributedDataParallel::clip_grad_norm: with GradReduce::ReduceScatter only shards are reduced; "
+        "clip with the sharded optimizer (ShardedOptimizer::clip_grad_norm)");
+  }
   double sq = 0;
   for (const auto& b : buckets_) {
     if (device_ == Device::Cuda) {

@@ -154,11 +154,18 @@ class DistributedDataParallel {
     FlatGroup group;                    // layout: slots in bucket order, padding
     std::vector<Parameter*> params;     // in bucket order (reverse registration order)
     size_t pending = 0;                 // gradients not yet final in this backward
-    Work work;                          // the running all-reduce
+    Work work;                          // the running reduction (all_reduce or reduce_scatter)
+    Work gather;                        // bf16 + AllReduce: the all_gather chained after `work`
     std::chrono::steady_clock::time_point launched;
+    // ReduceScatter mode, world > 1: this rank's reduced shard, 1 x group.shard()
+    // (kept between steps; at world 1 the shard is the bucket itself).
+    Tensor shard;
+    // grad_dtype BF16: the bucket rounded for the wire, 1 x padded (from the group).
+    std::unique_ptr<GroupMemory> staging;
   };
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
+  void reduce_bucket(Bucket& b, bool async);
   void settle() noexcept;
 
   Module& model_;
