@@ -9,8 +9,6 @@
 // and grads and stays zero through SGD and AdamW (an update of 0 with grad 0 is 0); it is
 // never written to checkpoints.
 //
-// STATUS: contract only (declarations). Implementations come with issue 16's work;
-// nothing links against these yet.
 #pragma once
 
 #include <functional>
@@ -58,13 +56,20 @@ struct MemoryStats {
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Parameter*>)>;
 
 // Steps one flat shard parameter per group: this rank's slice of the values, with the
-// reduced (averaged) gradients of that slice as its grad.
+// reduced (averaged) gradients of that slice as its grad. The per-model-parameter state
+// format (checkpoints) is assembled from every rank's slices by consolidate_state and
+// cut back into them by load_state, at any world size; slot indices say where each
+// parameter goes in it.
 class ShardedOptimizer : public Optimizer {
  public:
-  // `shards[g]`: group g's 1 × shard parameter (value and grad). Collective only in
-  // consolidate_state / load_state.
+  // `shards[g]`: group g's 1 × shard parameter (value and grad); `make` builds the
+  // optimizer that steps them (its lr is this one's). The groups must be laid out for
+  // pg's size and their slots' indices number the model's parameters 0..n-1 once each
+  // (InvalidArgument otherwise). Not a collective; consolidate_state and clip_grad_norm
+  // are.
   ShardedOptimizer(std::vector<FlatGroup> groups, std::vector<Parameter*> shards, std::shared_ptr<ProcessGroup> pg,
                    const OptimizerFactory& make);
+  // Steps the shards with lr().
   void step() override;
   const char* kind() const override;
   // The state of the shards (not per model parameter).
@@ -72,21 +77,33 @@ class ShardedOptimizer : public Optimizer {
   void set_state(const OptimizerState& state) override;
   // Collective: gathers every rank's state slices to `root`. Then save_state on root
   // writes the per-model-parameter format of an unsharded optimizer in the same state
-  // (byte-identical to SGD/AdamW::save_state); on other ranks it throws InvalidArgument.
+  // (byte-identical to SGD/AdamW::save_state); on other ranks, and on root once a step
+  // or a load changed the state, it throws InvalidArgument. Host memory on the wire.
   void consolidate_state(int root = 0);
   void save_state(std::ostream& out) const override;
   // Reads the per-model-parameter format (any world size, any strategy) and keeps this
-  // rank's slice.
+  // rank's slice (padding zero). Local: every rank reads the same bytes.
   void load_state(std::istream& in) override;
-  // Clips the global gradient norm: all-reduces the shards' sums of squares.
+  // Collective. Clips the global gradient norm (all-reduces the shards' sums of squares;
+  // padding is zero) and returns the norm before clipping. Call between the backward
+  // and the step it clips.
   float clip_grad_norm(float max_norm);
   const std::vector<FlatGroup>& groups() const { return groups_; }
 
+ protected:
+  // Makes the shards' grads hold the reduced gradients of the last backward (for a
+  // strategy that keeps them elsewhere); step() and clip_grad_norm() call it first.
+  virtual void refresh_grads() {}
+  ProcessGroup& process_group() const { return *pg_; }
+
  private:
   std::vector<FlatGroup> groups_;
+  std::vector<std::pair<size_t, size_t>> shapes_;  // the model's parameters' shapes, by slot index
   std::shared_ptr<ProcessGroup> pg_;
   std::unique_ptr<Optimizer> local_;
   std::unique_ptr<OptimizerState> consolidated_;  // on root after consolidate_state()
+  int consolidated_root_ = 0;
+  bool grads_ready_ = false;  // clip_grad_norm refreshed (and scaled) them for the next step
 };
 
 }  // namespace ddp
