@@ -20,7 +20,13 @@
 // Outside forward/backward the model's parameters are released: read or save them inside
 // summon_full_params() (a layer refuses a released parameter with InvalidArgument).
 //
-// STATUS: contract only (declarations); see sharding.hpp.
+// Host parameters only (a CPU group). Transient memory: 1 + prefetch gathered units (every
+// unit without reshard_after_forward) and 2 unsharded grad buffers, allocated once.
+// Gradient accumulation: a backward without zero_grad before it reduce-scatters its
+// gradients and adds them to the shards (correct, but not bitwise equal to DDP's no_sync).
+// Every unit's gathers and reduce-scatters are recorded in options.trace, from issue to
+// completion ("forward all_gather unit 2", "backward reduce_scatter unit 1"), with the
+// units' compute ("forward unit 2", "backward unit 1").
 #pragma once
 
 #include <algorithm>
