@@ -12,23 +12,29 @@
 // --checkpoint F: rank 0 saves after every epoch; a job the launcher restarts or
 // re-forms with another world size continues from F by itself (resume.hpp).
 //
+// --strategy zero1 shards the optimizer state over the ranks (ZeRO-1), --strategy fsdp
+// also the parameters and gradients (FSDP); --grad_dtype bf16 sends gradients in bf16
+// (reduced in f32). --wide trains the 784-2048-2048-2048-10 MLP (about 10M parameters),
+// the benchmarked setting. Checkpoints are full and the same for every strategy: a job
+// resumes under another strategy or world size.
+//
 // --device cuda trains on the GPU (a build with CUDA): each worker on the GPU its
 // NCCL communicator uses (local rank, or the only visible one), the gradient buckets
 // reduced over NCCL. The data stays on the host and each batch is copied over.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "ddp/checkpoint.hpp"       // save_checkpoint / load_checkpoint
-#include "ddp/distributed_data_parallel.hpp"
+#include "ddp/checkpoint.hpp"       // load_optimizer_state
 #include "ddp/fashion_mnist.hpp"    // load_fashion_mnist
 #include "ddp/init.hpp"             // ddp::init: the process group from the launcher's environment
 #include "ddp/lr_schedule.hpp"      // WarmupCosine, scaled_lr
@@ -37,6 +43,7 @@
 #include "ddp/sampler.hpp"          // DistributedSampler
 #include "ddp/trace.hpp"            // --trace timeline
 #include "resume.hpp"               // resume_from_checkpoint: this run's own checkpoint, or --resume
+#include "strategy.hpp"             // Strategy: ddp, zero1, fsdp
 
 namespace {
 
@@ -53,6 +60,7 @@ struct Args {
   double weight_decay = 0.01;
   double warmup_epochs = 0.5;
   std::string hidden = "256,128";
+  bool wide = false;         // --hidden 2048,2048,2048
   uint64_t seed = 0;
   std::string data = ddp::kFashionMnistDir;
   std::string checkpoint;    // written by rank 0 after every epoch
@@ -64,6 +72,10 @@ struct Args {
   bool shuffle = true;
   bool eval = true;
   std::string save_params;   // rank 0 writes the final parameters (raw f32) here
+  std::string final_checkpoint;  // rank 0 writes a checkpoint of the final state here
+  double max_grad_norm = 0;  // clip the global gradient norm (0: off)
+  std::string strategy = "ddp";
+  std::string grad_dtype = "f32";
   double first_bucket_kib = 1024;
   double bucket_cap_kib = 25 * 1024;
   std::string device = "cpu";
@@ -95,25 +107,14 @@ void normalize(ddp::Tensor& images) {
   for (float& v : images.span()) v = (v - 0.2860f) / 0.3530f;
 }
 
-// FNV-1a hash of every parameter's bytes: equal on every rank when they are identical.
-uint64_t params_hash(ddp::Module& m) {
-  uint64_t h = 1469598103934665603ull;
-  for (auto* p : m.parameters()) {
-    const ddp::Tensor host = p->value.to(ddp::Device::Cpu);
-    const auto* b = reinterpret_cast<const unsigned char*>(host.data());
-    for (size_t i = 0; i < host.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
-  return h;
+// This process's peak resident memory (MiB).
+double rss_peak_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-void write_params(ddp::Module& m, const std::string& path) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  for (auto* p : m.parameters()) {
-    const ddp::Tensor host = p->value.to(ddp::Device::Cpu);
-    f.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(host.size() * sizeof(float)));
-  }
-  if (!f) throw ddp::Error("cannot write " + path);
-}
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -121,22 +122,54 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Test-set accuracy and loss, each rank on its share, summed over ranks.
-std::pair<double, double> evaluate(ddp::Module& model, const ddp::ImageDataset& test, ddp::ProcessGroup& pg,
-                                   ddp::Device device) {
+// What the epoch and RESULT lines report after the timings: the share of communication
+// compute hid, the peak RSS (the largest rank's) and the bytes this rank's strategy holds.
+struct Footprint {
+  double comm_hidden = 1;
+  double rss_peak_mib = 0;
+  ddp::MemoryStats memory;
+  std::string fields(const std::string& strategy, const std::string& grad_dtype) const {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "comm_hidden %.2f rss_peak_mib %.1f param_mib %.2f grad_mib %.2f optim_mib %.2f transient_mib %.2f "
+                  "strategy %s grad_dtype %s",
+                  comm_hidden, rss_peak_mib, mib(memory.params), mib(memory.grads), mib(memory.optimizer),
+                  mib(memory.transient_peak), strategy.c_str(), grad_dtype.c_str());
+    return line;
+  }
+};
+
+// Collective (one all-reduce: the RSS is the largest rank's).
+Footprint footprint(fashion_mnist::Strategy& strategy, ddp::ProcessGroup& pg, double comm_hidden) {
+  Footprint f{.comm_hidden = comm_hidden, .rss_peak_mib = rss_peak_mib(), .memory = strategy.memory()};
+  pg.all_reduce(ddp::view(std::span<double>(&f.rss_peak_mib, 1)), ddp::ReduceOp::Max);
+  return f;
+}
+
+// Test-set accuracy and loss, each rank on its share, summed over ranks. Every rank
+// runs the same number of forwards (FSDP's forward is collective): a rank whose share
+// ran out repeats its last chunk and does not count it.
+std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const ddp::ImageDataset& test,
+                                   ddp::ProcessGroup& pg, ddp::Device device) {
+  const size_t world = static_cast<size_t>(pg.size());
   std::vector<size_t> mine;
-  for (size_t i = static_cast<size_t>(pg.rank()); i < test.size(); i += static_cast<size_t>(pg.size())) mine.push_back(i);
+  for (size_t i = static_cast<size_t>(pg.rank()); i < test.size(); i += world) mine.push_back(i);
   ddp::Tensor x(0, 0, device), dlogits(0, 0, device);
   std::vector<int32_t> y;
   double sums[3] = {0, 0, 0};  // correct, loss * n, n
   constexpr size_t kChunk = 1000;
-  for (size_t off = 0; off < mine.size(); off += kChunk) {
-    const size_t n = std::min(kChunk, mine.size() - off);
-    std::span<const size_t> idx(mine.data() + off, n);
+  if (test.size() < world) throw ddp::InvalidArgument("evaluation: fewer test images than ranks");  // alike everywhere
+  const size_t largest_share = (test.size() + world - 1) / world;
+  for (size_t off = 0; off < largest_share; off += kChunk) {
+    const bool counted = off < mine.size();
+    const size_t from = counted ? off : (mine.size() - 1) / kChunk * kChunk;
+    const size_t n = std::min(kChunk, mine.size() - from);
+    std::span<const size_t> idx(mine.data() + from, n);
     ddp::gather_rows(test.images, idx, x);
     y.resize(n);
     for (size_t i = 0; i < n; ++i) y[i] = test.labels[idx[i]];
-    const auto& logits = model.forward(x);
+    const auto& logits = strategy.forward(x);
+    if (!counted) continue;
     sums[0] += static_cast<double>(ddp::count_correct(logits, y));
     sums[1] += static_cast<double>(ddp::softmax_cross_entropy(logits, y, dlogits)) * static_cast<double>(n);
     sums[2] += static_cast<double>(n);
@@ -186,39 +219,48 @@ int train(const Args& a) {
   normalize(train_set.images);
   normalize(test_set.images);
 
-  // Model, replicated from rank 0 by DDP; optimizer; schedule.
+  // Model (the strategy copies rank 0's values everywhere), resumed values, strategy,
+  // then the optimizer's resumed state (the strategy built the optimizer); schedule.
   auto model = ddp::make_mlp({.sizes = parse_hidden(a.hidden), .seed = a.seed});
   model->to(device);  // before the optimizer and DDP, as with torch
   std::unique_ptr<ddp::Trace> trace = a.trace.empty() ? nullptr : std::make_unique<ddp::Trace>(rank);
-  ddp::DdpOptions dopts;
-  dopts.first_bucket_bytes = static_cast<size_t>(a.first_bucket_kib * 1024);
-  dopts.bucket_cap_bytes = static_cast<size_t>(a.bucket_cap_kib * 1024);
-  dopts.all_reduce = !a.no_allreduce;
-  dopts.trace = trace.get();
   const double peak_lr = ddp::scaled_lr(a.lr, world);  // linear scaling rule
-  std::unique_ptr<ddp::Optimizer> opt;
+  ddp::OptimizerFactory make_optimizer;
   if (a.optimizer == "adamw") {
-    opt = std::make_unique<ddp::AdamW>(model->parameters(),
-                                       ddp::AdamWOptions{.lr = static_cast<float>(peak_lr),
-                                                         .weight_decay = static_cast<float>(a.weight_decay)});
+    make_optimizer = [&](std::vector<ddp::Parameter*> params) -> std::unique_ptr<ddp::Optimizer> {
+      return std::make_unique<ddp::AdamW>(std::move(params),
+                                          ddp::AdamWOptions{.lr = static_cast<float>(peak_lr),
+                                                            .weight_decay = static_cast<float>(a.weight_decay)});
+    };
   } else if (a.optimizer == "sgd") {
-    opt = std::make_unique<ddp::SGD>(model->parameters(),
-                                     ddp::SgdOptions{.lr = static_cast<float>(peak_lr),
-                                                     .momentum = static_cast<float>(a.momentum),
-                                                     .weight_decay = static_cast<float>(a.weight_decay)});
+    make_optimizer = [&](std::vector<ddp::Parameter*> params) -> std::unique_ptr<ddp::Optimizer> {
+      return std::make_unique<ddp::SGD>(std::move(params),
+                                        ddp::SgdOptions{.lr = static_cast<float>(peak_lr),
+                                                        .momentum = static_cast<float>(a.momentum),
+                                                        .weight_decay = static_cast<float>(a.weight_decay)});
+    };
   } else {
     throw ddp::InvalidArgument("--optimizer must be adamw or sgd, not '" + a.optimizer + "'");
   }
+  const fashion_mnist::StrategyOptions sopts{
+      .kind = a.strategy,
+      .grad_dtype = a.grad_dtype == "bf16" ? ddp::DType::BF16 : ddp::DType::F32,
+      .all_reduce = !a.no_allreduce,
+      .first_bucket_bytes = static_cast<size_t>(a.first_bucket_kib * 1024),
+      .bucket_cap_bytes = static_cast<size_t>(a.bucket_cap_kib * 1024),
+      .trace = trace.get()};
   // A restarted or re-formed job resumes by itself from its own run's checkpoint
-  // (resume.hpp), with this attempt's world: the sampler reshards below, the peak
-  // rate is scaled_lr of the new world, and the schedule's place is kept by epoch.
+  // (resume.hpp), with this attempt's world and strategy: the sampler reshards below,
+  // the peak rate is scaled_lr of the new world, and the schedule's place is kept by
+  // epoch.
   const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
   const fashion_mnist::ResumeOptions resume_options{
       .checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id, .restart_count = env.restart_count};
-  const std::optional<ddp::CheckpointInfo> resumed =
-      fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model, opt.get());
-  const int first_epoch = resumed ? static_cast<int>(resumed->epoch) : 0;
-  ddp::DistributedDataParallel ddp_model(*model, pg, dopts);
+  const std::optional<fashion_mnist::Resumed> resumed = fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model);
+  const std::unique_ptr<fashion_mnist::Strategy> strategy = fashion_mnist::make_strategy(sopts, *model, pg, make_optimizer);
+  ddp::Optimizer& opt = strategy->optimizer();
+  if (resumed) ddp::load_optimizer_state(resumed->bytes, a.checkpoint, opt);
+  const int first_epoch = resumed ? static_cast<int>(resumed->info.epoch) : 0;
 
   ddp::DistributedSampler sampler(train_set.size(), {.num_replicas = static_cast<size_t>(world),
                                                      .rank = static_cast<size_t>(rank),
@@ -240,6 +282,7 @@ int train(const Args& a) {
                 "restart_count %d\n",
                 world, pg->backend().c_str(), ddp::device_name(device), train_set.size(), test_set.size(), a.batch,
                 a.optimizer.c_str(), peak_lr, env.restart_count);
+    std::printf("strategy %s, grad_dtype %s, hidden %s\n", a.strategy.c_str(), a.grad_dtype.c_str(), a.hidden.c_str());
     if (resumed) {
       std::printf("resumed from %s at epoch %d, step %lld of %lld (world %d)\n", a.checkpoint.c_str(), first_epoch + 1,
                   static_cast<long long>(step), static_cast<long long>(steps_per_epoch * a.epochs), world);
@@ -252,17 +295,20 @@ int train(const Args& a) {
   std::vector<double> step_times;
   double total_samples = 0, total_time = 0;
   double acc = 0;
+  double hidden_sum = 0, hidden_steps = 0;  // the whole run's comm_hidden, for RESULT
+  int epochs_done = first_epoch;
   for (int epoch = first_epoch; epoch < a.epochs; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch));
     const std::vector<size_t> order = sampler.indices();
     pg->barrier();
     const auto t_epoch = Clock::now();
     double loss_sum = 0, seen = 0, comm = 0;  // comm: communication not hidden behind compute
+    double epoch_hidden = 0, epoch_steps = 0;
     for (size_t begin = 0; begin < order.size(); begin += per_step) {
       const auto t_step = Clock::now();
       const size_t end = std::min(order.size(), begin + per_step);
       const size_t k_micro = (end - begin + micro - 1) / micro;
-      opt->set_lr(static_cast<float>(schedule.lr_at(step)));
+      opt.set_lr(static_cast<float>(schedule.lr_at(step)));
       for (size_t m = 0; m < k_micro; ++m) {
         const size_t mb = begin + m * micro, me = std::min(end, mb + micro);
         std::span<const size_t> idx(order.data() + mb, me - mb);
@@ -272,28 +318,25 @@ int train(const Args& a) {
         float loss;
         {
           auto s = ddp::Trace::scope(trace.get(), "forward");
-          const auto& logits = ddp_model.forward(x);
+          const auto& logits = strategy->forward(x);
           loss = ddp::softmax_cross_entropy(logits, y, dlogits);
         }
         // Accumulated micro-batches: average over the step's micro-batches.
         if (k_micro > 1) dlogits.scale(1.0f / static_cast<float>(k_micro));
         {
           auto s = ddp::Trace::scope(trace.get(), "backward");
-          if (m + 1 < k_micro) {
-            auto guard = ddp_model.no_sync();
-            ddp_model.backward(dlogits);
-          } else {
-            ddp_model.backward(dlogits);
-          }
+          strategy->backward(dlogits, /*sync=*/m + 1 == k_micro);
         }
-        comm += ddp_model.last_backward().comm_wait;
+        comm += strategy->last_comm().wait;
         loss_sum += static_cast<double>(loss) * static_cast<double>(idx.size());
         seen += static_cast<double>(idx.size());
       }
+      epoch_hidden += strategy->last_comm().hidden;  // the step's reducing backward
+      epoch_steps += 1;
+      if (a.max_grad_norm > 0) strategy->clip_grad_norm(static_cast<float>(a.max_grad_norm));
       {
         auto s = ddp::Trace::scope(trace.get(), "optimizer step");
-        opt->step();
-        ddp_model.zero_grad();
+        strategy->step();
       }
       ++step;
       step_times.push_back(since(t_step));
@@ -305,21 +348,25 @@ int train(const Args& a) {
     pg->all_reduce(ddp::view(std::span<double>(sums, 2)), ddp::ReduceOp::Sum);
     total_samples += sums[1];
     total_time += dt;
+    hidden_sum += epoch_hidden;
+    hidden_steps += epoch_steps;
     double test_loss = 0;
-    if (a.eval) std::tie(acc, test_loss) = evaluate(*model, test_set, *pg, device);
+    if (a.eval) std::tie(acc, test_loss) = evaluate(*strategy, test_set, *pg, device);
     // Saved before the epoch is reported: a job that re-forms after the line was
     // printed resumes after that epoch.
-    if (!a.checkpoint.empty() && lead) {
-      ddp::save_checkpoint(a.checkpoint, *model, opt.get(), {.epoch = epoch + 1, .step = step, .run_id = env.run_id});
-    }
+    if (!a.checkpoint.empty()) strategy->save_checkpoint(a.checkpoint, {.epoch = epoch + 1, .step = step, .run_id = env.run_id});
+    const Footprint f = footprint(*strategy, *pg, epoch_steps > 0 ? epoch_hidden / epoch_steps : 1.0);
     if (lead) {
       // The epoch's training time split: waiting for communication that backward did
-      // not hide, and everything else (forward, backward, optimizer, batching).
-      std::printf("epoch %d loss %.4f test_acc %.4f samples_per_s %.0f time_s %.2f comm_s %.3f compute_s %.3f step_ms_median %.3f\n",
-                  epoch + 1, sums[0] / sums[1], acc, sums[1] / dt, dt, comm, dt - comm, median(step_times) * 1e3);
+      // not hide, and everything else (forward, backward, optimizer, batching); then
+      // what the strategy holds.
+      std::printf("epoch %d loss %.4f test_acc %.4f samples_per_s %.0f time_s %.2f comm_s %.3f compute_s %.3f step_ms_median %.3f %s\n",
+                  epoch + 1, sums[0] / sums[1], acc, sums[1] / dt, dt, comm, dt - comm, median(step_times) * 1e3,
+                  f.fields(a.strategy, a.grad_dtype).c_str());
       std::fflush(stdout);
     }
     if (!a.checkpoint.empty()) pg->barrier();  // nobody reads a half-written file next
+    epochs_done = epoch + 1;
     if (a.stop_after > 0 && epoch + 1 >= a.stop_after && epoch + 1 < a.epochs) {
       if (lead) std::printf("stopping after epoch %d (--stop-after)\n", epoch + 1);
       break;
@@ -330,12 +377,20 @@ int train(const Args& a) {
   // is the largest of the ranks' median step times.
   double step_median = median(step_times);
   pg->all_reduce(ddp::view(std::span<double>(&step_median, 1)), ddp::ReduceOp::Max);
+  const Footprint f = footprint(*strategy, *pg, hidden_steps > 0 ? hidden_sum / hidden_steps : 1.0);
   if (lead) {
-    std::printf("RESULT world %d test_acc %.4f samples_per_s %.0f step_ms_median %.3f\n", world, acc,
-                total_time > 0 ? total_samples / total_time : 0.0, step_median * 1e3);
+    std::printf("RESULT world %d test_acc %.4f samples_per_s %.0f step_ms_median %.3f %s\n", world, acc,
+                total_time > 0 ? total_samples / total_time : 0.0, step_median * 1e3,
+                f.fields(a.strategy, a.grad_dtype).c_str());
   }
-  std::printf("rank %d params_hash %016llx\n", rank, static_cast<unsigned long long>(params_hash(*model)));
-  if (!a.save_params.empty() && lead) write_params(*model, a.save_params);
+  std::printf("rank %d params_hash %016llx\n", rank, static_cast<unsigned long long>(strategy->params_hash()));
+  if (!a.save_params.empty()) strategy->write_params(a.save_params);
+  if (!a.final_checkpoint.empty()) {
+    // The state as it stands (also when a resumed run had no epoch left: a checkpoint
+    // written again by this strategy and world).
+    strategy->save_checkpoint(a.final_checkpoint, {.epoch = epochs_done, .step = step, .run_id = env.run_id});
+    pg->barrier();
+  }
   if (trace) {
     trace->write(*pg, a.trace);
     if (lead) std::printf("trace written to %s (open it in https://ui.perfetto.dev)\n", a.trace.c_str());
@@ -358,7 +413,15 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", a.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", a.weight_decay)->check(CLI::Range(0.0, 10.0));
   app.add_option("--warmup-epochs", a.warmup_epochs)->check(CLI::Range(0.0, 1000.0));
-  app.add_option("--hidden", a.hidden, "hidden layer widths");
+  auto* hidden = app.add_option("--hidden", a.hidden, "hidden layer widths");
+  app.add_flag("--wide", a.wide, "the wide MLP 784-2048-2048-2048-10 (--hidden 2048,2048,2048; the benchmarked setting)")
+      ->excludes(hidden);
+  app.add_option("--strategy", a.strategy, "ddp, zero1 (optimizer state sharded) or fsdp (everything sharded)")
+      ->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
+  app.add_option("--grad_dtype,--grad-dtype", a.grad_dtype, "gradients on the wire: f32 or bf16 (reduced in f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--max-grad-norm", a.max_grad_norm, "clip the global gradient norm to this (0: no clipping)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", a.seed);
   app.add_option("--data", a.data, "directory of the IDX files");
   app.add_option("--checkpoint", a.checkpoint, "file rank 0 writes after every epoch");
@@ -371,11 +434,14 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-shuffle", a.shuffle, "visit the training set in order");
   app.add_flag("!--no-eval", a.eval, "skip the test-set evaluation");
   app.add_option("--save-params", a.save_params, "rank 0 writes the final parameters (raw float32) here");
+  app.add_option("--final-checkpoint", a.final_checkpoint,
+                 "rank 0 writes a checkpoint of the final state here (also when a resumed run had nothing left to run)");
   app.add_option("--first-bucket-kib", a.first_bucket_kib)->check(CLI::PositiveNumber);
   app.add_option("--bucket-cap-kib", a.bucket_cap_kib)->check(CLI::PositiveNumber);
   app.add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
+    if (a.wide) a.hidden = "2048,2048,2048";
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <span>
 #include <system_error>
+#include <utility>
 
 #include "ddp/types.hpp"  // Error
 
@@ -57,8 +58,8 @@ bool own_checkpoint(const ResumeOptions& options, const std::string& written_by)
   return identifies_a_run(options.run_id) || options.restart_count > 0;
 }
 
-std::optional<ddp::CheckpointInfo> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
-                                                          ddp::Module& model, ddp::Optimizer* optimizer) {
+std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
+                                              ddp::Module& model) {
   if (options.checkpoint.empty()) return std::nullopt;  // the same on every rank: no collective needed
   // Rank 0 wrote the checkpoint, so rank 0 reads it and sends its bytes to every
   // rank: all of them resume alike even where the path exists on rank 0's node only.
@@ -69,7 +70,10 @@ std::optional<ddp::CheckpointInfo> resume_from_checkpoint(const ResumeOptions& o
   if (head[0] != kNone) pg.broadcast(ddp::Buffer{d.bytes.data(), d.bytes.size(), ddp::DType::U8}, 0);
   if (head[0] == kUnreadable) throw ddp::Error("--resume: " + d.bytes);
   if (head[0] != kFile) return std::nullopt;
-  return ddp::load_checkpoint_bytes(d.bytes, options.checkpoint, model, optimizer);
+  Resumed r;
+  r.info = ddp::load_checkpoint_bytes(d.bytes, options.checkpoint, model, nullptr);
+  r.bytes = std::move(d.bytes);
+  return r;
 }
 
 }  // namespace fashion_mnist

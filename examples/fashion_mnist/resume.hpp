@@ -17,7 +17,6 @@
 
 #include "ddp/checkpoint.hpp"     // CheckpointInfo
 #include "ddp/nn.hpp"             // Module
-#include "ddp/optim.hpp"          // Optimizer
 #include "ddp/process_group.hpp"  // ProcessGroup
 
 namespace fashion_mnist {
@@ -36,12 +35,20 @@ bool identifies_a_run(const std::string& run_id);
 // Whether a checkpoint stamped `written_by` is this run's own (see above).
 bool own_checkpoint(const ResumeOptions& options, const std::string& written_by);
 
+// What resume_from_checkpoint found: the checkpoint's info, and its bytes for the
+// optimizer, which is built only after the model is wrapped (load_optimizer_state).
+struct Resumed {
+  ddp::CheckpointInfo info;
+  std::string bytes;
+};
+
 // Collective (every rank calls it): rank 0 reads the checkpoint and decides; when
-// it resumes, every rank loads the same bytes into model and optimizer and gets the
-// checkpoint's info. nullopt: start from the beginning (rank 0 printed why, when
+// it resumes, every rank loads the same bytes into the model (full, before any
+// strategy wraps it: a checkpoint of any strategy and world size fits) and gets them
+// back for the optimizer. nullopt: start from the beginning (rank 0 printed why, when
 // there was a checkpoint it did not use). Throws ddp::Error on every rank when
 // --resume was given and the checkpoint cannot be read.
-std::optional<ddp::CheckpointInfo> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
-                                                          ddp::Module& model, ddp::Optimizer* optimizer);
+std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
+                                              ddp::Module& model);
 
 }  // namespace fashion_mnist

@@ -1,0 +1,71 @@
+// How fashion_mnist spreads training over its ranks: DDP (every rank holds everything),
+// ZeRO-1 (optimizer state sharded) or FSDP (parameters, gradients and optimizer state
+// sharded). The training loop, evaluation, checkpoints and the final hash all go
+// through this interface, because under FSDP the model's own values are released
+// between uses and only the strategy knows how to reach them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ddp/checkpoint.hpp"  // CheckpointInfo
+#include "ddp/nn.hpp"          // Sequential
+#include "ddp/optim.hpp"       // Optimizer
+#include "ddp/process_group.hpp"
+#include "ddp/sharding.hpp"    // MemoryStats, OptimizerFactory
+
+namespace ddp {
+class Trace;
+}
+
+namespace fashion_mnist {
+
+struct StrategyOptions {
+  std::string kind = "ddp";  // ddp, zero1, fsdp
+  ddp::DType grad_dtype = ddp::DType::F32;
+  bool all_reduce = true;    // ddp only: false skips the reduction (measurement)
+  size_t first_bucket_bytes = 1u << 20;
+  size_t bucket_cap_bytes = 25u << 20;
+  ddp::Trace* trace = nullptr;
+};
+
+// What the last backward's communication cost (seconds) and how much of it compute hid.
+struct CommStats {
+  double wait = 0;    // blocked on communication
+  double busy = 0;    // the communication itself, as its Work timed it
+  double hidden = 1;  // share hidden behind compute (0..1; 1 when there was none)
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual const ddp::Tensor& forward(const ddp::Tensor& x) = 0;
+  // sync false: only accumulate local gradients (a micro-batch before the step's last).
+  // FSDP reduces every micro-batch (its gradients live in shards).
+  virtual void backward(const ddp::Tensor& dy, bool sync) = 0;
+  virtual CommStats last_comm() const = 0;
+  // The optimizer that steps this rank's part (the full model's for DDP).
+  virtual ddp::Optimizer& optimizer() = 0;
+  // Optimizer step, then gradients zeroed.
+  virtual void step() = 0;
+  // Clips the global gradient norm (after backward); returns the norm before clipping.
+  virtual float clip_grad_norm(float max_norm) = 0;
+  // Collective: rank 0 writes the full checkpoint (the same v2 file for every strategy).
+  virtual void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) = 0;
+  // Collective: FNV-1a of every full parameter's bytes, on every rank.
+  virtual uint64_t params_hash() = 0;
+  // Collective: rank 0 writes every full parameter as raw float32.
+  virtual void write_params(const std::string& path) = 0;
+  // Bytes this rank holds (the runtime's accounting, optimizer state included).
+  virtual ddp::MemoryStats memory() const = 0;
+};
+
+// Collective (every rank of pg, same options). `model` is already loaded (a resumed
+// checkpoint's values go in before wrapping); `make` builds the optimizer over the
+// parameters the strategy steps. Throws InvalidArgument for an unknown kind, or a
+// sharded kind with a model on the GPU (host only for now).
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, ddp::Sequential& model,
+                                        std::shared_ptr<ddp::ProcessGroup> pg, const ddp::OptimizerFactory& make);
+
+}  // namespace fashion_mnist
