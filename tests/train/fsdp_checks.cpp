@@ -29,11 +29,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ddp/distributed_data_parallel.hpp"
@@ -376,14 +378,16 @@ void overlap(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   const std::vector<size_t> sizes = {784, 512, 512, 512, 10};
   auto model = ddp::make_mlp({.sizes = sizes, .seed = 1});
   ddp::Trace trace(pg->rank());
-  ddp::FullyShardedDataParallel fsdp(*model, pg, {.trace = &trace});
+  const size_t prefetch = 1;
+  ddp::FullyShardedDataParallel fsdp(*model, pg, {.prefetch = static_cast<int>(prefetch), .trace = &trace});
   const size_t n = fsdp.num_units();
   bool forward_ok = true, backward_ok = true, rs_ok = true, recorded = true;
   double hidden = 0;
-  for (int step = 0; step < 3; ++step) {
+  constexpr size_t kTraced = 3;
+  for (size_t step = 0; step < kTraced; ++step) {
     ddp::Tensor x, dlogits;
     std::vector<int32_t> y;
-    fill_batch(x, y, 32, sizes, pg->rank(), step);
+    fill_batch(x, y, 32, sizes, pg->rank(), static_cast<int>(step));
     ddp::softmax_cross_entropy(fsdp.forward(x), y, dlogits);
     fsdp.backward(dlogits);
     fsdp.zero_grad();
@@ -396,68 +400,133 @@ void overlap(const std::shared_ptr<ddp::ProcessGroup>& pg) {
     if (it == ev.end() || it->second.size() <= k) return {INFINITY, -INFINITY};
     return it->second[k];
   };
-  const std::string u_ = " unit ";
-  for (size_t step = 0; step < 3; ++step) {
+  auto unit = [](const char* what, size_t u) { return std::string(what) + " unit " + std::to_string(u); };
+  // Backward gathers only the units forward released: all but the last 1 + prefetch.
+  const size_t regathered = n - 1 - prefetch;
+  bool kept = true;
+  for (size_t u = regathered; u < n; ++u) kept &= ev.count(unit("backward all_gather", u)) == 0;
+  for (size_t u = 0; u < regathered; ++u) kept &= ev[unit("backward all_gather", u)].size() == kTraced;
+  for (size_t step = 0; step < kTraced; ++step) {
     for (size_t u = 1; u < n; ++u) {
       // Forward: unit u's gather was issued before unit u-1's compute ended.
-      forward_ok &= get("forward all_gather" + u_ + std::to_string(u), step).first <
-                    get("forward unit " + std::to_string(u - 1), step).second;
-      // Backward (reverse): unit u-1's gather before unit u's compute ended.
-      backward_ok &= get("backward all_gather" + u_ + std::to_string(u - 1), step).first <
-                     get("backward unit " + std::to_string(u), step).second;
+      forward_ok &= get(unit("forward all_gather", u), step).first < get(unit("forward", u - 1), step).second;
+      // Backward (reverse): unit u-1's gather, where there is one, before unit u's compute ended.
+      if (u - 1 < regathered) {
+        backward_ok &= get(unit("backward all_gather", u - 1), step).first < get(unit("backward", u), step).second;
+      }
       // Every reduce-scatter but the last (unit 0's) starts before backward's compute ends.
-      rs_ok &= get("backward reduce_scatter" + u_ + std::to_string(u), step).first <
-               get("backward unit 0", step).second;
+      rs_ok &= get(unit("backward reduce_scatter", u), step).first < get(unit("backward", 0), step).second;
     }
   }
   std::printf("rank %d: overlap %zu units, comm hidden %.2f\n", g_rank, n, hidden);
   check(n == 4, "four units");
   check(recorded, "last_step: forward, backward and comm_busy recorded");
+  check(kept, "backward gathers again only the units forward released (not the last 1 + prefetch)");
   check(forward_ok, "forward: every gather but the first issued before the previous unit's compute ended");
-  check(backward_ok, "backward: every gather but the last unit's issued before the next unit's compute ended");
+  check(backward_ok, "backward: every gather issued before the next unit's compute ended");
   check(rs_ok, "every reduce-scatter but the last starts before backward's compute ends");
 }
 
-// --bench: indicative rates of DDP and FSDP on the wide model.
-void bench(const std::shared_ptr<ddp::ProcessGroup>& pg, int steps) {
+// --bench: indicative rates of DDP and FSDP on the wide model, interleaved (rounds of a
+// few steps of each) so that a busy machine slows them alike; medians of step times.
+void bench(const std::shared_ptr<ddp::ProcessGroup>& pg, int rounds) {
   const std::vector<size_t> sizes = {784, 2048, 2048, 2048, 10};
-  auto time_steps = [&](auto& strategy, ddp::Optimizer& opt, const char* name) {
-    ddp::Tensor x, dlogits;
-    std::vector<int32_t> y;
-    std::vector<double> ms;
-    for (int step = 0; step < steps + 3; ++step) {
-      fill_batch(x, y, 64, sizes, pg->rank(), step);
-      pg->barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      ddp::softmax_cross_entropy(strategy.forward(x), y, dlogits);
-      strategy.backward(dlogits);
-      opt.step();
-      strategy.zero_grad();
-      if (step >= 3) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2];
-    std::printf("rank %d: bench %s step_ms_median %.1f samples_per_s %.0f\n", g_rank, name, median,
-                64.0 * pg->size() * 1000.0 / median);
-    return median;
+  using Ms = std::vector<double>;
+  auto median = [](Ms v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
   };
+  auto since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  struct Timed {
+    std::string name;
+    std::function<void(int)> step;
+    Ms step_ms, opt_ms, fwd_ms, bwd_ms, wait_ms, busy_ms;
+  };
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
   auto a = ddp::make_mlp({.sizes = sizes, .seed = 1});
-  double ddp_ms = 0;
-  {
-    ddp::DistributedDataParallel ddp(*a, pg);
-    ddp::AdamW adamw(a->parameters(), {});
-    ddp_ms = time_steps(ddp, adamw, "ddp");
-  }
+  ddp::DistributedDataParallel ddp(*a, pg);
+  ddp::AdamW adamw(a->parameters(), {});
+  std::vector<std::unique_ptr<ddp::Sequential>> models;
+  std::vector<std::unique_ptr<ddp::FullyShardedDataParallel>> fsdps;
+  std::vector<std::unique_ptr<ddp::ShardedOptimizer>> opts;
+  std::vector<Timed> runs;
+  runs.reserve(3);  // the steps keep pointers to their entries
+  runs.push_back({"ddp", {}, {}, {}, {}, {}, {}, {}});
+  runs.back().step = [&, r = &runs.back()](int step) {
+    fill_batch(x, y, 64, sizes, pg->rank(), step);
+    ddp::softmax_cross_entropy(ddp.forward(x), y, dlogits);
+    ddp.backward(dlogits);
+    const auto t0 = std::chrono::steady_clock::now();
+    adamw.step();
+    r->opt_ms.push_back(since(t0));
+    ddp.zero_grad();
+  };
+  ddp::Trace trace(pg->rank());  // FSDP's last step, with --bench-trace
+  const bool traced = std::getenv("FSDP_BENCH_TRACE") != nullptr;
   for (bool reshard : {true, false}) {
-    auto b = ddp::make_mlp({.sizes = sizes, .seed = 1});
-    ddp::FullyShardedDataParallel fsdp(*b, pg, {.reshard_after_forward = reshard});
-    auto opt = fsdp.make_optimizer(optimizer("adamw"));
-    const double ms = time_steps(fsdp, *opt, reshard ? "fsdp" : "fsdp_no_reshard");
-    const auto& s = fsdp.last_step();
-    std::printf("rank %d: bench %s/ddp samples_per_s %.2f; last step: forward %.1f ms backward %.1f ms comm_busy %.1f "
-                "ms comm_wait %.1f ms hidden %.2f\n",
-                g_rank, reshard ? "fsdp" : "fsdp_no_reshard", ddp_ms / ms, s.forward * 1e3, s.backward * 1e3,
-                s.comm_busy * 1e3, s.comm_wait * 1e3, s.hidden());
+    models.push_back(ddp::make_mlp({.sizes = sizes, .seed = 1}));
+    fsdps.push_back(std::make_unique<ddp::FullyShardedDataParallel>(
+        *models.back(), pg, ddp::FsdpOptions{.reshard_after_forward = reshard, .trace = reshard && traced ? &trace : nullptr}));
+    opts.push_back(fsdps.back()->make_optimizer(optimizer("adamw")));
+  }
+  for (size_t i = 0; i < fsdps.size(); ++i) {
+    runs.push_back({i == 0 ? "fsdp" : "fsdp_no_reshard", {}, {}, {}, {}, {}, {}, {}});
+    auto* f = fsdps[i].get();
+    auto* o = opts[i].get();
+    runs.back().step = [&, f, o, r = &runs.back()](int step) {
+      fill_batch(x, y, 64, sizes, pg->rank(), step);
+      ddp::softmax_cross_entropy(f->forward(x), y, dlogits);
+      f->backward(dlogits);
+      const auto t0 = std::chrono::steady_clock::now();
+      o->step();
+      r->opt_ms.push_back(since(t0));
+      f->zero_grad();
+      const auto& st = f->last_step();
+      r->fwd_ms.push_back(st.forward * 1e3);
+      r->bwd_ms.push_back(st.backward * 1e3);
+      r->wait_ms.push_back(st.comm_wait * 1e3);
+      r->busy_ms.push_back(st.comm_busy * 1e3);
+    };
+  }
+  constexpr int kPerRound = 4;
+  for (int round = 0; round <= rounds; ++round) {
+    for (auto& r : runs) {
+      for (int k = 0; k < kPerRound; ++k) {
+        pg->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        r.step(round * kPerRound + k);
+        if (round > 0) r.step_ms.push_back(since(t0));  // round 0 warms up
+      }
+    }
+  }
+  const double ddp_ms = median(runs[0].step_ms);
+  for (auto& r : runs) {
+    const double ms = median(r.step_ms);
+    std::printf("rank %d: bench %s step_ms_median %.1f samples_per_s %.0f vs_ddp %.2f optimizer_ms %.1f", g_rank,
+                r.name.c_str(), ms, 64.0 * pg->size() * 1000.0 / ms, ddp_ms / ms, median(r.opt_ms));
+    if (!r.fwd_ms.empty()) {
+      std::printf(" forward_ms %.1f backward_ms %.1f comm_busy_ms %.1f comm_wait_ms %.1f", median(r.fwd_ms),
+                  median(r.bwd_ms), median(r.busy_ms), median(r.wait_ms));
+    }
+    std::printf("\n");
+  }
+  if (traced) {
+    // The last traced step's events, in ms from its first one.
+    const std::regex event(R"re("ts":([0-9.]+),"dur":([0-9.]+),"name":"([^"]+)")re");
+    const std::string json = trace.json_events();
+    std::vector<std::tuple<double, double, std::string>> evs;
+    for (auto it = std::sregex_iterator(json.begin(), json.end(), event); it != std::sregex_iterator(); ++it)
+      evs.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]), (*it)[3]);
+    std::sort(evs.begin(), evs.end());
+    const size_t per_step = evs.size() / static_cast<size_t>((rounds + 1) * kPerRound);
+    const double t0 = std::get<0>(evs[evs.size() - per_step]);
+    for (size_t i = evs.size() - per_step; i < evs.size(); ++i) {
+      std::printf("rank %d: trace %7.1f ms +%6.1f ms %s\n", g_rank, (std::get<0>(evs[i]) - t0) / 1e3,
+                  std::get<1>(evs[i]) / 1e3, std::get<2>(evs[i]).c_str());
+    }
   }
 }
 
@@ -468,7 +537,7 @@ int main(int argc, char** argv) {
     auto pg = ddp::init({.backend = "cpu"});
     g_rank = pg->rank();
     if (argc > 1 && std::string(argv[1]) == "--bench") {
-      bench(pg, argc > 2 ? std::stoi(argv[2]) : 20);
+      bench(pg, argc > 2 ? std::stoi(argv[2]) : 5);
       return 0;
     }
     construction_and_summon(pg);

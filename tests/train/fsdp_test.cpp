@@ -12,7 +12,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int kChecks = 65;     // fsdp_checks' checks per rank
+constexpr int kChecks = 66;     // fsdp_checks' checks per rank
 constexpr int kCompared = 17;   // its printed FSDP-vs-DDP differences per rank
 
 void run_checks(int nproc) {

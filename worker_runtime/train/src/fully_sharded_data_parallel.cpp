@@ -4,7 +4,7 @@
 // Collectives all go to one group, so they run one at a time in issue order; every rank
 // issues the same sequence (the schedule below depends only on the unit count and the
 // options). Forward, unit u: issue the gathers of u..u+prefetch not yet issued, wait for
-// u's, run it, release it. Backward, unit u from the last: issue the gathers of
+// u's, run it, release it (but for the last 1 + prefetch units, which backward needs first). Backward, unit u from the last: issue the gathers of
 // u..u-prefetch, wait for u's, bind the unit's grads into a zeroed grad pool buffer, run the
 // unit's backward, issue its reduce-scatter (async), release its values. A grad buffer is
 // reused only after the reduce-scatter that read it completed; a value buffer only after
@@ -295,8 +295,10 @@ const Tensor& FullyShardedDataParallel::forward(const Tensor& x) {
       const auto t0 = FsdpClock::now();
       for (Module* m : s.units[u]->modules) h = &m->forward(*h);
       s.stats.forward += seconds(FsdpClock::now() - t0);
-      // The last unit's values stay for backward, which starts with it.
-      if (s.options.reshard_after_forward && u + 1 < n) s.release(u);
+      // The last 1 + prefetch units stay gathered: backward starts with them (its prefetch
+      // would gather them again at once, with no compute to hide behind), and the pool has
+      // room for exactly them.
+      if (s.options.reshard_after_forward && u + 1 + ahead < n) s.release(u);
     }
   } catch (...) {
     s.settle();

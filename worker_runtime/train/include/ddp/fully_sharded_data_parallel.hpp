@@ -43,7 +43,9 @@ class Trace;
 
 struct FsdpOptions {
   size_t layers_per_unit = 1;         // parameterised children of the Sequential per unit
-  bool reshard_after_forward = true;  // false: keep gathered values from forward to backward
+  // true: free each unit's gathered values after its forward (but the last 1 + prefetch
+  // units, which backward starts with); false: keep them all from forward to backward.
+  bool reshard_after_forward = true;
   int prefetch = 1;                   // units whose all-gather is issued ahead
   DType grad_dtype = DType::F32;      // BF16: rounded once for the reduce-scatter, reduced in f32
   bool broadcast_parameters = true;   // rank 0's initial values everywhere
