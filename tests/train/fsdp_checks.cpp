@@ -459,12 +459,19 @@ void bench(const std::shared_ptr<ddp::ProcessGroup>& pg, int rounds) {
   runs.push_back({"ddp", {}, {}, {}, {}, {}, {}, {}});
   runs.back().step = [&, r = &runs.back()](int step) {
     fill_batch(x, y, 64, sizes, pg->rank(), step);
-    ddp::softmax_cross_entropy(ddp.forward(x), y, dlogits);
+    const auto f0 = std::chrono::steady_clock::now();
+    const auto& logits = ddp.forward(x);
+    r->fwd_ms.push_back(since(f0));
+    ddp::softmax_cross_entropy(logits, y, dlogits);
     ddp.backward(dlogits);
     const auto t0 = std::chrono::steady_clock::now();
     adamw.step();
     r->opt_ms.push_back(since(t0));
     ddp.zero_grad();
+    const auto& st = ddp.last_backward();
+    r->bwd_ms.push_back(st.backward * 1e3);
+    r->wait_ms.push_back(st.comm_wait * 1e3);
+    r->busy_ms.push_back(st.comm_busy * 1e3);
   };
   ddp::Trace trace(pg->rank());  // FSDP's last step, with FSDP_BENCH_TRACE set
   const bool traced = std::getenv("FSDP_BENCH_TRACE") != nullptr;
@@ -515,6 +522,31 @@ void bench(const std::shared_ptr<ddp::ProcessGroup>& pg, int rounds) {
                   median(r.bwd_ms), median(r.busy_ms), median(r.wait_ms));
     }
     std::printf("\n");
+  }
+  // The collectives FSDP and DDP use, alone, on the wide model's largest unit (16.8 MB):
+  // where FSDP's communication time goes.
+  {
+    const size_t count = 2048 * 2048 + 2048;
+    const size_t padded = (count + static_cast<size_t>(pg->size()) - 1) / pg->size() * pg->size();
+    const size_t shard = padded / static_cast<size_t>(pg->size());
+    ddp::Tensor full(1, padded), part(1, shard);
+    auto shared = pg->allocate(padded * sizeof(float));
+    auto f32 = [](float* p, size_t n) { return ddp::Buffer{p, n, ddp::DType::F32, ddp::Device::Cpu}; };
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"all_gather f32 (FSDP's gathers)", [&] { pg->all_gather(f32(part.data(), shard), f32(full.data(), padded)); }},
+        {"reduce_scatter f32 avg (FSDP's)", [&] { pg->reduce_scatter(f32(full.data(), padded), f32(part.data(), shard), ddp::ReduceOp::Avg); }},
+        {"all_reduce f32 avg, group memory (DDP's)",
+         [&] { pg->all_reduce(f32(reinterpret_cast<float*>(shared->data()), padded), ddp::ReduceOp::Avg); }}};
+    for (const auto& [what, op] : ops) {
+      Ms ms;
+      for (int i = 0; i < 12; ++i) {
+        pg->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        op();
+        if (i >= 2) ms.push_back(since(t0));
+      }
+      std::printf("rank %d: bench alone, %.1f MB: %s %.1f ms\n", g_rank, padded * 4 / 1e6, what, median(ms));
+    }
   }
   if (traced) {
     // The last traced step's events, in ms from its first one.

@@ -20,7 +20,10 @@
 // Outside forward/backward the model's parameters are released: read or save them inside
 // summon_full_params() (a layer refuses a released parameter with InvalidArgument).
 //
-// Host parameters only (a CPU group). Transient memory: 1 + prefetch gathered units (every
+// The f32 reduction is a reduce-scatter, or, where the grad buffers are shared memory (one
+// host), an all-reduce of the buffer of which each rank keeps its block: the CPU backend's
+// direct all-reduce works in the peers' buffers and is several times faster than its ring
+// reduce-scatter. Host parameters only (a CPU group). Transient memory: 1 + prefetch gathered units (every
 // unit without reshard_after_forward) and 2 unsharded grad buffers, allocated once.
 // Gradient accumulation: a backward without zero_grad before it reduce-scatters its
 // gradients and adds them to the shards (correct, but not bitwise equal to DDP's no_sync).
