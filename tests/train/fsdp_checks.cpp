@@ -5,7 +5,7 @@
 //   - equivalence: after 20 steps (AdamW, and SGD with momentum) on the same seed and
 //     data, FSDP's full parameters equal DDP's within 1e-6 relative, for a 784-512-512-10
 //     MLP and an odd 13-37-29-5 one (padding), one and two layers per unit, resharding
-//     after forward or not; the measured difference is printed (at 3 ranks AdamW's bound
+//     after forward or not, prefetching 0, 1 or 2 units; the measured difference is printed (at 3 ranks AdamW's bound
 //     is twice DDP's own difference under another bucket layout where that is larger);
 //   - grad_dtype bf16: parameters bit-identical on every rank after every step, and
 //     close to f32 training;
@@ -21,21 +21,16 @@
 //   - errors: a released parameter used outside forward, and bad calls, give
 //     InvalidArgument (no crash, no hang).
 //
-// With --bench: steps the wide model 784-2048-2048-2048-10 at batch 64 under DDP and FSDP
-// (AdamW) and prints both rates and FSDP's time split (indicative timings).
+// With --bench [rounds]: timings of DDP and FSDP on the wide model (fsdp_bench.cpp).
 //
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <regex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "ddp/distributed_data_parallel.hpp"
@@ -44,10 +39,42 @@
 #include "ddp/nn.hpp"
 #include "ddp/optim.hpp"
 #include "ddp/trace.hpp"
+#include "fsdp_checks.hpp"
+
+namespace fsdp_checks {
+
+int g_rank = 0;
+
+// A batch that differs per rank and per step.
+void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, const std::vector<size_t>& sizes, int rank,
+                int step) {
+  x.resize(batch, sizes.front());
+  y.resize(batch);
+  ddp::Rng rng(static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(step));
+  for (float& v : x.span()) v = rng.uniform(-1.0f, 1.0f);
+  for (auto& label : y) label = static_cast<int32_t>(rng.below(static_cast<uint32_t>(sizes.back())));
+}
+
+using Factory = std::function<std::unique_ptr<ddp::Optimizer>(std::vector<ddp::Parameter*>)>;
+
+Factory optimizer(const std::string& kind) {
+  if (kind == "adamw") {
+    return [](std::vector<ddp::Parameter*> p) {
+      return std::make_unique<ddp::AdamW>(std::move(p), ddp::AdamWOptions{.lr = 1e-3f, .weight_decay = 0.01f});
+    };
+  }
+  return [](std::vector<ddp::Parameter*> p) {
+    return std::make_unique<ddp::SGD>(std::move(p), ddp::SgdOptions{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
+  };
+}
+
+}  // namespace fsdp_checks
+
+using namespace fsdp_checks;
 
 namespace {
 
-int g_checks = 0, g_failures = 0, g_rank = 0;
+int g_checks = 0, g_failures = 0;
 
 void check(bool ok, const std::string& what) {
   ++g_checks;
@@ -106,29 +133,6 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
-// A batch that differs per rank and per step.
-void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, const std::vector<size_t>& sizes, int rank,
-                int step) {
-  x.resize(batch, sizes.front());
-  y.resize(batch);
-  ddp::Rng rng(static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(step));
-  for (float& v : x.span()) v = rng.uniform(-1.0f, 1.0f);
-  for (auto& label : y) label = static_cast<int32_t>(rng.below(static_cast<uint32_t>(sizes.back())));
-}
-
-using Factory = std::function<std::unique_ptr<ddp::Optimizer>(std::vector<ddp::Parameter*>)>;
-
-Factory optimizer(const std::string& kind) {
-  if (kind == "adamw") {
-    return [](std::vector<ddp::Parameter*> p) {
-      return std::make_unique<ddp::AdamW>(std::move(p), ddp::AdamWOptions{.lr = 1e-3f, .weight_decay = 0.01f});
-    };
-  }
-  return [](std::vector<ddp::Parameter*> p) {
-    return std::make_unique<ddp::SGD>(std::move(p), ddp::SgdOptions{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
-  };
-}
-
 std::string describe(const std::vector<size_t>& sizes) {
   std::string s;
   for (size_t w : sizes) {
@@ -170,33 +174,38 @@ void equivalence(const std::shared_ptr<ddp::ProcessGroup>& pg, const std::vector
   const double floor =
       rel_diff(ddp_reference(pg, sizes, kind, {.first_bucket_bytes = 4096, .bucket_cap_bytes = 8192}), want);
   const double bound = std::max(1e-6, 2 * floor);
-  for (size_t layers : {1, 2}) {
-    for (bool reshard : {true, false}) {
-      // Each rank starts from its own seed: construction must spread rank 0's (DDP's seed).
-      auto model = ddp::make_mlp({.sizes = sizes, .seed = pg->rank() == 0 ? 7u : 50u + pg->rank()});
-      ddp::FullyShardedDataParallel fsdp(*model, pg, {.layers_per_unit = layers, .reshard_after_forward = reshard});
-      auto opt = fsdp.make_optimizer(optimizer(kind));
-      ddp::Tensor x, dlogits;
-      std::vector<int32_t> y;
-      bool identical = true;
-      for (int step = 0; step < kSteps; ++step) {
-        fill_batch(x, y, kBatch, sizes, pg->rank(), step);
-        ddp::softmax_cross_entropy(fsdp.forward(x), y, dlogits);
-        fsdp.backward(dlogits);
-        opt->step();
-        fsdp.zero_grad();
-        if (step % 5 == 4) identical &= same_everywhere(*pg, hash_floats(full_values(fsdp)));
-      }
-      const double d = rel_diff(full_values(fsdp), want);
-      char what[240];
-      std::snprintf(what, sizeof(what),
-                    "fsdp vs ddp %s %s layers_per_unit %zu reshard %d: max_rel_diff %.3g bound %.3g "
-                    "(ddp vs ddp with other buckets %.3g)",
-                    describe(sizes).c_str(), kind.c_str(), layers, reshard ? 1 : 0, d, bound, floor);
-      std::printf("rank %d: %s\n", g_rank, what);
-      check(d <= bound, what);
-      check(identical, std::string("full parameters identical on every rank: ") + what);
+  // Units of one and two layers, kept or resharded after forward, and pools of 1 and 3
+  // value buffers (prefetch 0 and 2).
+  std::vector<ddp::FsdpOptions> variants;
+  for (size_t layers : {1, 2})
+    for (bool reshard : {true, false}) variants.push_back({.layers_per_unit = layers, .reshard_after_forward = reshard});
+  for (int prefetch : {0, 2}) variants.push_back({.prefetch = prefetch});
+  for (const ddp::FsdpOptions& options : variants) {
+    // Each rank starts from its own seed: construction must spread rank 0's (DDP's seed).
+    auto model = ddp::make_mlp({.sizes = sizes, .seed = pg->rank() == 0 ? 7u : 50u + pg->rank()});
+    ddp::FullyShardedDataParallel fsdp(*model, pg, options);
+    auto opt = fsdp.make_optimizer(optimizer(kind));
+    ddp::Tensor x, dlogits;
+    std::vector<int32_t> y;
+    bool identical = true;
+    for (int step = 0; step < kSteps; ++step) {
+      fill_batch(x, y, kBatch, sizes, pg->rank(), step);
+      ddp::softmax_cross_entropy(fsdp.forward(x), y, dlogits);
+      fsdp.backward(dlogits);
+      opt->step();
+      fsdp.zero_grad();
+      if (step % 5 == 4) identical &= same_everywhere(*pg, hash_floats(full_values(fsdp)));
     }
+    const double d = rel_diff(full_values(fsdp), want);
+    char what[240];
+    std::snprintf(what, sizeof(what),
+                  "fsdp vs ddp %s %s layers_per_unit %zu reshard %d prefetch %d: max_rel_diff %.3g bound %.3g "
+                  "(ddp vs ddp with other buckets %.3g)",
+                  describe(sizes).c_str(), kind.c_str(), options.layers_per_unit, options.reshard_after_forward ? 1 : 0,
+                  options.prefetch, d, bound, floor);
+    std::printf("rank %d: %s\n", g_rank, what);
+    check(d <= bound, what);
+    check(identical, std::string("full parameters identical on every rank: ") + what);
   }
 }
 
@@ -427,142 +436,6 @@ void overlap(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   check(forward_ok, "forward: every gather but the first issued before the previous unit's compute ended");
   check(backward_ok, "backward: every gather issued before the next unit's compute ended");
   check(rs_ok, "every reduce-scatter but the last starts before backward's compute ends");
-}
-
-// --bench: indicative rates of DDP and FSDP on the wide model, interleaved (rounds of a
-// few steps of each) so that a busy machine slows them alike; medians of step times.
-void bench(const std::shared_ptr<ddp::ProcessGroup>& pg, int rounds) {
-  const std::vector<size_t> sizes = {784, 2048, 2048, 2048, 10};
-  using Ms = std::vector<double>;
-  auto median = [](Ms v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  auto since = [](std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  struct Timed {
-    std::string name;
-    std::function<void(int)> step;
-    Ms step_ms, opt_ms, fwd_ms, bwd_ms, wait_ms, busy_ms;
-  };
-  ddp::Tensor x, dlogits;
-  std::vector<int32_t> y;
-  auto a = ddp::make_mlp({.sizes = sizes, .seed = 1});
-  ddp::DistributedDataParallel ddp(*a, pg);
-  ddp::AdamW adamw(a->parameters(), {});
-  std::vector<std::unique_ptr<ddp::Sequential>> models;
-  std::vector<std::unique_ptr<ddp::FullyShardedDataParallel>> fsdps;
-  std::vector<std::unique_ptr<ddp::ShardedOptimizer>> opts;
-  std::vector<Timed> runs;
-  runs.reserve(4);  // the steps keep pointers to their entries
-  runs.push_back({"ddp", {}, {}, {}, {}, {}, {}, {}});
-  runs.back().step = [&, r = &runs.back()](int step) {
-    fill_batch(x, y, 64, sizes, pg->rank(), step);
-    const auto f0 = std::chrono::steady_clock::now();
-    const auto& logits = ddp.forward(x);
-    r->fwd_ms.push_back(since(f0));
-    ddp::softmax_cross_entropy(logits, y, dlogits);
-    ddp.backward(dlogits);
-    const auto t0 = std::chrono::steady_clock::now();
-    adamw.step();
-    r->opt_ms.push_back(since(t0));
-    ddp.zero_grad();
-    const auto& st = ddp.last_backward();
-    r->bwd_ms.push_back(st.backward * 1e3);
-    r->wait_ms.push_back(st.comm_wait * 1e3);
-    r->busy_ms.push_back(st.comm_busy * 1e3);
-  };
-  ddp::Trace trace(pg->rank());  // FSDP's last step, with FSDP_BENCH_TRACE set
-  const bool traced = std::getenv("FSDP_BENCH_TRACE") != nullptr;
-  const std::vector<std::pair<std::string, ddp::FsdpOptions>> configs = {
-      {"fsdp", {.trace = traced ? &trace : nullptr}},
-      {"fsdp_no_reshard", {.reshard_after_forward = false}},
-      {"fsdp_bf16", {.grad_dtype = ddp::DType::BF16}}};
-  for (const auto& [name, options] : configs) {
-    models.push_back(ddp::make_mlp({.sizes = sizes, .seed = 1}));
-    fsdps.push_back(std::make_unique<ddp::FullyShardedDataParallel>(*models.back(), pg, options));
-    opts.push_back(fsdps.back()->make_optimizer(optimizer("adamw")));
-    runs.push_back({name, {}, {}, {}, {}, {}, {}, {}});
-    auto* f = fsdps.back().get();
-    auto* o = opts.back().get();
-    runs.back().step = [&, f, o, r = &runs.back()](int step) {
-      fill_batch(x, y, 64, sizes, pg->rank(), step);
-      ddp::softmax_cross_entropy(f->forward(x), y, dlogits);
-      f->backward(dlogits);
-      const auto t0 = std::chrono::steady_clock::now();
-      o->step();
-      r->opt_ms.push_back(since(t0));
-      f->zero_grad();
-      const auto& st = f->last_step();
-      r->fwd_ms.push_back(st.forward * 1e3);
-      r->bwd_ms.push_back(st.backward * 1e3);
-      r->wait_ms.push_back(st.comm_wait * 1e3);
-      r->busy_ms.push_back(st.comm_busy * 1e3);
-    };
-  }
-  constexpr int kPerRound = 4;
-  for (int round = 0; round <= rounds; ++round) {
-    for (auto& r : runs) {
-      for (int k = 0; k < kPerRound; ++k) {
-        pg->barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        r.step(round * kPerRound + k);
-        if (round > 0) r.step_ms.push_back(since(t0));  // round 0 warms up
-      }
-    }
-  }
-  const double ddp_ms = median(runs[0].step_ms);
-  for (auto& r : runs) {
-    const double ms = median(r.step_ms);
-    std::printf("rank %d: bench %s step_ms_median %.1f samples_per_s %.0f vs_ddp %.2f optimizer_ms %.1f", g_rank,
-                r.name.c_str(), ms, 64.0 * pg->size() * 1000.0 / ms, ddp_ms / ms, median(r.opt_ms));
-    if (!r.fwd_ms.empty()) {
-      std::printf(" forward_ms %.1f backward_ms %.1f comm_busy_ms %.1f comm_wait_ms %.1f", median(r.fwd_ms),
-                  median(r.bwd_ms), median(r.busy_ms), median(r.wait_ms));
-    }
-    std::printf("\n");
-  }
-  // The collectives FSDP and DDP use, alone, on the wide model's largest unit (16.8 MB):
-  // where FSDP's communication time goes.
-  {
-    const size_t count = 2048 * 2048 + 2048;
-    const size_t padded = (count + static_cast<size_t>(pg->size()) - 1) / pg->size() * pg->size();
-    const size_t shard = padded / static_cast<size_t>(pg->size());
-    ddp::Tensor full(1, padded), part(1, shard);
-    auto shared = pg->allocate(padded * sizeof(float));
-    auto f32 = [](float* p, size_t n) { return ddp::Buffer{p, n, ddp::DType::F32, ddp::Device::Cpu}; };
-    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
-        {"all_gather f32 (FSDP's gathers)", [&] { pg->all_gather(f32(part.data(), shard), f32(full.data(), padded)); }},
-        {"reduce_scatter f32 avg (FSDP's)", [&] { pg->reduce_scatter(f32(full.data(), padded), f32(part.data(), shard), ddp::ReduceOp::Avg); }},
-        {"all_reduce f32 avg, group memory (DDP's)",
-         [&] { pg->all_reduce(f32(reinterpret_cast<float*>(shared->data()), padded), ddp::ReduceOp::Avg); }}};
-    for (const auto& [what, op] : ops) {
-      Ms ms;
-      for (int i = 0; i < 12; ++i) {
-        pg->barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        op();
-        if (i >= 2) ms.push_back(since(t0));
-      }
-      std::printf("rank %d: bench alone, %.1f MB: %s %.1f ms\n", g_rank, padded * 4 / 1e6, what, median(ms));
-    }
-  }
-  if (traced) {
-    // The last traced step's events, in ms from its first one.
-    const std::regex event(R"re("ts":([0-9.]+),"dur":([0-9.]+),"name":"([^"]+)")re");
-    const std::string json = trace.json_events();
-    std::vector<std::tuple<double, double, std::string>> evs;
-    for (auto it = std::sregex_iterator(json.begin(), json.end(), event); it != std::sregex_iterator(); ++it)
-      evs.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]), (*it)[3]);
-    std::sort(evs.begin(), evs.end());
-    const size_t per_step = evs.size() / static_cast<size_t>((rounds + 1) * kPerRound);
-    const double t0 = std::get<0>(evs[evs.size() - per_step]);
-    for (size_t i = evs.size() - per_step; i < evs.size(); ++i) {
-      std::printf("rank %d: trace %7.1f ms +%6.1f ms %s\n", g_rank, (std::get<0>(evs[i]) - t0) / 1e3,
-                  std::get<1>(evs[i]) / 1e3, std::get<2>(evs[i]).c_str());
-    }
-  }
 }
 
 }  // namespace
