@@ -9,7 +9,7 @@
 //     is twice DDP's own difference under another bucket layout where that is larger);
 //   - grad_dtype bf16: parameters bit-identical on every rank after every step, and
 //     close to f32 training;
-//   - gradient accumulation over two backwards matches DDP's;
+//   - gradient accumulation over two backwards, and clip_grad_norm, match DDP's;
 //   - construction spreads rank 0's values; summon_full_params shows them on every rank
 //     (or the root only) and releases them again;
 //   - memory: each rank holds 1/N of parameters, gradients and AdamW state (padding
@@ -241,6 +241,36 @@ void bf16(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   }
 }
 
+// The sharded optimizer's clip_grad_norm over FSDP's grad shards (all-reduced sums of
+// squares) clips as DDP's over its full buckets: the same norm, the same step.
+void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  const std::vector<size_t> sizes = {13, 37, 29, 5};
+  auto a = ddp::make_mlp({.sizes = sizes, .seed = 5});
+  ddp::DistributedDataParallel ddp(*a, pg);
+  ddp::SGD sgd(a->parameters(), {.lr = 0.5f});
+  auto b = ddp::make_mlp({.sizes = sizes, .seed = 5});
+  ddp::FullyShardedDataParallel fsdp(*b, pg);
+  auto opt = fsdp.make_optimizer([](std::vector<ddp::Parameter*> p) {
+    return std::make_unique<ddp::SGD>(std::move(p), ddp::SgdOptions{.lr = 0.5f});
+  });
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  fill_batch(x, y, kBatch, sizes, pg->rank(), 300);
+  ddp::softmax_cross_entropy(ddp.forward(x), y, dlogits);
+  ddp.backward(dlogits);
+  ddp::softmax_cross_entropy(fsdp.forward(x), y, dlogits);
+  fsdp.backward(dlogits);
+  const float want = ddp.clip_grad_norm(0.05f);
+  const float got = opt->clip_grad_norm(0.05f);
+  sgd.step();
+  opt->step();
+  const double d = rel_diff(full_values(fsdp), values_of(*a));
+  std::printf("rank %d: clip_grad_norm fsdp %.9g ddp %.9g; parameters after the clipped step: max_rel_diff %.3g\n",
+              g_rank, got, want, d);
+  check(want > 0.05f && std::fabs(got - want) <= 1e-5f * want, "clip_grad_norm: FSDP's norm equals DDP's, above the bound");
+  check(d <= 1e-6, "clip_grad_norm: the clipped step equals DDP's");
+}
+
 // Two backwards without zero_grad accumulate the averaged gradients, as DDP's buckets do.
 void accumulation(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   const std::vector<size_t> sizes = {13, 37, 29, 5};
@@ -454,6 +484,7 @@ int main(int argc, char** argv) {
       for (const char* kind : {"adamw", "sgd"}) equivalence(pg, sizes, kind);
     bf16(pg);
     accumulation(pg);
+    clipping(pg);
     memory(pg);
     overlap(pg);
     pg->barrier();

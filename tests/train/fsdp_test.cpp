@@ -12,8 +12,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int kChecks = 82;     // fsdp_checks' checks per rank
-constexpr int kCompared = 25;   // its printed FSDP-vs-DDP differences per rank
+constexpr int kChecks = 84;     // fsdp_checks' checks per rank
+constexpr int kCompared = 26;   // its printed FSDP-vs-DDP differences per rank
 
 void run_checks(int nproc) {
   auto r = run({e2e::kDdprun, "--nproc_per_node=" + std::to_string(nproc), FSDP_CHECKS_BIN}, {}, 300s);
