@@ -18,7 +18,11 @@
 //   - clip_grad_norm scales to the requested global norm and returns the old one;
 //   - GradReduce::ReduceScatter: shard_grads(i) is this rank's slice of what the
 //     all-reduce mode gives for bucket i (same data, same bucket layout), padding 0;
-//     the shards are counted in memory().comm and clip_grad_norm refuses.
+//     the shards are counted in memory().comm and clip_grad_norm refuses;
+//   - round_to_bf16 gives to_bfloat16's bits (ties, NaN, infinities, subnormals);
+//   - grad_dtype BF16 (AdamW, 20 steps): every rank's parameters are bit-identical
+//     after every step; in ReduceScatter mode the shard is bit for bit the slice the
+//     all-reduce mode gathered; the bf16 staging is counted in memory().comm.
 //
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
 #include <algorithm>
@@ -29,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/bf16.hpp"
 #include "ddp/distributed_data_parallel.hpp"
 #include "ddp/init.hpp"
 #include "ddp/nn.hpp"
@@ -285,6 +290,68 @@ void reduce_scatter_mode(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   if (pg->size() > 1) check(ddp_s.last_backward().comm_busy > 0, "ReduceScatter mode: comm_busy is recorded");
 }
 
+void bf16_rounding() {
+  // Every 4099th bit pattern (all exponents, both signs) and the edge cases.
+  std::vector<float> values;
+  for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 4099) {
+    float f;
+    const auto b = static_cast<uint32_t>(bits);
+    std::memcpy(&f, &b, 4);
+    values.push_back(f);
+  }
+  for (uint32_t b : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                     0xffffffffu, 0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u}) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    values.push_back(f);
+  }
+  std::vector<ddp::BFloat16> got(values.size());
+  ddp::round_to_bf16(values.data(), got.data(), values.size());
+  size_t wrong = 0;
+  for (size_t i = 0; i < values.size(); ++i) wrong += got[i].bits != ddp::to_bfloat16(values[i]).bits ? 1 : 0;
+  check(wrong == 0, "round_to_bf16 gives to_bfloat16's bits (" + std::to_string(wrong) + " of " +
+                        std::to_string(values.size()) + " differ)");
+}
+
+void bf16_steps(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  ddp::DdpOptions all{.first_bucket_bytes = kFirstBucket, .bucket_cap_bytes = kBucketCap, .grad_dtype = ddp::DType::BF16};
+  ddp::DdpOptions scattered = all;
+  scattered.reduce = ddp::GradReduce::ReduceScatter;
+  auto model_a = ddp::make_mlp({.sizes = kSizes, .seed = 31});
+  auto model_s = ddp::make_mlp({.sizes = kSizes, .seed = 31});
+  ddp::DistributedDataParallel ddp_a(*model_a, pg, all);
+  ddp::DistributedDataParallel ddp_s(*model_s, pg, scattered);
+  ddp::AdamW opt(model_a->parameters(), {.lr = 1e-3f});
+  const size_t rank = static_cast<size_t>(pg->rank());
+  bool identical = true, same_shard = true;
+  ddp::Tensor x, dlogits;
+  std::vector<int32_t> y;
+  for (int step = 0; step < 20; ++step) {
+    fill_batch(x, y, 32, kSizes.front(), pg->rank(), 700 + step);
+    // The shard model follows the trained one's values, so both see the same gradients.
+    for (size_t i = 0; i < model_a->parameters().size(); ++i) {
+      model_s->parameters()[i]->value.copy_from(model_a->parameters()[i]->value);
+    }
+    for (auto* d : {&ddp_a, &ddp_s}) {
+      d->zero_grad();
+      ddp::softmax_cross_entropy(d->forward(x), y, dlogits);
+      d->backward(dlogits);
+    }
+    for (size_t i = 0; i < ddp_s.num_buckets(); ++i) {
+      const ddp::Tensor shard = ddp_s.shard_grads(i);
+      const float* slice = ddp_a.bucket_grads(i).data() + rank * shard.size();
+      same_shard &= std::memcmp(shard.data(), slice, shard.size() * sizeof(float)) == 0;
+    }
+    opt.step();
+    identical &= same_everywhere(*pg, hash_params(*model_a));
+  }
+  check(identical, "bf16 gradients: parameters are bit-identical on every rank after every step");
+  check(same_shard, "bf16 gradients: the ReduceScatter shard is the all-reduce mode's slice, bit for bit");
+  size_t staging = 0;
+  for (size_t i = 0; i < ddp_a.num_buckets(); ++i) staging += ddp_a.bucket_group(i).padded * sizeof(ddp::BFloat16);
+  check(ddp_a.memory().comm == (pg->size() > 1 ? staging : 0), "bf16 gradients: memory().comm counts the staging");
+}
+
 }  // namespace
 
 int main() {
@@ -296,6 +363,8 @@ int main() {
     accumulation(pg);
     clipping(pg);
     reduce_scatter_mode(pg);
+    bf16_rounding();
+    bf16_steps(pg);
     pg->barrier();
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", g_rank, e.what());

@@ -78,7 +78,7 @@ void run_checks(int nproc) {
     std::smatch m;
     REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
     CHECK(std::stoi(m[1]) == rank);
-    CHECK(std::stoi(m[2]) == (nproc > 1 ? 21 : 18));  // three need peers
+    CHECK(std::stoi(m[2]) == (nproc > 1 ? 25 : 22));  // three need peers
   }
 }
 

@@ -78,7 +78,15 @@ std::string describe_op(const Op& op) {
   // The buffer that says how much this rank moves: the output where the input is a
   // block of it (all_gather) or absent (a non-root's scatter).
   const Buffer& b = op.input.count == 0 && op.output.count > 0 ? op.output : op.input;
-  out += " " + std::to_string(b.count) + "\u00d7" + dtype_name(b.dtype);
+  out += ' ';
+  out += std::to_string(b.count);
+  out += "\u00d7";
+  out += dtype_name(b.dtype);
+  // A widening reduce_scatter names both: "reduce_scatter 1024×bf16→f32 avg".
+  if (op.kind == OpKind::ReduceScatter && op.output.dtype != op.input.dtype) {
+    out += "\u2192";
+    out += dtype_name(op.output.dtype);
+  }
   switch (op.kind) {
     case OpKind::AllReduce:
     case OpKind::ReduceScatter: out += std::string(" ") + reduce_op_name(op.reduce); break;
@@ -173,10 +181,13 @@ struct Checker {
 
   // A buffer the operation reads or writes. An empty one is never touched, so only
   // its dtype matters (a default-made Buffer{} is fine wherever the count is 0).
-  void buffer(const Buffer& b, const char* name) const {
+  void known_dtype(const Buffer& b, const char* name) const {
     if (static_cast<unsigned>(b.dtype) > static_cast<unsigned>(DType::U8)) {
       fail(std::string(name) + " has an unknown dtype (" + std::to_string(static_cast<unsigned>(b.dtype)) + ")");
     }
+  }
+  void buffer(const Buffer& b, const char* name) const {
+    known_dtype(b, name);
     if (b.count == 0) return;
     if (b.data == nullptr) fail(std::string(name) + " is a null buffer of " + std::to_string(b.count) + " elements");
     if (!reaches(reach, b.device)) {
@@ -185,16 +196,36 @@ struct Checker {
            (b.device == Device::Cuda ? "" : " (Device::Cuda)"));
     }
   }
-  // An input and an output used together.
-  void pair(const Buffer& in, const Buffer& out) const {
+  // An input and an output used together, of the same dtype unless `widening`.
+  void pair(const Buffer& in, const Buffer& out, bool widening = false) const {
     buffer(in, "input");
     buffer(out, "output");
     if (in.count > 0 && out.count > 0 && in.device != out.device) {
       fail("input and output must both be host memory or both GPU memory");
     }
-    if (in.dtype != out.dtype) {
+    if (in.dtype != out.dtype && !widening) {
       fail(std::string("input is ") + dtype_name(in.dtype) + " but output is " + dtype_name(out.dtype));
     }
+  }
+  // reduce_scatter's one mixed pair: 16-bit float input, f32 output, summed in f32.
+  // Checked before the buffers' memory, so a GPU group names this rule.
+  bool widening(const Buffer& in, const Buffer& out, ReduceOp op) const {
+    if (in.dtype == out.dtype) return false;
+    known_dtype(in, "input");
+    known_dtype(out, "output");
+    const bool sixteen = in.dtype == DType::BF16 || in.dtype == DType::F16;
+    if (!sixteen || out.dtype != DType::F32) {
+      fail(std::string("input is ") + dtype_name(in.dtype) + " but output is " + dtype_name(out.dtype) +
+           " (only bf16 or f16 input with f32 output may differ)");
+    }
+    if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
+      fail(std::string(dtype_name(in.dtype)) + "\u2192f32 reduce_scatter supports sum and avg only, not " +
+           reduce_op_name(op));
+    }
+    if (!reaches(reach, Device::Cpu) || in.device == Device::Cuda || out.device == Device::Cuda) {
+      fail(std::string(dtype_name(in.dtype)) + "\u2192f32 reduce_scatter: host buffers only");
+    }
+    return true;
   }
   // `name` must hold size blocks of `block` elements.
   void blocks(size_t whole, size_t block, const char* name) const {
@@ -256,9 +287,9 @@ void ProcessGroup::check(const Op& op) const {
       c.blocks(in.count, out.count, "the root's input");
       return;
     case OpKind::ReduceScatter:
-      c.pair(in, out);
-      c.blocks(in.count, out.count, "input");
       c.reduce_op(op.reduce);
+      c.pair(in, out, c.widening(in, out, op.reduce));
+      c.blocks(in.count, out.count, "input");
       return;
     case OpKind::AllToAll:
       c.pair(in, out);

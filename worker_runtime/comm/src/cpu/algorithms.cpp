@@ -124,15 +124,18 @@ void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::
 void all_reduce_staged(Team& t, Buffer buf, ReduceOp op);
 void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_t>& address);
 
-void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
+// Where each rank's buffer of a call is: its address, and the shared region holding
+// it (0: not in shared memory). Every rank tells every other (it has entered the
+// call, so the buffer is stable). Ranks that disagree on the call (count, dtype...)
+// never get past this: the stamps of these messages differ (see stamp.hpp), so
+// nobody touches a buffer of another size.
+struct Where {
+  uint64_t address;
+  uint64_t region;
+};
+std::vector<Where> exchange_where(Team& t, const void* data, size_t bytes) {
   const int n = t.size();
-  // Ranks that disagree on the call (count, dtype...) never get here: the stamps of
-  // these messages differ (see stamp.hpp), so nobody touches a buffer of another size.
-  struct Where {
-    uint64_t address;
-    uint64_t region;  // 0: not in shared memory
-  };
-  const Where mine{reinterpret_cast<uintptr_t>(buf.data), t.regions.shared_region_of(buf.data, buf.bytes())};
+  const Where mine{reinterpret_cast<uintptr_t>(data), t.regions.shared_region_of(data, bytes)};
   std::vector<Where> where(static_cast<size_t>(n), Where{0, 0});
   std::vector<Xfer> xs;
   for (int i = 0; i < n; ++i) {
@@ -141,17 +144,31 @@ void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
     xs.push_back(Xfer::recv(t.members[i], &where[static_cast<size_t>(i)], sizeof(Where)));
   }
   run(t, xs);
-  // Every rank sees the same n answers, so all take the same branch.
   where[static_cast<size_t>(t.me)] = mine;
+  return where;
+}
+
+// Every rank's buffer mapped here (views[me] is `data`), or empty unless all are in
+// shared memory this rank maps. Every rank sees the same answers, so all take the
+// same branch.
+std::vector<std::byte*> mapped_views(Team& t, const std::vector<Where>& where, void* data, size_t bytes) {
+  const int n = t.size();
   std::vector<std::byte*> views(static_cast<size_t>(n), nullptr);
-  bool mapped = mine.region != 0;
-  for (int i = 0; i < n && mapped; ++i) {
+  for (int i = 0; i < n; ++i) {
     const Where& w = where[static_cast<size_t>(i)];
+    if (w.region == 0) return {};
     views[static_cast<size_t>(i)] =
-        i == t.me ? static_cast<std::byte*>(buf.data) : t.regions.peer_view(t.members[i], w.region, w.address, buf.bytes());
-    mapped = views[static_cast<size_t>(i)] != nullptr;
+        i == t.me ? static_cast<std::byte*>(data) : t.regions.peer_view(t.members[i], w.region, w.address, bytes);
+    if (views[static_cast<size_t>(i)] == nullptr) return {};
   }
-  if (mapped) return all_reduce_mapped(t, buf, op, views);
+  return views;
+}
+
+void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
+  const int n = t.size();
+  const std::vector<Where> where = exchange_where(t, buf.data, buf.bytes());
+  const std::vector<std::byte*> views = mapped_views(t, where, buf.data, buf.bytes());
+  if (!views.empty()) return all_reduce_mapped(t, buf, op, views);
   if (t.mesh.peer_memory().permitted()) {
     std::vector<uint64_t> address(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) address[static_cast<size_t>(i)] = where[static_cast<size_t>(i)].address;
@@ -441,7 +458,55 @@ void scatter(Team& t, Buffer input, Buffer output, int root) {
   if (bytes > 0) run(t, xs);
 }
 
+// Widening reduce-scatter (16-bit float input, f32 output): block `me` of every
+// rank's input is converted exactly to f32 and summed in rank order 0..n-1, in f32,
+// then divided by n for Avg. Only 16-bit elements cross between ranks, and each
+// output element is computed by one rank from the same inputs in the same order, so
+// the result does not depend on timing or transport.
+//   1. Where every input is (see exchange_where). If all are shared memory this rank
+//      maps (DDP's staging buffers come from ProcessGroup::allocate), each rank reads
+//      block `me` of every peer's input straight from the mapped pages; a barrier
+//      then tells every rank that nobody reads its input any more.
+//   2. Otherwise an all-to-all exchange of the blocks: block j of my input to rank j,
+//      block `me` of rank i's input into scratch slot i.
+//   3. One fold, a cache-sized piece at a time: out = f32(slot 0), out += f32(slot i).
+namespace {
+void reduce_scatter_widening(Team& t, Buffer input, Buffer output, ReduceOp op) {
+  const int n = t.size();
+  if (output.count == 0) return;
+  const size_t block = output.count, esz = dtype_size(input.dtype);
+  auto* out = static_cast<float*>(output.data);
+  std::vector<const std::byte*> blocks(static_cast<size_t>(n));
+  std::vector<std::byte*> views;
+  if (n > 1) views = mapped_views(t, exchange_where(t, input.data, input.bytes()), input.data, input.bytes());
+  if (!views.empty() || n == 1) {
+    for (int i = 0; i < n; ++i) {
+      const auto* base = n == 1 ? static_cast<const std::byte*>(input.data) : views[static_cast<size_t>(i)];
+      blocks[static_cast<size_t>(i)] = base + block * static_cast<size_t>(t.me) * esz;
+    }
+  } else {
+    Bytes slots = t.scratch_bytes(block * esz * static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) blocks[static_cast<size_t>(i)] = slots + block * esz * static_cast<size_t>(i);
+    blocks[static_cast<size_t>(t.me)] = at(input, block * static_cast<size_t>(t.me));
+    for (int s = 1; s < n; ++s) {
+      const int to = (t.me + s) % n, from = (t.me - s + n) % n;
+      std::vector<Xfer> xs{Xfer::send(t.members[to], at(input, block * static_cast<size_t>(to)), block * esz),
+                           Xfer::recv(t.members[from], slots + block * esz * static_cast<size_t>(from), block * esz)};
+      run(t, xs);
+    }
+  }
+  constexpr size_t kPiece = 8 * 1024;  // f32 elements: 32 KiB of output stays in L1/L2 while n inputs fold in
+  for (size_t from = 0; from < block; from += kPiece) {
+    const size_t k = std::min(kPiece, block - from);
+    for (int i = 0; i < n; ++i) widen_into(input.dtype, out + from, blocks[static_cast<size_t>(i)] + from * esz, k, i > 0);
+    if (op == ReduceOp::Avg) divide(DType::F32, out + from, k, n);
+  }
+  if (!views.empty()) dissemination_barrier(t);
+}
+}  // namespace
+
 void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
+  if (input.dtype != output.dtype) return reduce_scatter_widening(t, input, output, op);
   const int n = t.size();
   const size_t esz = dtype_size(input.dtype);
   if (n == 1) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace ddp::cpu {
@@ -81,6 +82,29 @@ void reduce_into(DType t, ReduceOp op, void* dst, const void* a, const void* b, 
 }
 
 void reduce_inplace(DType t, ReduceOp op, void* dst, const void* src, size_t n) { reduce_into(t, op, dst, dst, src, n); }
+
+namespace {
+// bf16 -> f32 is a shift of the bits: written on the raw 16-bit words so it vectorises.
+template <bool Add>
+void widen_bf16(float* dst, const uint16_t* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = uint32_t{src[i]} << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    if constexpr (Add) dst[i] += f;
+    else dst[i] = f;
+  }
+}
+}  // namespace
+
+void widen_into(DType t, float* dst, const void* src, size_t n, bool add) {
+  if (t == DType::BF16) {
+    const auto* words = static_cast<const uint16_t*>(src);
+    return add ? widen_bf16<true>(dst, words, n) : widen_bf16<false>(dst, words, n);
+  }
+  const auto* h = static_cast<const Half*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = add ? dst[i] + to_float(h[i]) : to_float(h[i]);
+}
 
 void divide(DType t, void* buf, size_t n, int d) {
   switch (t) {

@@ -12,6 +12,9 @@ namespace ddp::cpu {
 void reduce_inplace(DType t, ReduceOp op, void* dst, const void* src, size_t n);
 // dst[i] = op(a[i], b[i]); dst may equal a or b, partial overlap is not allowed.
 void reduce_into(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n);
+// Widening (a bf16/f16 -> f32 reduce_scatter): dst[i] = float(src[i]) when `add` is
+// false, dst[i] += float(src[i]) when true; t is BF16 or F16. The conversion is exact.
+void widen_into(DType t, float* dst, const void* src, size_t n, bool add);
 // buf[i] /= divisor (truncating for integer types).
 void divide(DType t, void* buf, size_t n, int divisor);
 

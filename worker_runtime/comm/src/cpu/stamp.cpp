@@ -6,6 +6,18 @@ namespace {
 
 bool reduces(OpKind k) { return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter; }
 
+// The dtype byte: the input's dtype in the low nibble; a widening reduce_scatter adds
+// its output's dtype + 1 in the high nibble, so ranks passing f32 against bf16 (either
+// side) disagree in the stamp.
+constexpr unsigned kOutputShift = 4;
+uint8_t dtype_byte(const Op& op, const Buffer& b) {
+  auto v = static_cast<unsigned>(b.dtype);
+  if (op.kind == OpKind::ReduceScatter && op.output.dtype != op.input.dtype) {
+    v |= (static_cast<unsigned>(op.output.dtype) + 1) << kOutputShift;
+  }
+  return static_cast<uint8_t>(v);
+}
+
 }  // namespace
 
 Stamp stamp_of(const Op& op) {
@@ -16,7 +28,7 @@ Stamp stamp_of(const Op& op) {
   const Buffer& b = op.kind == OpKind::Scatter ? op.output : op.input;
   if (op.kind != OpKind::Barrier) {
     s.count = b.count;
-    s.dtype = static_cast<uint8_t>(b.dtype);
+    s.dtype = dtype_byte(op, b);
   }
   s.root = op.peer;
   if (reduces(op.kind)) s.reduce = static_cast<uint8_t>(op.reduce);
@@ -40,14 +52,16 @@ Stamp expected_from(const Stamp& mine, int me) {
 std::string describe(const Stamp& s) {
   if (s.magic != Stamp::kMagic) return "an unreadable message";
   if (s.kind == Stamp::kAllocate) return "allocate";
-  if (s.kind > static_cast<uint8_t>(OpKind::Recv) || s.dtype > static_cast<uint8_t>(DType::U8) ||
-      s.reduce > static_cast<uint8_t>(ReduceOp::Prod)) {
+  const unsigned in = s.dtype & 0xfu, widened = s.dtype >> kOutputShift;
+  if (s.kind > static_cast<uint8_t>(OpKind::Recv) || in > static_cast<unsigned>(DType::U8) ||
+      widened > static_cast<unsigned>(DType::U8) + 1 || s.reduce > static_cast<uint8_t>(ReduceOp::Prod)) {
     return "an unknown call";
   }
   Op op;
   op.kind = static_cast<OpKind>(s.kind);
-  op.input = Buffer{nullptr, s.count, static_cast<DType>(s.dtype)};
+  op.input = Buffer{nullptr, s.count, static_cast<DType>(in)};
   op.output = op.input;
+  if (widened > 0) op.output.dtype = static_cast<DType>(widened - 1);
   op.peer = s.root;
   op.reduce = static_cast<ReduceOp>(s.reduce);
   std::string out = describe_op(op);

@@ -161,6 +161,10 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   Work reduce_scatter_on_gpu(Buffer input, Buffer output, ReduceOp op, const Op& call) {
+    // ProcessGroup::check refuses it first; NCCL has no widening reduce-scatter.
+    if (input.dtype != output.dtype) {
+      throw InvalidArgument(std::string(dtype_name(input.dtype)) + "\u2192f32 reduce_scatter: host buffers only");
+    }
     if (output.count == 0) return barrier_on_gpu(call);
     return enqueue("reduce_scatter", call, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(input.data, output.data, output.count, nccl_dtype(output.dtype), nccl_op(op), c, s);
