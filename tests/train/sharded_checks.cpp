@@ -11,6 +11,8 @@
 //     elementwise rules), reduce-scatter mode exactly DDP's stepping on the same
 //     reduce-scattered gradients, and exactly DDP's at 2 ranks (a + b commutes); every
 //     rank holds bit-identical values after every step;
+//   - bf16 gradients (rounded once per bucket, reduced in f32): every rank holds the
+//     same values after every step;
 //   - memory: ZeRO-1's optimizer bytes are DDP's AdamW's over N, plus the padding;
 //   - checkpoints: on a 2-rank group, consolidate_state + save_state on rank 0 writes
 //     the bytes of an unsharded AdamW after the same steps (other ranks refuse); those
@@ -85,7 +87,7 @@ struct Trainer {
 
   // `values`: the parameter values to start from (flattened), instead of the seed's.
   Trainer(const std::shared_ptr<ddp::ProcessGroup>& pg, const ModelCase& c, Strategy s, Opt o,
-          const std::vector<float>* values = nullptr)
+          const std::vector<float>* values = nullptr, ddp::DType grad_dtype = ddp::DType::F32)
       : mc(c), model(ddp::make_mlp({.sizes = c.sizes, .seed = 5})), gather_shards(s == Strategy::DdpSameGrads) {
     if (values != nullptr) {
       size_t at = 0;
@@ -97,7 +99,10 @@ struct Trainer {
     const bool rs = s == Strategy::ZeroReduceScatter || s == Strategy::DdpSameGrads;
     const auto reduce = rs ? ddp::GradReduce::ReduceScatter : ddp::GradReduce::AllReduce;
     ddp = std::make_unique<ddp::DistributedDataParallel>(
-        *model, pg, ddp::DdpOptions{.first_bucket_bytes = c.first_bucket, .bucket_cap_bytes = c.bucket_cap, .reduce = reduce});
+        *model, pg, ddp::DdpOptions{.first_bucket_bytes = c.first_bucket,
+                                          .bucket_cap_bytes = c.bucket_cap,
+                                          .grad_dtype = grad_dtype,
+                                          .reduce = reduce});
     if (s == Strategy::Ddp || s == Strategy::DdpSameGrads) {
       opt = factory(o)(model->parameters());
     } else {
@@ -188,6 +193,33 @@ void equivalence(const std::shared_ptr<ddp::ProcessGroup>& pg) {
         }
         check(identical, what + ": every rank holds the same values after every step");
       }
+    }
+  }
+}
+
+// bf16 gradient communication: each bucket is rounded once to bf16 and reduced in f32
+// in rank order, then the values are all-gathered: every rank must hold the same bits.
+void bf16(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  for (const ModelCase* mc : {&kWide, &kOdd}) {
+    Trainer f32(pg, *mc, Strategy::Ddp, Opt::AdamW);
+    f32.train(*pg, 0, 20);
+    Trainer ref(pg, *mc, Strategy::Ddp, Opt::AdamW, nullptr, ddp::DType::BF16);
+    ref.train(*pg, 0, 20);
+    const std::vector<float> want = launched::values_of(*ref.model);
+    for (Strategy s : {Strategy::ZeroAllReduce, Strategy::ZeroReduceScatter}) {
+      Trainer z(pg, *mc, s, Opt::AdamW, nullptr, ddp::DType::BF16);
+      const bool identical = z.train(*pg, 0, 20);
+      const std::vector<float> got = launched::values_of(*z.model);
+      const double diff = max_rel_diff(got, want), from_f32 = max_rel_diff(got, launched::values_of(*f32.model));
+      const std::string what = std::string(name_of(s)) + " bf16 grads adamw " + mc->name;
+      if (pg->rank() == 0) {
+        std::printf("rank 0: %s: max_rel_diff %.3g vs bf16 ddp, %.3g vs f32 ddp\n", what.c_str(), diff, from_f32);
+      }
+      check(identical, what + ": every rank holds the same values after every step");
+      // DDP's bf16 all-reduce is the same widening reduce-scatter followed by an
+      // all-gather: the same gradients, so the same steps.
+      check(diff == 0, what + " is exactly bf16 DDP's (" + std::to_string(diff) + ")");
+      check(from_f32 > 0, what + ": the gradients did go through bf16");
     }
   }
 }
@@ -318,6 +350,7 @@ int main() {
     auto pg = ddp::init({.backend = "cpu"});
     launched::g_rank = pg->rank();
     equivalence(pg);
+    if (pg->size() >= 2) bf16(pg);
     memory(pg);
     if (pg->size() >= 2) {
       checkpoint(pg, Strategy::ZeroAllReduce);
