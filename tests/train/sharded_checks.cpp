@@ -19,7 +19,8 @@
 //     bytes loaded at another world size save back unchanged and continue as an
 //     unsharded AdamW loaded from them;
 //   - clip_grad_norm: the global norm of the shards, as DDP's over the full buckets;
-//   - a ZeroOptions that does not match the DDP's reduction mode is refused.
+//   - a ZeroOptions that does not match the DDP's reduction mode is refused; after
+//     ZeRO-1 is gone the parameters own their values again.
 //
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
 #include <algorithm>
@@ -317,30 +318,54 @@ void checkpoint(const std::shared_ptr<ddp::ProcessGroup>& pg, Strategy s) {
 }
 
 void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
-  Trainer ref(pg, kWide, Strategy::Ddp, Opt::Sgd);
-  Trainer z(pg, kWide, Strategy::ZeroReduceScatter, Opt::Sgd);
-  ref.backward(pg->rank(), 77);
-  z.backward(pg->rank(), 77);
-  const float want = ref.ddp->clip_grad_norm(0.05f);
-  const float got = z.zero->clip_grad_norm(0.05f);
-  check(std::fabs(got - want) <= 1e-5f * want, "ZeRO-1's clip_grad_norm returns DDP's global norm (" +
-                                                   std::to_string(got) + " vs " + std::to_string(want) + ")");
-  ref.opt->step();
-  z.opt->step();
-  const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
-  check(diff <= 1e-6, "a clipped ZeRO-1 step matches a clipped DDP step (" + std::to_string(diff) + ")");
+  for (Strategy s : {Strategy::ZeroAllReduce, Strategy::ZeroReduceScatter}) {
+    const std::string mode = name_of(s);
+    Trainer ref(pg, kWide, Strategy::Ddp, Opt::Sgd);
+    Trainer z(pg, kWide, s, Opt::Sgd);
+    ref.backward(pg->rank(), 77);
+    z.backward(pg->rank(), 77);
+    const float want = ref.ddp->clip_grad_norm(0.05f);
+    const float got = z.zero->clip_grad_norm(0.05f);
+    check(std::fabs(got - want) <= 1e-5f * want, mode + ": clip_grad_norm returns DDP's global norm (" +
+                                                     std::to_string(got) + " vs " + std::to_string(want) + ")");
+    ref.opt->step();
+    z.opt->step();  // on the clipped gradients (the copies, in all-reduce mode)
+    const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    check(diff <= 1e-6, mode + ": a clipped step matches a clipped DDP step (" + std::to_string(diff) + ")");
+  }
 }
 
 void refusals(const std::shared_ptr<ddp::ProcessGroup>& pg) {
-  auto model = ddp::make_mlp({.sizes = kOdd.sizes, .seed = 5});
-  ddp::DistributedDataParallel all_reduce(*model, pg);
-  bool refused = false;
-  try {
-    ddp::ZeroRedundancyOptimizer z(all_reduce, factory(Opt::AdamW), {.reduce_scatter = true});
-  } catch (const ddp::InvalidArgument& e) {
-    refused = std::string(e.what()).find("GradReduce::ReduceScatter") != std::string::npos;
+  for (auto reduce : {ddp::GradReduce::AllReduce, ddp::GradReduce::ReduceScatter}) {
+    auto model = ddp::make_mlp({.sizes = kOdd.sizes, .seed = 5});
+    ddp::DistributedDataParallel d(*model, pg, {.reduce = reduce});
+    const bool rs = reduce == ddp::GradReduce::ReduceScatter;
+    bool refused = false;
+    try {
+      ddp::ZeroRedundancyOptimizer z(d, factory(Opt::AdamW), {.reduce_scatter = !rs});
+    } catch (const ddp::InvalidArgument& e) {
+      refused = std::string(e.what()).find(rs ? "GradReduce::AllReduce" : "GradReduce::ReduceScatter") != std::string::npos;
+    }
+    check(refused, std::string("a ZeroOptions that does not match a DDP built with ") +
+                       (rs ? "ReduceScatter" : "AllReduce") + " is refused, naming the DDP option to use");
+    check(model->parameters()[0]->materialized() && !model->parameters()[0]->value.is_view(),
+          "a refused ZeRO-1 leaves the parameters' values as they were");
   }
-  check(refused, "reduce_scatter over an all-reducing DDP is refused, naming the DDP option");
+}
+
+// While ZeRO-1 lives the values are views of its flat buffers; afterwards the model
+// owns them again, with the trained values.
+void lifetime(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  Trainer t(pg, kOdd, Strategy::ZeroReduceScatter, Opt::AdamW);
+  t.train(*pg, 0, 2);
+  bool views = true;
+  for (auto* p : t.model->parameters()) views &= p->value.is_view();
+  check(views, "ZeRO-1 binds every parameter's value into its flat buffers");
+  const std::vector<float> trained = launched::values_of(*t.model);
+  t.opt.reset();
+  bool owning = true;
+  for (auto* p : t.model->parameters()) owning &= !p->value.is_view() && p->materialized();
+  check(owning && launched::values_of(*t.model) == trained, "after ZeRO-1 the parameters own their trained values");
 }
 
 }  // namespace
@@ -358,6 +383,7 @@ int main() {
     }
     clipping(pg);
     refusals(pg);
+    lifetime(pg);
     pg->barrier();
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", launched::g_rank, e.what());
