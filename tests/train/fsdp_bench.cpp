@@ -122,12 +122,17 @@ void bench(const std::shared_ptr<ddp::ProcessGroup>& pg, int rounds) {
     const size_t shard = padded / static_cast<size_t>(pg->size());
     ddp::Tensor full(1, padded), part(1, shard);
     auto shared = pg->allocate(padded * sizeof(float));
+    auto wire = pg->allocate(padded * sizeof(ddp::BFloat16));
     auto f32 = [](float* p, size_t n) { return ddp::Buffer{p, n, ddp::DType::F32, ddp::Device::Cpu}; };
     const std::vector<std::pair<const char*, std::function<void()>>> ops = {
         {"all_gather f32 (FSDP's gathers)", [&] { pg->all_gather(f32(part.data(), shard), f32(full.data(), padded)); }},
         {"reduce_scatter f32 avg (FSDP's)", [&] { pg->reduce_scatter(f32(full.data(), padded), f32(part.data(), shard), ddp::ReduceOp::Avg); }},
-        {"all_reduce f32 avg, group memory (DDP's)",
-         [&] { pg->all_reduce(f32(reinterpret_cast<float*>(shared->data()), padded), ddp::ReduceOp::Avg); }}};
+        {"all_reduce f32 avg, group memory (DDP's, and FSDP's f32 reduction on one host)",
+         [&] { pg->all_reduce(f32(reinterpret_cast<float*>(shared->data()), padded), ddp::ReduceOp::Avg); }},
+        {"reduce_scatter bf16->f32 avg, group memory (FSDP's bf16 reduction)", [&] {
+           pg->reduce_scatter(ddp::Buffer{wire->data(), padded, ddp::DType::BF16, ddp::Device::Cpu},
+                              f32(part.data(), shard), ddp::ReduceOp::Avg);
+         }}};
     for (const auto& [what, op] : ops) {
       Ms ms;
       for (int i = 0; i < 12; ++i) {
