@@ -1,5 +1,5 @@
 // FullyShardedDataParallel end to end: fsdp_checks (the mechanism's promises, checked
-// inside real ranks) launched by the real ddprun at 2 and 3 ranks (3 splits the odd
+// inside real ranks) launched by the real ddprun at 1, 2 and 3 ranks (3 splits the odd
 // 13-37-29-5 model's units unevenly, so padding is exercised).
 #include <catch2/catch.hpp>
 #include <regex>
@@ -12,8 +12,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int kChecks = 59;     // fsdp_checks' checks per rank
-constexpr int kCompared = 17;   // its printed FSDP-vs-DDP differences per rank
+constexpr int kChecks = 84;     // fsdp_checks' checks per rank
+constexpr int kCompared = 26;   // its printed FSDP-vs-DDP differences per rank
 
 void run_checks(int nproc) {
   auto r = run({e2e::kDdprun, "--nproc_per_node=" + std::to_string(nproc), FSDP_CHECKS_BIN}, {}, 300s);
@@ -46,6 +46,10 @@ void run_checks(int nproc) {
 
 TEST_CASE("FSDP mechanism, 2 ranks: equivalence with DDP, summon_full_params, memory, overlap, errors", "[fsdp]") {
   run_checks(2);
+}
+
+TEST_CASE("FSDP mechanism, 1 rank: the same promises hold alone (gathers and reduce-scatters are copies)", "[fsdp]") {
+  run_checks(1);
 }
 
 TEST_CASE("FSDP mechanism, 3 ranks: the same promises with uneven shards and padding", "[fsdp]") { run_checks(3); }

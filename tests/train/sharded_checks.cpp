@@ -11,13 +11,16 @@
 //     elementwise rules), reduce-scatter mode exactly DDP's stepping on the same
 //     reduce-scattered gradients, and exactly DDP's at 2 ranks (a + b commutes); every
 //     rank holds bit-identical values after every step;
+//   - bf16 gradients (rounded once per bucket, reduced in f32): every rank holds the
+//     same values after every step;
 //   - memory: ZeRO-1's optimizer bytes are DDP's AdamW's over N, plus the padding;
 //   - checkpoints: on a 2-rank group, consolidate_state + save_state on rank 0 writes
 //     the bytes of an unsharded AdamW after the same steps (other ranks refuse); those
 //     bytes loaded at another world size save back unchanged and continue as an
 //     unsharded AdamW loaded from them;
 //   - clip_grad_norm: the global norm of the shards, as DDP's over the full buckets;
-//   - a ZeroOptions that does not match the DDP's reduction mode is refused.
+//   - a ZeroOptions that does not match the DDP's reduction mode is refused; after
+//     ZeRO-1 is gone the parameters own their values again.
 //
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
 #include <algorithm>
@@ -85,7 +88,7 @@ struct Trainer {
 
   // `values`: the parameter values to start from (flattened), instead of the seed's.
   Trainer(const std::shared_ptr<ddp::ProcessGroup>& pg, const ModelCase& c, Strategy s, Opt o,
-          const std::vector<float>* values = nullptr)
+          const std::vector<float>* values = nullptr, ddp::DType grad_dtype = ddp::DType::F32)
       : mc(c), model(ddp::make_mlp({.sizes = c.sizes, .seed = 5})), gather_shards(s == Strategy::DdpSameGrads) {
     if (values != nullptr) {
       size_t at = 0;
@@ -97,7 +100,10 @@ struct Trainer {
     const bool rs = s == Strategy::ZeroReduceScatter || s == Strategy::DdpSameGrads;
     const auto reduce = rs ? ddp::GradReduce::ReduceScatter : ddp::GradReduce::AllReduce;
     ddp = std::make_unique<ddp::DistributedDataParallel>(
-        *model, pg, ddp::DdpOptions{.first_bucket_bytes = c.first_bucket, .bucket_cap_bytes = c.bucket_cap, .reduce = reduce});
+        *model, pg, ddp::DdpOptions{.first_bucket_bytes = c.first_bucket,
+                                          .bucket_cap_bytes = c.bucket_cap,
+                                          .grad_dtype = grad_dtype,
+                                          .reduce = reduce});
     if (s == Strategy::Ddp || s == Strategy::DdpSameGrads) {
       opt = factory(o)(model->parameters());
     } else {
@@ -188,6 +194,33 @@ void equivalence(const std::shared_ptr<ddp::ProcessGroup>& pg) {
         }
         check(identical, what + ": every rank holds the same values after every step");
       }
+    }
+  }
+}
+
+// bf16 gradient communication: each bucket is rounded once to bf16 and reduced in f32
+// in rank order, then the values are all-gathered: every rank must hold the same bits.
+void bf16(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  for (const ModelCase* mc : {&kWide, &kOdd}) {
+    Trainer f32(pg, *mc, Strategy::Ddp, Opt::AdamW);
+    f32.train(*pg, 0, 20);
+    Trainer ref(pg, *mc, Strategy::Ddp, Opt::AdamW, nullptr, ddp::DType::BF16);
+    ref.train(*pg, 0, 20);
+    const std::vector<float> want = launched::values_of(*ref.model);
+    for (Strategy s : {Strategy::ZeroAllReduce, Strategy::ZeroReduceScatter}) {
+      Trainer z(pg, *mc, s, Opt::AdamW, nullptr, ddp::DType::BF16);
+      const bool identical = z.train(*pg, 0, 20);
+      const std::vector<float> got = launched::values_of(*z.model);
+      const double diff = max_rel_diff(got, want), from_f32 = max_rel_diff(got, launched::values_of(*f32.model));
+      const std::string what = std::string(name_of(s)) + " bf16 grads adamw " + mc->name;
+      if (pg->rank() == 0) {
+        std::printf("rank 0: %s: max_rel_diff %.3g vs bf16 ddp, %.3g vs f32 ddp\n", what.c_str(), diff, from_f32);
+      }
+      check(identical, what + ": every rank holds the same values after every step");
+      // DDP's bf16 all-reduce is the same widening reduce-scatter followed by an
+      // all-gather: the same gradients, so the same steps.
+      check(diff == 0, what + " is exactly bf16 DDP's (" + std::to_string(diff) + ")");
+      check(from_f32 > 0, what + ": the gradients did go through bf16");
     }
   }
 }
@@ -285,30 +318,54 @@ void checkpoint(const std::shared_ptr<ddp::ProcessGroup>& pg, Strategy s) {
 }
 
 void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
-  Trainer ref(pg, kWide, Strategy::Ddp, Opt::Sgd);
-  Trainer z(pg, kWide, Strategy::ZeroReduceScatter, Opt::Sgd);
-  ref.backward(pg->rank(), 77);
-  z.backward(pg->rank(), 77);
-  const float want = ref.ddp->clip_grad_norm(0.05f);
-  const float got = z.zero->clip_grad_norm(0.05f);
-  check(std::fabs(got - want) <= 1e-5f * want, "ZeRO-1's clip_grad_norm returns DDP's global norm (" +
-                                                   std::to_string(got) + " vs " + std::to_string(want) + ")");
-  ref.opt->step();
-  z.opt->step();
-  const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
-  check(diff <= 1e-6, "a clipped ZeRO-1 step matches a clipped DDP step (" + std::to_string(diff) + ")");
+  for (Strategy s : {Strategy::ZeroAllReduce, Strategy::ZeroReduceScatter}) {
+    const std::string mode = name_of(s);
+    Trainer ref(pg, kWide, Strategy::Ddp, Opt::Sgd);
+    Trainer z(pg, kWide, s, Opt::Sgd);
+    ref.backward(pg->rank(), 77);
+    z.backward(pg->rank(), 77);
+    const float want = ref.ddp->clip_grad_norm(0.05f);
+    const float got = z.zero->clip_grad_norm(0.05f);
+    check(std::fabs(got - want) <= 1e-5f * want, mode + ": clip_grad_norm returns DDP's global norm (" +
+                                                     std::to_string(got) + " vs " + std::to_string(want) + ")");
+    ref.opt->step();
+    z.opt->step();  // on the clipped gradients (the copies, in all-reduce mode)
+    const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    check(diff <= 1e-6, mode + ": a clipped step matches a clipped DDP step (" + std::to_string(diff) + ")");
+  }
 }
 
 void refusals(const std::shared_ptr<ddp::ProcessGroup>& pg) {
-  auto model = ddp::make_mlp({.sizes = kOdd.sizes, .seed = 5});
-  ddp::DistributedDataParallel all_reduce(*model, pg);
-  bool refused = false;
-  try {
-    ddp::ZeroRedundancyOptimizer z(all_reduce, factory(Opt::AdamW), {.reduce_scatter = true});
-  } catch (const ddp::InvalidArgument& e) {
-    refused = std::string(e.what()).find("GradReduce::ReduceScatter") != std::string::npos;
+  for (auto reduce : {ddp::GradReduce::AllReduce, ddp::GradReduce::ReduceScatter}) {
+    auto model = ddp::make_mlp({.sizes = kOdd.sizes, .seed = 5});
+    ddp::DistributedDataParallel d(*model, pg, {.reduce = reduce});
+    const bool rs = reduce == ddp::GradReduce::ReduceScatter;
+    bool refused = false;
+    try {
+      ddp::ZeroRedundancyOptimizer z(d, factory(Opt::AdamW), {.reduce_scatter = !rs});
+    } catch (const ddp::InvalidArgument& e) {
+      refused = std::string(e.what()).find(rs ? "GradReduce::AllReduce" : "GradReduce::ReduceScatter") != std::string::npos;
+    }
+    check(refused, std::string("a ZeroOptions that does not match a DDP built with ") +
+                       (rs ? "ReduceScatter" : "AllReduce") + " is refused, naming the DDP option to use");
+    check(model->parameters()[0]->materialized() && !model->parameters()[0]->value.is_view(),
+          "a refused ZeRO-1 leaves the parameters' values as they were");
   }
-  check(refused, "reduce_scatter over an all-reducing DDP is refused, naming the DDP option");
+}
+
+// While ZeRO-1 lives the values are views of its flat buffers; afterwards the model
+// owns them again, with the trained values.
+void lifetime(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  Trainer t(pg, kOdd, Strategy::ZeroReduceScatter, Opt::AdamW);
+  t.train(*pg, 0, 2);
+  bool views = true;
+  for (auto* p : t.model->parameters()) views &= p->value.is_view();
+  check(views, "ZeRO-1 binds every parameter's value into its flat buffers");
+  const std::vector<float> trained = launched::values_of(*t.model);
+  t.opt.reset();
+  bool owning = true;
+  for (auto* p : t.model->parameters()) owning &= !p->value.is_view() && p->materialized();
+  check(owning && launched::values_of(*t.model) == trained, "after ZeRO-1 the parameters own their trained values");
 }
 
 }  // namespace
@@ -318,6 +375,7 @@ int main() {
     auto pg = ddp::init({.backend = "cpu"});
     launched::g_rank = pg->rank();
     equivalence(pg);
+    if (pg->size() >= 2) bf16(pg);
     memory(pg);
     if (pg->size() >= 2) {
       checkpoint(pg, Strategy::ZeroAllReduce);
@@ -325,6 +383,7 @@ int main() {
     }
     clipping(pg);
     refusals(pg);
+    lifetime(pg);
     pg->barrier();
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", launched::g_rank, e.what());

@@ -4,7 +4,7 @@
 // Collectives all go to one group, so they run one at a time in issue order; every rank
 // issues the same sequence (the schedule below depends only on the unit count and the
 // options). Forward, unit u: issue the gathers of u..u+prefetch not yet issued, wait for
-// u's, run it, release it. Backward, unit u from the last: issue the gathers of
+// u's, run it, release it (but for the last 1 + prefetch units, which backward needs first). Backward, unit u from the last: issue the gathers of
 // u..u-prefetch, wait for u's, bind the unit's grads into a zeroed grad pool buffer, run the
 // unit's backward, issue its reduce-scatter (async), release its values. A grad buffer is
 // reused only after the reduce-scatter that read it completed; a value buffer only after
@@ -116,7 +116,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Sequential& model, std::share
   }
   s.value_owner.assign(s.values.size(), -1);
   const size_t grad_pool = std::min<size_t>(n_units, 2);
-  for (size_t i = 0; i < grad_pool; ++i) s.grads.emplace_back(1, s.max_padded);
+  s.reduce_by_all_reduce = options.grad_dtype == DType::F32 && s.pg->size() > 1;
+  for (size_t i = 0; i < grad_pool; ++i) {
+    s.grad_memory.push_back(s.pg->allocate(s.max_padded * sizeof(float)));
+    s.reduce_by_all_reduce &= s.grad_memory.back()->shared();
+    s.grads.push_back(Tensor::view(reinterpret_cast<float*>(s.grad_memory.back()->data()), 1, s.max_padded));
+  }
   s.grad_owner.assign(grad_pool, -1);
   s.rs_temp.resize(grad_pool);
   s.staging.resize(grad_pool);
@@ -213,6 +218,13 @@ void FullyShardedDataParallel::Impl::issue_reduce_scatter(size_t u) {
   FsdpUnit& unit = *units[u];
   const auto slot = static_cast<size_t>(unit.grad_slot);
   const size_t shard = unit.group.shard();
+  unit.rs_all_reduced = reduce_by_all_reduce;
+  if (unit.rs_all_reduced) {
+    // Every rank decides alike: shared() is the same answer on every rank of the group.
+    unit.rs_issued = FsdpClock::now();
+    unit.rs = pg->all_reduce(f32(grads[slot].data(), unit.group.padded), ReduceOp::Avg, {.async_op = true});
+    return;
+  }
   // Straight into the grad shard when it holds nothing; otherwise (accumulation over
   // several backwards) into a temp that finish_reduce_scatter adds in.
   unit.rs_into_temp = !unit.grad_zero;
@@ -243,11 +255,18 @@ void FullyShardedDataParallel::Impl::finish_reduce_scatter(size_t u) {
   unit.rs.wait();
   waited(unit.rs, t0, unit.rs_issued, "reduce_scatter", u);
   unit.rs = Work();
-  if (unit.rs_into_temp) {
+  const size_t shard = unit.group.shard();
+  const float* reduced = unit.rs_all_reduced ? grads[slot].data() + shard * static_cast<size_t>(pg->rank())
+                         : unit.rs_into_temp ? rs_temp[slot].data()
+                                             : nullptr;  // already in the grad shard
+  if (reduced != nullptr && unit.grad_zero) {
+    std::memcpy(unit.shard->grad.data(), reduced, shard * sizeof(float));
+  } else if (reduced != nullptr) {
     float* __restrict g = unit.shard->grad.data();
-    const float* __restrict t = rs_temp[slot].data();
-    for (size_t i = 0; i < unit.group.shard(); ++i) g[i] += t[i];
+    const float* __restrict t = reduced;
+    for (size_t i = 0; i < shard; ++i) g[i] += t[i];
   }
+  unit.grad_zero = false;
   transient_now -= grads[slot].size() * sizeof(float);
   grad_owner[slot] = -1;
   unit.grad_slot = -1;
@@ -295,8 +314,10 @@ const Tensor& FullyShardedDataParallel::forward(const Tensor& x) {
       const auto t0 = FsdpClock::now();
       for (Module* m : s.units[u]->modules) h = &m->forward(*h);
       s.stats.forward += seconds(FsdpClock::now() - t0);
-      // The last unit's values stay for backward, which starts with it.
-      if (s.options.reshard_after_forward && u + 1 < n) s.release(u);
+      // The last 1 + prefetch units stay gathered: backward starts with them (its prefetch
+      // would gather them again at once, with no compute to hide behind), and the pool has
+      // room for exactly them.
+      if (s.options.reshard_after_forward && u + 1 + ahead < n) s.release(u);
     }
   } catch (...) {
     s.settle();

@@ -20,7 +20,10 @@
 // Outside forward/backward the model's parameters are released: read or save them inside
 // summon_full_params() (a layer refuses a released parameter with InvalidArgument).
 //
-// Host parameters only (a CPU group). Transient memory: 1 + prefetch gathered units (every
+// The f32 reduction is a reduce-scatter, or, where the grad buffers are shared memory (one
+// host), an all-reduce of the buffer of which each rank keeps its block: the CPU backend's
+// direct all-reduce works in the peers' buffers and is several times faster than its ring
+// reduce-scatter. Host parameters only (a CPU group). Transient memory: 1 + prefetch gathered units (every
 // unit without reshard_after_forward) and 2 unsharded grad buffers, allocated once.
 // Gradient accumulation: a backward without zero_grad before it reduce-scatters its
 // gradients and adds them to the shards (correct, but not bitwise equal to DDP's no_sync).
@@ -43,7 +46,9 @@ class Trace;
 
 struct FsdpOptions {
   size_t layers_per_unit = 1;         // parameterised children of the Sequential per unit
-  bool reshard_after_forward = true;  // false: keep gathered values from forward to backward
+  // true: free each unit's gathered values after its forward (but the last 1 + prefetch
+  // units, which backward starts with); false: keep them all from forward to backward.
+  bool reshard_after_forward = true;
   int prefetch = 1;                   // units whose all-gather is issued ahead
   DType grad_dtype = DType::F32;      // BF16: rounded once for the reduce-scatter, reduced in f32
   bool broadcast_parameters = true;   // rank 0's initial values everywhere

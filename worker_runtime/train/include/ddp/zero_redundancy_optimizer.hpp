@@ -7,6 +7,8 @@
 //     return std::make_unique<ddp::AdamW>(std::move(params), ddp::AdamWOptions{.lr = 1e-3f}); });
 //   model.backward(dlogits);  // reduce-scatter per bucket (or all-reduce: ZeroOptions)
 //   opt.step();               // step the shard, all-gather the values
+//   model.zero_grad();        // the DDP's buckets (the optimizer's zero_grad() only
+//                             // clears its shards' grads)
 //
 // The DDP must outlive the optimizer; while the optimizer lives, the model's parameter
 // values are views into its flat per-bucket buffers (its destructor gives the
