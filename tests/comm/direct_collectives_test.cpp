@@ -2,9 +2,12 @@
 // (ranks reading the peers' group memory) on the real CPU backend, ranks forked over a
 // real store:
 //   - with values where the order of f32 additions changes the result (1e8, 1, -1e8
-//     rotated over the ranks), all_reduce (direct, staged and small paths) gives, bit
-//     for bit, the rank-order f32 fold computed here by hand;
-//   - reduce_scatter on plain memory (the ring) sums exactly representable values;
+//     rotated over the ranks), all_reduce (direct, staged and small paths) and
+//     reduce_scatter on group memory give, bit for bit, the rank-order f32 fold
+//     computed here by hand: so a reduce-scattered block equals the same slice of an
+//     all-reduced buffer (DDP's bucket against ZeRO-1's and FSDP's shards);
+//   - reduce_scatter in place (output = block rank() of the input) is the same;
+//     reduce_scatter on plain memory (the ring) still sums exactly representable values;
 //   - block sizes that are not multiples of the fold's piece, and 2 and 3 ranks.
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -75,6 +78,7 @@ struct Floats {
     }
   }
   Buffer buffer() const { return Buffer{data, count, DType::F32, Device::Cpu}; }
+  Buffer block(size_t b, size_t len) const { return Buffer{data + b * len, len, DType::F32, Device::Cpu}; }
   void fill(int rank, float (*value)(int, size_t)) {
     for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
   }
@@ -97,6 +101,19 @@ std::string reduction_report(ddp::ProcessGroup& pg) {
       all.fill(me, order_value);
       pg.all_reduce(all.buffer(), op);
       out += line(name + (shared ? " all_reduce group memory" : " all_reduce heap"), wrong_bits(all.data, total, 0, n, op, order_value));
+      // reduce_scatter of the same inputs: block rank() of that all-reduce, bit for bit.
+      if (!shared) continue;
+      Floats in(pg, total, true);
+      in.fill(me, order_value);
+      std::vector<float> got(kBlock, -1.0f);
+      pg.reduce_scatter(in.buffer(), ddp::view(got), op);
+      out += line(name + " reduce_scatter group memory", wrong_bits(got.data(), kBlock, kBlock * static_cast<size_t>(me), n, op, order_value));
+      out += line(name + " reduce_scatter == all_reduce's block",
+                  std::memcmp(got.data(), all.data + kBlock * static_cast<size_t>(me), kBlock * sizeof(float)) != 0 ? 1 : 0);
+      // In place: the output is block rank() of the input, which the peers do not read.
+      pg.reduce_scatter(in.buffer(), in.block(static_cast<size_t>(me), kBlock), op);
+      out += line(name + " reduce_scatter in place", wrong_bits(in.data + kBlock * static_cast<size_t>(me), kBlock,
+                                                                kBlock * static_cast<size_t>(me), n, op, order_value));
     }
     Floats small(pg, 64, false);
     small.fill(me, order_value);
@@ -115,7 +132,9 @@ std::string reduction_report(ddp::ProcessGroup& pg) {
 std::string no_reduction_wrong() {
   std::string out;
   for (const char* op : {"sum", "avg", "max"}) {
-    for (const char* c : {" all_reduce group memory", " all_reduce heap", " all_reduce small", " reduce_scatter heap"})
+    for (const char* c : {" all_reduce group memory", " all_reduce heap", " reduce_scatter group memory",
+                          " reduce_scatter == all_reduce's block", " reduce_scatter in place", " all_reduce small",
+                          " reduce_scatter heap"})
       out += line(std::string(op) + c, 0);
   }
   return out;
@@ -123,7 +142,7 @@ std::string no_reduction_wrong() {
 
 }  // namespace
 
-TEST_CASE("one-host all_reduce folds in rank order, whichever path runs", "[direct]") {
+TEST_CASE("one-host reductions fold in rank order: all_reduce and reduce_scatter give the same bits", "[direct]") {
   for (int n : {2, 3}) {
     INFO(n << " ranks");
     const auto reports = on_ranks(n, reduction_report);

@@ -290,8 +290,9 @@ void scatter(Team& t, Buffer input, Buffer output, int root) {
   if (bytes > 0) run(t, xs);
 }
 
-// Widening: direct.hpp. Same dtype: around the ring, on a copy (the caller's input
-// stays as it was).
+// Widening: direct.hpp. Same dtype, one host with every input in group memory: the
+// direct rank-order fold (direct.hpp), the same bits as all_reduce's for the same
+// element. Otherwise around the ring, on a copy (the caller's input stays as it was).
 void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
   if (input.dtype != output.dtype) return reduce_scatter_widening(t, input, output, op);
   const int n = t.size();
@@ -301,6 +302,7 @@ void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
     return;
   }
   if (output.count == 0) return;
+  if (one_host(t) && reduce_scatter_direct(t, input, output, op)) return;
   const ReduceOp fold = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   Bytes copy = t.scratch_bytes(input.bytes());
   std::memcpy(copy, input.data, input.bytes());
