@@ -8,6 +8,9 @@
 //     all-reduced buffer (DDP's bucket against ZeRO-1's and FSDP's shards);
 //   - reduce_scatter in place (output = block rank() of the input) is the same;
 //     reduce_scatter on plain memory (the ring) still sums exactly representable values;
+//   - all_gather on group memory in place and not in place, and on plain memory (the
+//     ring), repeated with every rank rewriting its block as soon as a call returns (a
+//     peer still reading it would see the next round's values);
 //   - block sizes that are not multiples of the fold's piece, and 2 and 3 ranks.
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -140,6 +143,39 @@ std::string no_reduction_wrong() {
   return out;
 }
 
+// Round k's value of rank r's block, element i.
+// (Below 2^24: every value exact and distinct per round and rank.)
+float gathered_value(int round, int rank, size_t i) {
+  return static_cast<float>(static_cast<size_t>(round) * 100003 + static_cast<size_t>(rank) * 20011 + i % 4099);
+}
+
+std::string gather_report(ddp::ProcessGroup& pg) {
+  const int n = pg.size(), me = pg.rank();
+  constexpr int kRounds = 20;
+  std::string out;
+  struct Variant {
+    const char* name;
+    bool shared_out, in_place;
+  };
+  for (const Variant v : {Variant{"all_gather group memory in place", true, true},
+                          Variant{"all_gather group memory", true, false}, Variant{"all_gather heap", false, false}}) {
+    Floats output(pg, kBlock * static_cast<size_t>(n), v.shared_out);
+    std::vector<float> separate(kBlock);
+    float* mine = v.in_place ? output.data + kBlock * static_cast<size_t>(me) : separate.data();
+    size_t wrong = 0;
+    for (int round = 0; round < kRounds; ++round) {
+      // Written as soon as the previous call returned: a peer still reading this block
+      // would gather this round's values into the previous round.
+      for (size_t i = 0; i < kBlock; ++i) mine[i] = gathered_value(round, me, i);
+      pg.all_gather(Buffer{mine, kBlock, DType::F32, Device::Cpu}, output.buffer());
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < kBlock; ++i) wrong += output.data[kBlock * static_cast<size_t>(r) + i] != gathered_value(round, r, i);
+    }
+    out += line(v.name, wrong);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("one-host reductions fold in rank order: all_reduce and reduce_scatter give the same bits", "[direct]") {
@@ -147,5 +183,16 @@ TEST_CASE("one-host reductions fold in rank order: all_reduce and reduce_scatter
     INFO(n << " ranks");
     const auto reports = on_ranks(n, reduction_report);
     for (const auto& r : reports) CHECK(sorted_lines(r) == sorted_lines(no_reduction_wrong()));
+  }
+}
+
+TEST_CASE("all_gather in group memory, in place or not, and on the heap, round after round", "[direct]") {
+  for (int n : {2, 3}) {
+    INFO(n << " ranks");
+    const auto reports = on_ranks(n, gather_report);
+    for (const auto& r : reports) {
+      CHECK(sorted_lines(r) == sorted_lines(line("all_gather group memory in place", 0) + line("all_gather group memory", 0) +
+                                            line("all_gather heap", 0)));
+    }
   }
 }

@@ -250,11 +250,15 @@ void reduce(Team& t, Buffer buf, int root, ReduceOp op) {
   if (op == ReduceOp::Avg) divide_chunk(buf, 0, buf.count, n);
 }
 
+// One host with every output in group memory: the direct pull (direct.hpp). Otherwise
+// around the ring.
 void all_gather(Team& t, Buffer input, Buffer output) {
   const int n = t.size();
-  const size_t esz = dtype_size(input.dtype);
-  std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.count * esz);
-  if (n == 1 || input.count == 0) return;
+  if (n == 1 || input.count == 0) {
+    std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.bytes());
+    return;
+  }
+  if (one_host(t) && all_gather_direct(t, input, output)) return;
   std::vector<size_t> off(static_cast<size_t>(n) + 1);
   for (int i = 0; i <= n; ++i) off[i] = input.count * static_cast<size_t>(i);
   ring_all_gather(t, output, off);
