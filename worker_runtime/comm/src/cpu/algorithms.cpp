@@ -254,11 +254,9 @@ void reduce(Team& t, Buffer buf, int root, ReduceOp op) {
 // around the ring.
 void all_gather(Team& t, Buffer input, Buffer output) {
   const int n = t.size();
-  if (n == 1 || input.count == 0) {
-    std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.bytes());
-    return;
-  }
-  if (one_host(t) && all_gather_direct(t, input, output)) return;
+  std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.bytes());
+  if (n == 1 || input.count == 0) return;
+  if (one_host(t) && all_gather_direct(t, output, input.count)) return;
   std::vector<size_t> off(static_cast<size_t>(n) + 1);
   for (int i = 0; i <= n; ++i) off[i] = input.count * static_cast<size_t>(i);
   ring_all_gather(t, output, off);

@@ -249,9 +249,8 @@ void reduce_scatter_widening(Team& t, Buffer input, Buffer output, ReduceOp op) 
 // Pull, not push: each rank writes only its own output (so the gathered blocks land
 // in its own cache) and reads block j of rank j's output, which rank j filled before
 // it sent its answer to the exchange.
-bool all_gather_direct(Team& t, Buffer input, Buffer output) {
-  const size_t bytes = input.bytes();
-  std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, bytes);
+bool all_gather_direct(Team& t, Buffer output, size_t block) {
+  const size_t bytes = block * dtype_size(output.dtype);
   const auto views = mapped_views(t, exchange_where(t, output.data, output.bytes()), output.data, output.bytes());
   if (views.empty()) return false;
   for (int j = 0; j < t.size(); ++j) {

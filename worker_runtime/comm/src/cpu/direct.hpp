@@ -36,11 +36,10 @@ bool reduce_scatter_direct(Team& t, Buffer input, Buffer output, ReduceOp op);
 // is mapped, otherwise an all-to-all exchange of the blocks and the same fold.
 void reduce_scatter_widening(Team& t, Buffer input, Buffer output, ReduceOp op);
 
-// All-gather on one host where every rank's output is group memory: each rank puts its
-// input into block `me` of its own output (in place when the input already is that
-// block), then copies block j out of rank j's output. Collective; false (every rank
-// alike, after the exchange) when some output is not mapped and the caller should
-// run the ring (block `me` is already in place then).
-bool all_gather_direct(Team& t, Buffer input, Buffer output);
+// All-gather on one host where every rank's output is group memory; this rank's input
+// is already block `me` of its output (`block` elements each): each rank copies block j
+// out of rank j's output. Collective; false (every rank alike, after the exchange) when
+// some output is not mapped and the caller should run the ring.
+bool all_gather_direct(Team& t, Buffer output, size_t block);
 
 }  // namespace ddp::cpu
