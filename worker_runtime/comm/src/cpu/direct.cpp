@@ -57,24 +57,40 @@ std::vector<std::byte*> mapped_views(Team& t, const std::vector<Where>& where, v
 // (to the peers, or to the output).
 constexpr size_t kPieceBytes = 32 * 1024;
 
+// own = the rank-order fold of every rank's piece (own is rank me's piece, piece(i)
+// rank i's), without an extra pass: the ranks before `me` fold into `scratch`, which
+// then folds into own as op(partial, own) (the same operands in the same order), and
+// the ranks after `me` fold straight into own.
+template <typename Piece>
+void fold_into_own(DType dtype, ReduceOp op, int n, int me, Bytes own, Bytes scratch, size_t k, Piece piece) {
+  if (me > 0) {
+    const std::byte* partial = piece(0);
+    if (me > 1) {
+      reduce_into(dtype, op, scratch, partial, piece(1), k);
+      for (int i = 2; i < me; ++i) reduce_inplace(dtype, op, scratch, piece(i), k);
+      partial = scratch;
+    }
+    reduce_into(dtype, op, own, partial, own, k);
+  }
+  for (int i = me + 1; i < n; ++i) reduce_inplace(dtype, op, own, piece(i), k);
+}
+
 // Reduces `count` elements from element `from` of every view, in rank order, and
 // writes the result into all of them: this rank's share of a mapped or staged
-// all-reduce. Rank 0 folds into its own view; the others into a scratch piece that
-// starts as op(view 0, view 1) (the same additions either way).
+// all-reduce.
 void reduce_share(Team& t, const std::vector<std::byte*>& views, DType dtype, ReduceOp op, size_t from, size_t count) {
   const int n = static_cast<int>(views.size());
   const size_t esz = dtype_size(dtype);
   const size_t piece_elems = std::max<size_t>(1, kPieceBytes / esz);
-  Bytes scratch = t.me == 0 ? nullptr : t.scratch_bytes(piece_elems * esz);
+  Bytes scratch = t.me > 1 ? t.scratch_bytes(piece_elems * esz) : nullptr;
   for (size_t e = from; e < from + count; e += piece_elems) {
     const size_t k = std::min(piece_elems, from + count - e);
     const size_t off = e * esz;
-    Bytes acc = t.me == 0 ? views[0] + off : scratch;
-    reduce_into(dtype, op, acc, views[0] + off, views[1] + off, k);
-    for (int i = 2; i < n; ++i) reduce_inplace(dtype, op, acc, views[static_cast<size_t>(i)] + off, k);
-    if (op == ReduceOp::Avg) divide(dtype, acc, k, n);
+    Bytes own = views[static_cast<size_t>(t.me)] + off;
+    fold_into_own(dtype, op, n, t.me, own, scratch, k, [&](int i) { return views[static_cast<size_t>(i)] + off; });
+    if (op == ReduceOp::Avg) divide(dtype, own, k, n);
     for (int i = 0; i < n; ++i)
-      if (views[static_cast<size_t>(i)] + off != acc) std::memcpy(views[static_cast<size_t>(i)] + off, acc, k * esz);
+      if (i != t.me) std::memcpy(views[static_cast<size_t>(i)] + off, own, k * esz);
   }
 }
 
@@ -94,7 +110,7 @@ void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::
 
 //   2b. Where the ranks may read and write each other's memory (process_vm_readv/
 //       writev, probed at formation): each rank, piece by piece, reads chunk `me` of
-//       every buffer into a small scratch, folds them in rank order, and writes the
+//       every peer's buffer into a small scratch, folds them in rank order, and writes the
 //       result into every rank's chunk `me`. Nobody else touches chunk `me` of anyone's
 //       buffer meanwhile. A barrier, and all are done: the least memory traffic of the
 //       paths that work on ordinary buffers.
@@ -104,21 +120,20 @@ void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<Where>&
   const size_t esz = dtype_size(buf.dtype);
   constexpr size_t kPiece = 256 * 1024;
   const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
-  Bytes acc = t.scratch_bytes(2 * piece_elems * esz);
-  Bytes theirs = acc + piece_elems * esz;
+  Bytes scratch = t.scratch_bytes(3 * piece_elems * esz);
+  Bytes partial = scratch + piece_elems * esz, theirs = scratch + 2 * piece_elems * esz;
   const PeerMemory& peers = t.mesh.peer_memory();
   auto remote = [&](int i, size_t e) { return where[static_cast<size_t>(i)].address + e * esz; };
   for (size_t from = off[t.me]; from < off[t.me + 1]; from += piece_elems) {
     const size_t count = std::min(piece_elems, off[t.me + 1] - from);
     Bytes own = at(buf, from);
-    Bytes sum = t.me == 0 ? own : acc;  // starts as rank 0's piece
-    if (t.me != 0) peers.read(t.members[0], remote(0, from), acc, count * esz);
-    for (int i = 1; i < n; ++i) {
-      if (i != t.me) peers.read(t.members[i], remote(i, from), theirs, count * esz);
-      reduce_inplace(buf.dtype, op, sum, i == t.me ? own : theirs, count);
-    }
-    if (op == ReduceOp::Avg) divide(buf.dtype, sum, count, n);
-    if (sum != own) std::memcpy(own, sum, count * esz);
+    // Ranks 0 and 1 can be in hand at once (partial, theirs); later ones one at a time.
+    fold_into_own(buf.dtype, op, n, t.me, own, scratch, count, [&](int i) {
+      Bytes into = i == 0 ? partial : theirs;
+      peers.read(t.members[i], remote(i, from), into, count * esz);
+      return into;
+    });
+    if (op == ReduceOp::Avg) divide(buf.dtype, own, count, n);
     for (int i = 0; i < n; ++i)
       if (i != t.me) peers.write(t.members[i], remote(i, from), own, count * esz);
   }
