@@ -10,9 +10,7 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "forked.hpp"
-#include "rdzv/tcp_store.hpp"
-#include "server_fixture.hpp"
+#include "forked_group.hpp"
 
 using namespace std::chrono_literals;
 using ddp::Buffer;
@@ -117,35 +115,18 @@ std::vector<std::string> lines(const std::string& text) {
 }  // namespace
 
 TEST_CASE("every refused argument reaches the user alike from the cpu backend and the routed group", "[args]") {
-  testing::ServerThread server;
-  auto keeper = server.client();  // keeps the namespace's keys while the ranks form the group
-  const auto options = server.client_options();
-
-  std::vector<testing::ForkedChild> children;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    children.emplace_back([rank, options] {
-      ddp::detail::GroupSetup setup;
-      setup.store = std::make_shared<rdzv::TcpStore>(options);
-      setup.rank = rank;
-      setup.size = kRanks;
-      setup.local_size = kRanks;
-      setup.timeout = 30s;
-      setup.connect_timeout = 30s;
-      auto pg = ddp::detail::make_cpu_group(setup);
-      std::string out = transcript(*pg);
-      // Nothing was queued: the group is in step and usable.
-      std::vector<float> v(4, 1.0f + static_cast<float>(rank));
-      pg->all_reduce(ddp::view(v));
-      out += "after: " + std::to_string(v[0]) + "\n";
-      return out;
-    });
-  }
+  const auto payloads = testing::on_ranks(kRanks, [](ddp::ProcessGroup& pg) {
+    std::string out = transcript(pg);
+    // Nothing was queued: the group is in step and usable.
+    std::vector<float> v(4, 1.0f + static_cast<float>(pg.rank()));
+    pg.all_reduce(ddp::view(v));
+    out += "after: " + std::to_string(v[0]) + "\n";
+    return out;
+  });
 
   for (int rank = 0; rank < kRanks; ++rank) {
-    const auto result = children[static_cast<size_t>(rank)].wait(60s);
-    INFO("rank " << rank << " exited with " << result.status << ": " << result.payload);
-    REQUIRE(result.ok);
-    const auto cpu = lines(result.payload);
+    INFO("rank " << rank);
+    const auto cpu = lines(payloads[static_cast<size_t>(rank)]);
 
     auto host = std::make_shared<RecordingGroup>(rank, kRanks, ddp::Reach::Host);
     auto gpu = std::make_shared<RecordingGroup>(rank, kRanks, ddp::Reach::Gpu);

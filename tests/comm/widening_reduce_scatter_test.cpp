@@ -9,50 +9,19 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
-#include "forked.hpp"
-#include "rdzv/tcp_store.hpp"
-#include "server_fixture.hpp"
+#include "forked_group.hpp"
 
 using namespace std::chrono_literals;
 using ddp::Buffer;
 using ddp::Device;
 using ddp::DType;
+using testing::on_ranks;
+using testing::sorted_lines;
 
 namespace {
-
-// Runs body(group) on `n` forked ranks of one CPU group; returns each rank's payload
-// (REQUIREs that every rank returned).
-std::vector<std::string> on_ranks(int n, const std::function<std::string(ddp::ProcessGroup&)>& body) {
-  testing::ServerThread server;
-  auto keeper = server.client();
-  const auto options = server.client_options();
-  std::vector<testing::ForkedChild> children;
-  for (int rank = 0; rank < n; ++rank) {
-    children.emplace_back([rank, n, options, body] {
-      ddp::detail::GroupSetup setup;
-      setup.store = std::make_shared<rdzv::TcpStore>(options);
-      setup.rank = rank;
-      setup.size = n;
-      setup.local_size = n;
-      setup.timeout = 30s;
-      setup.connect_timeout = 30s;
-      return body(*ddp::detail::make_cpu_group(setup));
-    });
-  }
-  std::vector<std::string> out;
-  for (int rank = 0; rank < n; ++rank) {
-    const auto result = children[static_cast<size_t>(rank)].wait(60s);
-    INFO("rank " << rank << " exited with " << result.status << ": " << result.payload);
-    REQUIRE(result.ok);
-    out.push_back(result.payload);
-  }
-  return out;
-}
 
 // Rank r's input element i: magnitudes from 1e-3 to 1e4 and both signs, so that the
 // order of the f32 additions changes the result (a fold in another order would show).
@@ -119,17 +88,6 @@ std::string all_right() {
   for (const char* d : {"bf16", "f16"})
     for (const char* op : {"sum", "avg"})
       for (const char* m : {" shared", " plain"}) out += std::string(d) + " " + op + m + ": 0 wrong\n";
-  return out;
-}
-
-// Sorted lines, so the report's order does not matter.
-std::string sorted_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t start = 0;
-  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) lines.push_back(text.substr(start, nl - start));
-  std::sort(lines.begin(), lines.end());
-  std::string out;
-  for (const auto& l : lines) out += l + "\n";
   return out;
 }
 

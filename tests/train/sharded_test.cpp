@@ -39,7 +39,7 @@ TEST_CASE("ZeRO-1, 2 ranks: matches DDP exactly, 1/N optimizer state, checkpoint
   run_checks(2);
 }
 
-TEST_CASE("ZeRO-1, 3 ranks: exactly DDP on the same gradients with uneven padding, checkpoints load at another world",
+TEST_CASE("ZeRO-1, 3 ranks: matches DDP exactly with uneven padding, checkpoints load at another world",
           "[sharded][zero1]") {
   run_checks(3);
 }

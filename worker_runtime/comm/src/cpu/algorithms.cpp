@@ -4,24 +4,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "chunks.hpp"
 #include "ddp/contract/worker_env.hpp"
+#include "direct.hpp"
 #include "reduce.hpp"
 
 namespace ddp::cpu {
 namespace {
 
 using Bytes = std::byte*;
-
-Bytes at(Buffer b, size_t element) { return static_cast<Bytes>(b.data) + element * dtype_size(b.dtype); }
-
-// offsets[i] .. offsets[i+1]: chunk i of `count` elements split n ways.
-std::vector<size_t> split(size_t count, int n) {
-  std::vector<size_t> off(static_cast<size_t>(n) + 1);
-  for (int i = 0; i <= n; ++i) off[i] = count * static_cast<size_t>(i) / static_cast<size_t>(n);
-  return off;
-}
-
-void run(Team& t, std::vector<Xfer>& xs) { t.progress.run(std::span<Xfer>(xs), t.deadline); }
 
 // Reduce-scatter around the ring, in place: afterwards chunk `me` of buf holds
 // the reduction over the team (other chunks hold partial sums).
@@ -53,10 +44,6 @@ void ring_all_gather(Team& t, Buffer buf, const std::vector<size_t>& off) {
         Xfer::recv(t.peer(t.me - 1), at(buf, off[recv_chunk]), (off[recv_chunk + 1] - off[recv_chunk]) * esz)};
     run(t, xs);
   }
-}
-
-void divide_chunk(Buffer buf, size_t from, size_t to, int n) {
-  if (to > from) divide(buf.dtype, at(buf, from), to - from, n);
 }
 
 // Small all-reduce: everyone sends its buffer to everyone; each folds the
@@ -98,165 +85,10 @@ void all_reduce_ring(Team& t, Buffer buf, ReduceOp op) {
   ring_all_gather(t, buf, off);
 }
 
-void dissemination_barrier(Team& t);
-
-// One host, large buffer: ranks reach each other's buffers directly instead of
-// passing bytes through rings. Each chunk is reduced by one rank only, so every rank
-// ends with the same bits.
-//   1. Each rank tells every other where its buffer is (it has entered the call, so
-//      the buffer is stable): its address, and the shared region holding it, if any.
-//   2a. Every buffer in shared memory (ProcessGroup::allocate), the usual case for
-//      DDP's buckets: each rank folds chunk `me` of every peer's buffer into its
-//      own, straight from the mapped pages, and writes the result into every
-//      peer's buffer. A barrier, and all are done: two synchronisations, no copy
-//      through a staging buffer, no system call.
-//   2b. Otherwise, where the ranks may read and write each other's memory
-//      (process_vm_readv/writev, probed at formation): each rank, piece by piece,
-//      reads chunk `me` of every peer's buffer into a small scratch, folds it into
-//      its own, and writes the result into every peer's chunk `me`. Nobody else
-//      touches chunk `me` of anyone's buffer meanwhile. A barrier, and all are done:
-//      two synchronisations, the least memory traffic of the paths that work on
-//      ordinary buffers.
-//   2c. Otherwise, below DDP_STAGED_ALLREDUCE_BYTES (1 MiB), the staged path (see
-//      all_reduce_staged): two copies, but no system call and no permission needed.
-//   2d. Otherwise, the ring through the shared-memory rings.
-void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views);
-void all_reduce_staged(Team& t, Buffer buf, ReduceOp op);
-void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_t>& address);
-
-// Where each rank's buffer of a call is: its address, and the shared region holding
-// it (0: not in shared memory). Every rank tells every other (it has entered the
-// call, so the buffer is stable). Ranks that disagree on the call (count, dtype...)
-// never get past this: the stamps of these messages differ (see stamp.hpp), so
-// nobody touches a buffer of another size.
-struct Where {
-  uint64_t address;
-  uint64_t region;
-};
-std::vector<Where> exchange_where(Team& t, const void* data, size_t bytes) {
-  const int n = t.size();
-  const Where mine{reinterpret_cast<uintptr_t>(data), t.regions.shared_region_of(data, bytes)};
-  std::vector<Where> where(static_cast<size_t>(n), Where{0, 0});
-  std::vector<Xfer> xs;
-  for (int i = 0; i < n; ++i) {
-    if (i == t.me) continue;
-    xs.push_back(Xfer::send(t.members[i], &mine, sizeof(mine)));
-    xs.push_back(Xfer::recv(t.members[i], &where[static_cast<size_t>(i)], sizeof(Where)));
-  }
-  run(t, xs);
-  where[static_cast<size_t>(t.me)] = mine;
-  return where;
-}
-
-// Every rank's buffer mapped here (views[me] is `data`), or empty unless all are in
-// shared memory this rank maps. Every rank sees the same answers, so all take the
-// same branch.
-std::vector<std::byte*> mapped_views(Team& t, const std::vector<Where>& where, void* data, size_t bytes) {
-  const int n = t.size();
-  std::vector<std::byte*> views(static_cast<size_t>(n), nullptr);
-  for (int i = 0; i < n; ++i) {
-    const Where& w = where[static_cast<size_t>(i)];
-    if (w.region == 0) return {};
-    views[static_cast<size_t>(i)] =
-        i == t.me ? static_cast<std::byte*>(data) : t.regions.peer_view(t.members[i], w.region, w.address, bytes);
-    if (views[static_cast<size_t>(i)] == nullptr) return {};
-  }
-  return views;
-}
-
-void all_reduce_direct(Team& t, Buffer buf, ReduceOp op) {
-  const int n = t.size();
-  const std::vector<Where> where = exchange_where(t, buf.data, buf.bytes());
-  const std::vector<std::byte*> views = mapped_views(t, where, buf.data, buf.bytes());
-  if (!views.empty()) return all_reduce_mapped(t, buf, op, views);
-  if (t.mesh.peer_memory().permitted()) {
-    std::vector<uint64_t> address(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) address[static_cast<size_t>(i)] = where[static_cast<size_t>(i)].address;
-    return all_reduce_push(t, buf, op, address);
-  }
-  if (buf.bytes() < Tuning::get().staged_allreduce_bytes) return all_reduce_staged(t, buf, op);
-  all_reduce_ring(t, buf, op);
-}
-
-void all_reduce_push(Team& t, Buffer buf, ReduceOp op, const std::vector<uint64_t>& address) {
-  const int n = t.size();
-  const auto off = split(buf.count, n);
-  const size_t esz = dtype_size(buf.dtype);
-  constexpr size_t kPiece = 256 * 1024;
-  const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
-  Bytes scratch = t.scratch_bytes(piece_elems * esz);
-  const PeerMemory& peers = t.mesh.peer_memory();
-  for (size_t from = off[t.me]; from < off[t.me + 1]; from += piece_elems) {
-    const size_t count = std::min(piece_elems, off[t.me + 1] - from);
-    for (int i = 0; i < n; ++i) {
-      if (i == t.me) continue;
-      peers.read(t.members[i], address[static_cast<size_t>(i)] + from * esz, scratch, count * esz);
-      reduce_inplace(buf.dtype, op, at(buf, from), scratch, count);
-    }
-    if (op == ReduceOp::Avg) divide_chunk(buf, from, from + count, n);
-    for (int i = 0; i < n; ++i)
-      if (i != t.me) peers.write(t.members[i], address[static_cast<size_t>(i)] + from * esz, at(buf, from), count * esz);
-  }
-  dissemination_barrier(t);
-}
-
-// Reduces `count` elements in place at views[me] (from element `from` of the
-// views) with the same span of every other view, and writes the result into all
-// of them: this rank's share of a mapped or staged all-reduce.
-void reduce_share(const std::vector<std::byte*>& views, int me, DType dtype, ReduceOp op, size_t from, size_t count) {
-  const int n = static_cast<int>(views.size());
-  const size_t esz = dtype_size(dtype);
-  // Small pieces: the reduced piece is still in this core's cache when it is
-  // written out to the peers.
-  constexpr size_t kPiece = 32 * 1024;
-  const size_t piece_elems = std::max<size_t>(1, kPiece / esz);
-  for (size_t at_elem = from; at_elem < from + count; at_elem += piece_elems) {
-    const size_t k = std::min(piece_elems, from + count - at_elem);
-    std::byte* own = views[static_cast<size_t>(me)] + at_elem * esz;
-    for (int i = 0; i < n; ++i)
-      if (i != me) reduce_inplace(dtype, op, own, views[static_cast<size_t>(i)] + at_elem * esz, k);
-    if (op == ReduceOp::Avg) divide_chunk(Buffer{own, k, dtype}, 0, k, n);
-    for (int i = 0; i < n; ++i)
-      if (i != me) std::memcpy(views[static_cast<size_t>(i)] + at_elem * esz, own, k * esz);
-  }
-}
-
-void all_reduce_mapped(Team& t, Buffer buf, ReduceOp op, const std::vector<std::byte*>& views) {
-  const auto off = split(buf.count, t.size());
-  reduce_share(views, t.me, buf.dtype, op, off[t.me], off[t.me + 1] - off[t.me]);
-  dissemination_barrier(t);
-}
-
-// One host, ordinary buffers: the ranks meet in their staging areas (shared memory
-// every local rank maps), a piece at a time. Per piece: each rank copies its piece
-// in; a barrier; each reduces its share across every staging area and writes the
-// result into all of them; a barrier; each copies the whole reduced piece out.
-// The next piece's copy-in cannot overtake a peer still writing this one: it
-// comes after the second barrier.
-void all_reduce_staged(Team& t, Buffer buf, ReduceOp op) {
-  const int n = t.size();
-  const size_t esz = dtype_size(buf.dtype);
-  const size_t piece = std::max<size_t>(1, Mesh::staging_bytes() / esz);
-  std::vector<std::byte*> views(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) views[static_cast<size_t>(i)] = t.mesh.staging(t.members[i]);
-  for (size_t from = 0; from < buf.count; from += piece) {
-    const size_t count = std::min(piece, buf.count - from);
-    std::memcpy(views[static_cast<size_t>(t.me)], at(buf, from), count * esz);
-    dissemination_barrier(t);
-    const auto share = split(count, n);
-    reduce_share(views, t.me, buf.dtype, op, share[t.me], share[t.me + 1] - share[t.me]);
-    dissemination_barrier(t);
-    std::memcpy(at(buf, from), views[static_cast<size_t>(t.me)], count * esz);
-  }
-}
-
 void all_reduce_flat(Team& t, Buffer buf, ReduceOp op) {
   if (t.size() == 1 || buf.count == 0) return;
   if (buf.bytes() <= Tuning::get().small_allreduce_bytes) return all_reduce_exchange(t, buf, op);
-  bool one_host = true;
-  for (int r : t.members) one_host &= t.mesh.host_of(r) == t.mesh.host_of(t.members[0]);
-  const Tuning& tune = Tuning::get();
-  if (one_host && buf.bytes() >= tune.direct_allreduce_bytes) return all_reduce_direct(t, buf, op);
+  if (one_host(t) && buf.bytes() >= Tuning::get().direct_allreduce_bytes && all_reduce_direct(t, buf, op)) return;
   all_reduce_ring(t, buf, op);
 }
 
@@ -418,11 +250,13 @@ void reduce(Team& t, Buffer buf, int root, ReduceOp op) {
   if (op == ReduceOp::Avg) divide_chunk(buf, 0, buf.count, n);
 }
 
+// One host with every output in group memory: the direct pull (direct.hpp). Otherwise
+// around the ring.
 void all_gather(Team& t, Buffer input, Buffer output) {
   const int n = t.size();
-  const size_t esz = dtype_size(input.dtype);
-  std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.count * esz);
+  std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.bytes());
   if (n == 1 || input.count == 0) return;
+  if (one_host(t) && all_gather_direct(t, output, input.count)) return;
   std::vector<size_t> off(static_cast<size_t>(n) + 1);
   for (int i = 0; i <= n; ++i) off[i] = input.count * static_cast<size_t>(i);
   ring_all_gather(t, output, off);
@@ -458,53 +292,9 @@ void scatter(Team& t, Buffer input, Buffer output, int root) {
   if (bytes > 0) run(t, xs);
 }
 
-// Widening reduce-scatter (16-bit float input, f32 output): block `me` of every
-// rank's input is converted exactly to f32 and summed in rank order 0..n-1, in f32,
-// then divided by n for Avg. Only 16-bit elements cross between ranks, and each
-// output element is computed by one rank from the same inputs in the same order, so
-// the result does not depend on timing or transport.
-//   1. Where every input is (see exchange_where). If all are shared memory this rank
-//      maps (DDP's staging buffers come from ProcessGroup::allocate), each rank reads
-//      block `me` of every peer's input straight from the mapped pages; a barrier
-//      then tells every rank that nobody reads its input any more.
-//   2. Otherwise an all-to-all exchange of the blocks: block j of my input to rank j,
-//      block `me` of rank i's input into scratch slot i.
-//   3. One fold, a cache-sized piece at a time: out = f32(slot 0), out += f32(slot i).
-namespace {
-void reduce_scatter_widening(Team& t, Buffer input, Buffer output, ReduceOp op) {
-  const int n = t.size();
-  if (output.count == 0) return;
-  const size_t block = output.count, esz = dtype_size(input.dtype);
-  auto* out = static_cast<float*>(output.data);
-  std::vector<const std::byte*> blocks(static_cast<size_t>(n));
-  std::vector<std::byte*> views;
-  if (n > 1) views = mapped_views(t, exchange_where(t, input.data, input.bytes()), input.data, input.bytes());
-  if (!views.empty() || n == 1) {
-    for (int i = 0; i < n; ++i) {
-      const auto* base = n == 1 ? static_cast<const std::byte*>(input.data) : views[static_cast<size_t>(i)];
-      blocks[static_cast<size_t>(i)] = base + block * static_cast<size_t>(t.me) * esz;
-    }
-  } else {
-    Bytes slots = t.scratch_bytes(block * esz * static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) blocks[static_cast<size_t>(i)] = slots + block * esz * static_cast<size_t>(i);
-    blocks[static_cast<size_t>(t.me)] = at(input, block * static_cast<size_t>(t.me));
-    for (int s = 1; s < n; ++s) {
-      const int to = (t.me + s) % n, from = (t.me - s + n) % n;
-      std::vector<Xfer> xs{Xfer::send(t.members[to], at(input, block * static_cast<size_t>(to)), block * esz),
-                           Xfer::recv(t.members[from], slots + block * esz * static_cast<size_t>(from), block * esz)};
-      run(t, xs);
-    }
-  }
-  constexpr size_t kPiece = 8 * 1024;  // f32 elements: 32 KiB of output stays in L1/L2 while n inputs fold in
-  for (size_t from = 0; from < block; from += kPiece) {
-    const size_t k = std::min(kPiece, block - from);
-    for (int i = 0; i < n; ++i) widen_into(input.dtype, out + from, blocks[static_cast<size_t>(i)] + from * esz, k, i > 0);
-    if (op == ReduceOp::Avg) divide(DType::F32, out + from, k, n);
-  }
-  if (!views.empty()) dissemination_barrier(t);
-}
-}  // namespace
-
+// Widening: direct.hpp. Same dtype, one host with every input in group memory: the
+// direct rank-order fold (direct.hpp), the same bits as all_reduce's for the same
+// element. Otherwise around the ring, on a copy (the caller's input stays as it was).
 void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
   if (input.dtype != output.dtype) return reduce_scatter_widening(t, input, output, op);
   const int n = t.size();
@@ -514,6 +304,7 @@ void reduce_scatter(Team& t, Buffer input, Buffer output, ReduceOp op) {
     return;
   }
   if (output.count == 0) return;
+  if (one_host(t) && reduce_scatter_direct(t, input, output, op)) return;
   const ReduceOp fold = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   Bytes copy = t.scratch_bytes(input.bytes());
   std::memcpy(copy, input.data, input.bytes());
@@ -541,11 +332,8 @@ void all_to_all(Team& t, Buffer input, Buffer output) {
   }
 }
 
-void barrier(Team& t) { dissemination_barrier(t); }
-
-namespace {
-// After round k every rank has heard, indirectly, from 2^k others.
-void dissemination_barrier(Team& t) {
+// Dissemination: after round k every rank has heard, indirectly, from 2^k others.
+void barrier(Team& t) {
   const int n = t.size();
   for (int k = 1; k < n; k *= 2) {
     std::byte out{1}, in{0};
@@ -553,7 +341,6 @@ void dissemination_barrier(Team& t) {
     run(t, xs);
   }
 }
-}  // namespace
 
 // Point to point: one message; its stamp carries the count, dtype and the send's
 // number, which the receiver checks (see stamp.hpp).
