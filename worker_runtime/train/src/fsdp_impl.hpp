@@ -34,7 +34,6 @@ struct FsdpUnit {
 
   int grad_slot = -1;  // grad pool buffer its reduce-scatter still reads; -1: none
   bool rs_into_temp = false;  // the RS writes the slot's temp (then added into shard->grad)
-  bool rs_all_reduced = false;  // the whole grad buffer was all-reduced: take this rank's block
   Work rs;
   FsdpClock::time_point rs_issued;
   bool grad_zero = true;  // shard->grad holds nothing since zero_grad (RS can write it directly)
@@ -50,19 +49,14 @@ struct FullyShardedDataParallel::Impl {
   // Value pool: with reshard_after_forward, min(1 + prefetch, units) buffers of max_padded
   // reused in turn; without it, one buffer per unit of its own size (all stay gathered from
   // forward to backward).
-  std::vector<Tensor> values;
+  std::vector<std::unique_ptr<GroupMemory>> value_memory;  // from pg->allocate
+  std::vector<Tensor> values;                               // views of value_memory
   std::vector<int> value_owner;  // unit using each buffer, -1: free
   // Grad pool: min(2, units) buffers of max_padded; the RS outputs used while a unit's grad
   // shard already holds gradients (accumulation; allocated on first use), and bf16 staging.
   std::vector<std::unique_ptr<GroupMemory>> grad_memory;  // from pg->allocate
   std::vector<Tensor> grads;                               // views of grad_memory
   std::vector<int> grad_owner;
-  // f32 gradients reduced by an all-reduce of the whole grad buffer, this rank's block
-  // then copied (or added) into its grad shard: where the grad buffers are shared memory
-  // (one host), the backend's direct all-reduce reads and writes the peers' buffers in
-  // place, several times faster than its ring reduce-scatter (2.4 vs 11.5 ms for 16.8 MB
-  // at 2 ranks, measured with fsdp_checks --bench). Elsewhere, the reduce-scatter.
-  bool reduce_by_all_reduce = false;
   std::vector<Tensor> rs_temp;
   std::vector<std::unique_ptr<GroupMemory>> staging;
 

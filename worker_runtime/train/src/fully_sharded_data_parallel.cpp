@@ -108,20 +108,21 @@ FullyShardedDataParallel::FullyShardedDataParallel(Sequential& model, std::share
   s.build_units();
   s.shard_values();
   const size_t n_units = s.units.size();
+  // Both pools are group memory: on one host the backend's gathers and reduce-scatters
+  // then read the peers' buffers in place (no copies through a channel).
+  const auto group_buffer = [&s](std::vector<std::unique_ptr<GroupMemory>>& memory, size_t n) {
+    memory.push_back(s.pg->allocate(n * sizeof(float)));
+    return Tensor::view(reinterpret_cast<float*>(memory.back()->data()), 1, n);
+  };
   if (options.reshard_after_forward) {
     const size_t pool = std::min(n_units, static_cast<size_t>(options.prefetch) + 1);
-    for (size_t i = 0; i < pool; ++i) s.values.emplace_back(1, s.max_padded);
+    for (size_t i = 0; i < pool; ++i) s.values.push_back(group_buffer(s.value_memory, s.max_padded));
   } else {
-    for (auto& unit : s.units) s.values.emplace_back(1, unit->group.padded);
+    for (auto& unit : s.units) s.values.push_back(group_buffer(s.value_memory, unit->group.padded));
   }
   s.value_owner.assign(s.values.size(), -1);
   const size_t grad_pool = std::min<size_t>(n_units, 2);
-  s.reduce_by_all_reduce = options.grad_dtype == DType::F32 && s.pg->size() > 1;
-  for (size_t i = 0; i < grad_pool; ++i) {
-    s.grad_memory.push_back(s.pg->allocate(s.max_padded * sizeof(float)));
-    s.reduce_by_all_reduce &= s.grad_memory.back()->shared();
-    s.grads.push_back(Tensor::view(reinterpret_cast<float*>(s.grad_memory.back()->data()), 1, s.max_padded));
-  }
+  for (size_t i = 0; i < grad_pool; ++i) s.grads.push_back(group_buffer(s.grad_memory, s.max_padded));
   s.grad_owner.assign(grad_pool, -1);
   s.rs_temp.resize(grad_pool);
   s.staging.resize(grad_pool);
@@ -218,13 +219,6 @@ void FullyShardedDataParallel::Impl::issue_reduce_scatter(size_t u) {
   FsdpUnit& unit = *units[u];
   const auto slot = static_cast<size_t>(unit.grad_slot);
   const size_t shard = unit.group.shard();
-  unit.rs_all_reduced = reduce_by_all_reduce;
-  if (unit.rs_all_reduced) {
-    // Every rank decides alike: shared() is the same answer on every rank of the group.
-    unit.rs_issued = FsdpClock::now();
-    unit.rs = pg->all_reduce(f32(grads[slot].data(), unit.group.padded), ReduceOp::Avg, {.async_op = true});
-    return;
-  }
   // Straight into the grad shard when it holds nothing; otherwise (accumulation over
   // several backwards) into a temp that finish_reduce_scatter adds in.
   unit.rs_into_temp = !unit.grad_zero;
@@ -256,9 +250,7 @@ void FullyShardedDataParallel::Impl::finish_reduce_scatter(size_t u) {
   waited(unit.rs, t0, unit.rs_issued, "reduce_scatter", u);
   unit.rs = Work();
   const size_t shard = unit.group.shard();
-  const float* reduced = unit.rs_all_reduced ? grads[slot].data() + shard * static_cast<size_t>(pg->rank())
-                         : unit.rs_into_temp ? rs_temp[slot].data()
-                                             : nullptr;  // already in the grad shard
+  const float* reduced = unit.rs_into_temp ? rs_temp[slot].data() : nullptr;  // nullptr: already in the grad shard
   if (reduced != nullptr && unit.grad_zero) {
     std::memcpy(unit.shard->grad.data(), reduced, shard * sizeof(float));
   } else if (reduced != nullptr) {

@@ -36,7 +36,16 @@ ZeroRedundancyOptimizer::Flat ZeroRedundancyOptimizer::lay_out(DistributedDataPa
     g.world = pg.size();
     g.padded = (g.numel + world - 1) / world * world;
     const Device device = g.slots.front().param->device();
-    Tensor values(1, g.padded, device);  // zero: padding stays zero
+    // Zero-filled, so padding stays zero. Host buffers are group memory: on one host the
+    // all-gather after each step then reads the peers' blocks in place.
+    Tensor values;
+    if (device == Device::Cpu) {
+      flat.memory.push_back(pg.allocate(g.padded * sizeof(float)));
+      values = Tensor::view(reinterpret_cast<float*>(flat.memory.back()->data()), 1, g.padded);
+    } else {
+      values = Tensor(1, g.padded, device);
+      values.zero();
+    }
     for (const ShardSlot& s : g.slots) {
       Tensor::view(values.data() + s.offset, s.param->rows(), s.param->cols(), device).copy_from(s.param->value);
     }

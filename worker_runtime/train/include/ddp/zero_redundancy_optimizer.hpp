@@ -55,6 +55,7 @@ class ZeroRedundancyOptimizer : public ShardedOptimizer {
   // The flat buffers, made before the ShardedOptimizer base takes the shards.
   struct Flat {
     std::vector<FlatGroup> groups;                    // per DDP bucket, padded for the world
+    std::vector<std::unique_ptr<GroupMemory>> memory; // host buckets' value buffers (ProcessGroup::allocate)
     std::vector<Tensor> values;                       // per bucket: 1 x padded; the values are views into it
     std::vector<std::unique_ptr<Parameter>> shards;   // per bucket: 1 x shard, value a view of block rank()
   };
