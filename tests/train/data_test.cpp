@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -116,6 +117,19 @@ TEST_CASE("small valid splits load, gzip'ed or plain", "[train][data]") {
   REQUIRE(test.size() == 3);
   CHECK(test.images(1, 254) == Approx(255.0f / 255.0f));
   CHECK_THROWS_AS(ddp::load_fashion_mnist(dir.path().string(), "valid"), ddp::InvalidArgument);
+}
+
+TEST_CASE("a limited load keeps the first images, converted alike", "[train][data]") {
+  testing::TempDir dir;
+  write_split(dir, "train", 12, true);
+  const auto all = ddp::load_fashion_mnist(dir.path().string(), "train");
+  const auto head = ddp::load_fashion_mnist(dir.path().string(), "train", 5);
+  REQUIRE(head.size() == 5);
+  REQUIRE(head.images.rows() == 5);
+  CHECK(std::vector<int32_t>(head.labels.begin(), head.labels.end()) ==
+        std::vector<int32_t>(all.labels.begin(), all.labels.begin() + 5));
+  CHECK(std::memcmp(head.images.data(), all.images.data(), 5 * 784 * sizeof(float)) == 0);
+  CHECK(ddp::load_fashion_mnist(dir.path().string(), "train", 100).size() == 12);  // more than there are: all
 }
 
 TEST_CASE("a missing directory or file says which and how to install it", "[train][data]") {

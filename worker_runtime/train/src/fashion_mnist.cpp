@@ -87,7 +87,7 @@ std::string dims_text(const std::vector<uint32_t>& dims) {
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  const std::vector<uint8_t> bytes = read_all(path);
+  std::vector<uint8_t> bytes = read_all(path);
   if (bytes.size() < 4) throw Error(path + ": too short for an IDX header (" + std::to_string(bytes.size()) + " bytes)");
   if (bytes[0] != 0 || bytes[1] != 0) throw Error(path + ": bad IDX magic number (not an IDX file)");
   if (bytes[2] != kUnsignedByte) {
@@ -110,11 +110,13 @@ IdxArray read_idx(const std::string& path) {
     throw Error(path + ": IDX dims " + dims_text(out.dims) + " announce " + std::to_string(count) +
                 " bytes of data but the file holds " + std::to_string(have) + (have < count ? " (truncated)" : ""));
   }
-  out.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  // In place: a copy would hold the file's bytes twice (47 MB for the training images).
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(header));
+  out.data = std::move(bytes);
   return out;
 }
 
-ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split) {
+ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split, size_t limit) {
   if (split != "train" && split != "t10k") {
     throw InvalidArgument("load_fashion_mnist: split '" + split + "' (expected 'train' or 't10k')");
   }
@@ -123,25 +125,26 @@ ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split
   }
   const std::string images_path = find_file(dir, split + "-images-idx3-ubyte");
   const std::string labels_path = find_file(dir, split + "-labels-idx1-ubyte");
-  const IdxArray images = read_idx(images_path);
+  IdxArray images = read_idx(images_path);
   const IdxArray labels = read_idx(labels_path);
   if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28) {
     throw Error(images_path + ": images are " + dims_text(images.dims) + ", expected N x 28 x 28");
   }
   if (labels.dims.size() != 1) throw Error(labels_path + ": labels are " + dims_text(labels.dims) + ", expected N");
-  const size_t n = images.dims[0];
-  if (labels.dims[0] != n) {
-    throw Error(labels_path + ": " + std::to_string(labels.dims[0]) + " labels for " + std::to_string(n) +
+  const size_t all = images.dims[0];
+  if (labels.dims[0] != all) {
+    throw Error(labels_path + ": " + std::to_string(labels.dims[0]) + " labels for " + std::to_string(all) +
                 " images in " + images_path);
   }
+  const size_t n = limit > 0 && limit < all ? limit : all;
   ImageDataset ds;
   ds.labels.resize(n);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < all; ++i) {  // every label is checked, also beyond the limit
     if (labels.data[i] >= kFashionMnistClasses) {
       throw Error(labels_path + ": label " + std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
                   " is outside 0..9");
     }
-    ds.labels[i] = labels.data[i];
+    if (i < n) ds.labels[i] = labels.data[i];
   }
   ds.images.resize(n, kFashionMnistPixels);
   const uint8_t* __restrict src = images.data.data();

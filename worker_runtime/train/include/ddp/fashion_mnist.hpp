@@ -41,7 +41,10 @@ struct ImageDataset {
 // when dir does not exist (the message says: apt install dataset-fashion-mnist),
 // when a file is missing or malformed (named in the message), when images are not
 // 28 × 28, counts of images and labels differ, or a label is outside 0..9; throws
-// InvalidArgument for another split name.
-ImageDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir, const std::string& split = "train");
+// InvalidArgument for another split name. limit > 0 keeps only the first `limit` images
+// (all when the split has fewer): only those become floats, so a run on a subset
+// never holds the whole split as f32 (60000 images are 188 MB).
+ImageDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir, const std::string& split = "train",
+                                size_t limit = 0);
 
 }  // namespace ddp
