@@ -14,6 +14,10 @@
 #include <cstring>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim
+#endif
+
 #include "ddp/bf16.hpp"
 #include "ddp/trace.hpp"
 #include "fsdp_impl.hpp"
@@ -107,6 +111,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Sequential& model, std::share
   if (model.parameters().empty()) throw InvalidArgument("FullyShardedDataParallel: the model has no parameters");
   s.build_units();
   s.shard_values();
+#if defined(__GLIBC__)
+  // The full values and grads just freed (4 bytes × 2 per parameter) mostly lie in the
+  // middle of the heap, where free() keeps them: without this, the memory sharding
+  // saves stays resident (about 80 MB for the wide MLP).
+  malloc_trim(0);
+#endif
   const size_t n_units = s.units.size();
   // Both pools are group memory: on one host the backend's gathers and reduce-scatters
   // then read the peers' buffers in place (no copies through a channel).
