@@ -66,6 +66,16 @@ void dispatch_type(DType t, void* dst, const void* a, const void* b, size_t n) {
 template <typename T>
 void divide_typed(T* p, size_t n, int d) {
   using Wide = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+  if constexpr (std::is_floating_point_v<T>) {
+    // A power-of-two world: x * (1/d) is the exact x/d, rounded once, as the division
+    // (1/d is exact), and a multiply is several times cheaper than a divide (Avg
+    // divides every reduced gradient).
+    if (d > 0 && (d & (d - 1)) == 0) {
+      const T inv = T(1) / static_cast<T>(d);
+      for (size_t i = 0; i < n; ++i) p[i] *= inv;
+      return;
+    }
+  }
   for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<Wide>(p[i]) / static_cast<Wide>(d));
 }
 
