@@ -250,8 +250,8 @@ void reduce(Team& t, Buffer buf, int root, ReduceOp op) {
   if (op == ReduceOp::Avg) divide_chunk(buf, 0, buf.count, n);
 }
 
-// One host with every output in group memory: the direct pull (direct.hpp). Otherwise
-// around the ring.
+// One host, the peers readable (process_vm_readv) or every output in group memory: the
+// direct pull (direct.hpp). Otherwise around the ring.
 void all_gather(Team& t, Buffer input, Buffer output) {
   const int n = t.size();
   std::memmove(at(output, input.count * static_cast<size_t>(t.me)), input.data, input.bytes());

@@ -36,10 +36,11 @@ bool reduce_scatter_direct(Team& t, Buffer input, Buffer output, ReduceOp op);
 // is mapped, otherwise an all-to-all exchange of the blocks and the same fold.
 void reduce_scatter_widening(Team& t, Buffer input, Buffer output, ReduceOp op);
 
-// All-gather on one host where every rank's output is group memory; this rank's input
-// is already block `me` of its output (`block` elements each): each rank copies block j
-// out of rank j's output. Collective; false (every rank alike, after the exchange) when
-// some output is not mapped and the caller should run the ring.
+// All-gather on one host where the ranks may read each other (process_vm_readv) or
+// every rank's output is group memory; this rank's input is already block `me` of its
+// output (`block` elements each): each rank copies block j out of rank j's output.
+// Collective; false (every rank alike, after the exchange) when neither holds and the
+// caller should run the ring.
 bool all_gather_direct(Team& t, Buffer output, size_t block);
 
 }  // namespace ddp::cpu
