@@ -25,6 +25,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -101,10 +102,16 @@ std::vector<size_t> parse_hidden(const std::string& s) {
   return out;
 }
 
-// Fashion-MNIST's pixel mean and standard deviation (over the training set).
-void normalize(ddp::Tensor& images) {
-  for (float& v : images.span()) v = (v - 0.2860f) / 0.3530f;
+// What each pixel byte becomes: scaled to [0, 1] as torchvision's ToTensor, then
+// normalised by Fashion-MNIST's pixel mean and standard deviation (over the training
+// set). The images stay bytes and each batch is converted through this table: the
+// same floats as a converted dataset, at a quarter of its memory.
+std::array<float, 256> pixel_values() {
+  std::array<float, 256> table{};
+  for (int p = 0; p < 256; ++p) table[static_cast<size_t>(p)] = (static_cast<float>(p) / 255.0f - 0.2860f) / 0.3530f;
+  return table;
 }
+const std::array<float, 256> kPixelValues = pixel_values();
 
 // This process's peak resident memory (MiB).
 double rss_peak_mib() {
@@ -148,7 +155,7 @@ Footprint footprint(fashion_mnist::Strategy& strategy, ddp::ProcessGroup& pg, do
 // Test-set accuracy and loss, each rank on its share, summed over ranks. Every rank
 // runs the same number of forwards (FSDP's forward is collective): a rank whose share
 // ran out repeats its last chunk and does not count it.
-std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const ddp::ImageDataset& test,
+std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const ddp::ByteImageDataset& test,
                                    ddp::ProcessGroup& pg, ddp::Device device) {
   const size_t world = static_cast<size_t>(pg.size());
   std::vector<size_t> mine;
@@ -164,7 +171,7 @@ std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const ddp:
     const size_t from = counted ? off : (mine.size() - 1) / kChunk * kChunk;
     const size_t n = std::min(kChunk, mine.size() - from);
     std::span<const size_t> idx(mine.data() + from, n);
-    ddp::gather_rows(test.images, idx, x);
+    ddp::gather_rows(test, idx, kPixelValues, x);
     y.resize(n);
     for (size_t i = 0; i < n; ++i) y[i] = test.labels[idx[i]];
     const auto& logits = strategy.forward(x);
@@ -204,12 +211,10 @@ int train(const Args& a) {
     }
   }
 
-  // Data: every rank loads both splits (the sampler picks its share); --limit-train
-  // converts only the images it keeps (the whole split as f32 would be 188 MB).
-  ddp::ImageDataset train_set = ddp::load_fashion_mnist(a.data, "train", a.limit_train);
-  ddp::ImageDataset test_set = ddp::load_fashion_mnist(a.data, "t10k");
-  normalize(train_set.images);
-  normalize(test_set.images);
+  // Data: every rank loads both splits (the sampler picks its share) as bytes, converted
+  // a batch at a time (kPixelValues); --limit-train keeps only the images it uses.
+  const ddp::ByteImageDataset train_set = ddp::load_fashion_mnist_bytes(a.data, "train", a.limit_train);
+  const ddp::ByteImageDataset test_set = ddp::load_fashion_mnist_bytes(a.data, "t10k");
 
   // Model (the strategy copies rank 0's values everywhere), resumed values, strategy,
   // then the optimizer's resumed state (the strategy built the optimizer); schedule.
@@ -304,7 +309,7 @@ int train(const Args& a) {
       for (size_t m = 0; m < k_micro; ++m) {
         const size_t mb = begin + m * micro, me = std::min(end, mb + micro);
         std::span<const size_t> idx(order.data() + mb, me - mb);
-        ddp::gather_rows(train_set.images, idx, x);
+        ddp::gather_rows(train_set, idx, kPixelValues, x);
         y.resize(idx.size());
         for (size_t i = 0; i < idx.size(); ++i) y[i] = train_set.labels[idx[i]];
         float loss;

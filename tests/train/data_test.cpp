@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -130,6 +131,29 @@ TEST_CASE("a limited load keeps the first images, converted alike", "[train][dat
         std::vector<int32_t>(all.labels.begin(), all.labels.begin() + 5));
   CHECK(std::memcmp(head.images.data(), all.images.data(), 5 * 784 * sizeof(float)) == 0);
   CHECK(ddp::load_fashion_mnist(dir.path().string(), "train", 100).size() == 12);  // more than there are: all
+}
+
+TEST_CASE("byte images gathered through a table give the floats of a converted load", "[train][data]") {
+  testing::TempDir dir;
+  write_split(dir, "train", 12, true);
+  const auto floats = ddp::load_fashion_mnist(dir.path().string(), "train");
+  const auto bytes = ddp::load_fashion_mnist_bytes(dir.path().string(), "train", 7);
+  REQUIRE(bytes.size() == 7);
+  REQUIRE(bytes.pixels.size() == 7 * 784);
+  CHECK(std::vector<int32_t>(bytes.labels.begin(), bytes.labels.end()) ==
+        std::vector<int32_t>(floats.labels.begin(), floats.labels.begin() + 7));
+  std::array<float, 256> scaled{};
+  for (int p = 0; p < 256; ++p) scaled[static_cast<size_t>(p)] = static_cast<float>(p) / 255.0f;
+  const std::vector<size_t> rows{6, 0, 3};
+  ddp::Tensor batch;
+  ddp::gather_rows(bytes, rows, scaled, batch);
+  REQUIRE(batch.rows() == 3);
+  REQUIRE(batch.cols() == 784);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    CHECK(std::memcmp(batch.row(r), floats.images.row(rows[r]), 784 * sizeof(float)) == 0);
+  }
+  const std::vector<size_t> beyond{7};
+  CHECK_THROWS_AS(ddp::gather_rows(bytes, beyond, scaled, batch), ddp::InvalidArgument);
 }
 
 TEST_CASE("a missing directory or file says which and how to install it", "[train][data]") {

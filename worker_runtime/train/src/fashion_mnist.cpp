@@ -116,7 +116,7 @@ IdxArray read_idx(const std::string& path) {
   return out;
 }
 
-ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split, size_t limit) {
+ByteImageDataset load_fashion_mnist_bytes(const std::string& dir, const std::string& split, size_t limit) {
   if (split != "train" && split != "t10k") {
     throw InvalidArgument("load_fashion_mnist: split '" + split + "' (expected 'train' or 't10k')");
   }
@@ -137,7 +137,7 @@ ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split
                 " images in " + images_path);
   }
   const size_t n = limit > 0 && limit < all ? limit : all;
-  ImageDataset ds;
+  ByteImageDataset ds;
   ds.labels.resize(n);
   for (size_t i = 0; i < all; ++i) {  // every label is checked, also beyond the limit
     if (labels.data[i] >= kFashionMnistClasses) {
@@ -146,12 +146,45 @@ ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split
     }
     if (i < n) ds.labels[i] = labels.data[i];
   }
-  ds.images.resize(n, kFashionMnistPixels);
-  const uint8_t* __restrict src = images.data.data();
+  images.data.resize(n * kFashionMnistPixels);
+  images.data.shrink_to_fit();  // a limited load keeps only its own images
+  ds.pixels = std::move(images.data);
+  return ds;
+}
+
+ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split, size_t limit) {
+  ByteImageDataset bytes = load_fashion_mnist_bytes(dir, split, limit);
+  ImageDataset ds;
+  ds.labels = std::move(bytes.labels);
+  ds.images.resize(ds.labels.size(), kFashionMnistPixels);
+  const uint8_t* __restrict src = bytes.pixels.data();
   float* __restrict dst = ds.images.data();
-  const size_t total = n * kFashionMnistPixels;
+  const size_t total = bytes.pixels.size();
   for (size_t i = 0; i < total; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;  // as torchvision ToTensor
   return ds;
+}
+
+void gather_rows(const ByteImageDataset& src, std::span<const size_t> indices, const std::array<float, 256>& table,
+                 Tensor& dst) {
+  for (size_t i : indices) {
+    if (i >= src.size()) {
+      throw InvalidArgument("gather_rows: index " + std::to_string(i) + " out of range (" +
+                            std::to_string(src.size()) + " images)");
+    }
+  }
+  // A CUDA destination gets the rows converted on the host first, then one copy.
+  thread_local Tensor staging;
+  Tensor& host = dst.is_cuda() ? staging : dst;
+  host.resize(indices.size(), kFashionMnistPixels);
+  for (size_t r = 0; r < indices.size(); ++r) {
+    const uint8_t* __restrict p = src.pixels.data() + indices[r] * kFashionMnistPixels;
+    float* __restrict out = host.row(r);
+    for (size_t j = 0; j < kFashionMnistPixels; ++j) out[j] = table[p[j]];
+  }
+  if (dst.is_cuda()) {
+    dst.resize(indices.size(), kFashionMnistPixels);
+    dst.copy_from(host);
+  }
 }
 
 }  // namespace ddp

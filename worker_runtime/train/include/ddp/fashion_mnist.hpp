@@ -6,8 +6,10 @@
 // Uncompressed files (the same names without .gz) are read too.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,5 +48,24 @@ struct ImageDataset {
 // never holds the whole split as f32 (60000 images are 188 MB).
 ImageDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir, const std::string& split = "train",
                                 size_t limit = 0);
+
+// The same images kept as their bytes (a quarter of the memory of f32), for programs
+// that convert each batch as they take it (gather_rows below).
+struct ByteImageDataset {
+  std::vector<uint8_t> pixels;  // N × 784 pixel values 0..255, row-major
+  std::vector<int32_t> labels;  // N class indices in [0, 10)
+  size_t size() const { return labels.size(); }
+};
+
+// load_fashion_mnist's split as bytes: the same checks, the same limit.
+ByteImageDataset load_fashion_mnist_bytes(const std::string& dir = kFashionMnistDir,
+                                          const std::string& split = "train", size_t limit = 0);
+
+// dst = rows `indices` of src (784 columns), pixel value p written as table[p]: the
+// table holds what each byte stands for (e.g. p / 255, normalised), so a batch gets the
+// same floats as a whole converted dataset would hold (a CUDA dst gets them through a
+// host copy). Throws InvalidArgument for an index out of range.
+void gather_rows(const ByteImageDataset& src, std::span<const size_t> indices, const std::array<float, 256>& table,
+                 Tensor& dst);
 
 }  // namespace ddp
