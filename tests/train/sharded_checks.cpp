@@ -19,6 +19,8 @@
 //     bytes loaded at another world size save back unchanged and continue as an
 //     unsharded AdamW loaded from them;
 //   - clip_grad_norm: the global norm of the shards, as DDP's over the full buckets;
+//     a step skipped after clipping leaves no stale gradients for the next one;
+//   - gradient accumulation with no_sync: exactly DDP's;
 //   - a ZeroOptions that does not match the DDP's reduction mode is refused; after
 //     ZeRO-1 is gone the parameters own their values again.
 //
@@ -324,6 +326,49 @@ void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
     z.opt->step();  // on the clipped gradients (the copies, in all-reduce mode)
     const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
     check(diff <= 1e-6, mode + ": a clipped step matches a clipped DDP step (" + std::to_string(diff) + ")");
+    // Clipping and then skipping the step (as on a non-finite norm): the next step is on
+    // the next backward's gradients, not on the clipped copies of this one.
+    for (Trainer* t : {&ref, &z}) {
+      t->ddp->zero_grad();
+      t->backward(pg->rank(), 78);
+    }
+    ref.ddp->clip_grad_norm(1e-3f);
+    z.zero->clip_grad_norm(1e-3f);
+    for (Trainer* t : {&ref, &z}) {
+      t->ddp->zero_grad();
+      t->backward(pg->rank(), 79);
+      t->opt->step();
+    }
+    const double skipped = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    check(skipped <= 1e-6, mode + ": a step skipped after clipping leaves nothing stale for the next one (" +
+                               std::to_string(skipped) + ")");
+  }
+}
+
+// Gradient accumulation: backwards inside no_sync() then one that reduces step ZeRO-1
+// exactly as DDP's accumulated and reduced buckets (rank-order folds of the same sums).
+void accumulation(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  for (Strategy s : {Strategy::ZeroAllReduce, Strategy::ZeroReduceScatter}) {
+    Trainer ref(pg, kOdd, Strategy::Ddp, Opt::AdamW);
+    Trainer z(pg, kOdd, s, Opt::AdamW);
+    bool identical = true;
+    for (Trainer* t : {&ref, &z}) {
+      for (int step = 0; step < 3; ++step) {
+        for (int micro = 0; micro < 2; ++micro) {
+          auto guard = t->ddp->no_sync();
+          t->backward(pg->rank(), 200 + 3 * step + micro);
+        }
+        t->backward(pg->rank(), 200 + 3 * step + 2);
+        t->opt->step();
+        t->ddp->zero_grad();
+        identical &= launched::same_everywhere(*pg, launched::hash_params(*t->model));
+      }
+    }
+    const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    const std::string what = std::string(name_of(s)) + " no_sync accumulation over 3 backwards x 3 steps";
+    if (pg->rank() == 0) std::printf("rank 0: %s: max_rel_diff %.3g vs ddp\n", what.c_str(), diff);
+    check(diff == 0, what + " is exactly DDP's (" + std::to_string(diff) + ")");
+    check(identical, what + ": every rank holds the same values");
   }
 }
 
@@ -374,6 +419,7 @@ int main() {
       checkpoint(pg, Strategy::ZeroReduceScatter);
     }
     clipping(pg);
+    accumulation(pg);
     refusals(pg);
     lifetime(pg);
     pg->barrier();

@@ -267,13 +267,9 @@ void FullyShardedDataParallel::Impl::finish_reduce_scatter(size_t u) {
 void FullyShardedDataParallel::Impl::settle() noexcept {
   for (size_t u = 0; u < units.size(); ++u) {
     FsdpUnit& unit = *units[u];
-    for (Work* w : {&unit.gather, &unit.rs}) {
-      try {
-        w->wait();
-      } catch (...) {
-      }
-      *w = Work();
-    }
+    wait_all_noexcept({&unit.gather, &unit.rs});
+    unit.gather = Work();
+    unit.rs = Work();
     if (unit.grad_slot >= 0) {
       transient_now -= grads[static_cast<size_t>(unit.grad_slot)].size() * sizeof(float);
       grad_owner[static_cast<size_t>(unit.grad_slot)] = -1;

@@ -97,6 +97,10 @@ ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
 }
 
 void ZeroRedundancyOptimizer::refresh_grads() {
+  // Once per backward: clip_grad_norm scaled what this copied, and a step skipped after
+  // it must not leave those copies for the next backward's step.
+  if (refreshed_for_ == ddp_.backwards()) return;
+  refreshed_for_ = ddp_.backwards();
   for (size_t i = 0; i < flat_.groups.size(); ++i) {
     Parameter& shard = *flat_.shards[i];
     if (options_.reduce_scatter) {
@@ -124,7 +128,7 @@ void ZeroRedundancyOptimizer::step() {
     works.push_back(pg.all_gather(buffer_of(values.data() + static_cast<size_t>(pg.rank()) * shard, shard, values.device()),
                                   buffer_of(values.data(), values.size(), values.device()), {.async_op = true}));
   }
-  for (Work& w : works) w.wait();
+  wait_all(works);
 }
 
 MemoryStats ZeroRedundancyOptimizer::memory() const {

@@ -92,7 +92,10 @@ class ShardedOptimizer : public Optimizer {
 
  protected:
   // Makes the shards' grads hold the reduced gradients of the last backward (for a
-  // strategy that keeps them elsewhere); step() and clip_grad_norm() call it first.
+  // strategy that keeps them elsewhere); step() and clip_grad_norm() call it first. It
+  // must take each backward's gradients once only: a second call for the same backward
+  // would undo clip_grad_norm's scaling, and skipping a new backward would step on
+  // stale gradients (a step skipped after clipping).
   virtual void refresh_grads() {}
   ProcessGroup& process_group() const { return *pg_; }
 
@@ -103,7 +106,6 @@ class ShardedOptimizer : public Optimizer {
   std::unique_ptr<Optimizer> local_;
   std::unique_ptr<OptimizerState> consolidated_;  // on root after consolidate_state()
   int consolidated_root_ = 0;
-  bool grads_ready_ = false;  // clip_grad_norm refreshed (and scaled) them for the next step
 };
 
 }  // namespace ddp
