@@ -40,10 +40,9 @@ std::vector<FlatGroup> bucket_groups(const std::vector<Parameter*>& params, size
     g.numel += p->numel();
     bytes += b;
   }
-  const auto w = static_cast<size_t>(world);
   for (FlatGroup& g : groups) {
     g.world = world;
-    g.padded = (g.numel + w - 1) / w * w;
+    g.padded = FlatGroup::padded_for(g.numel, world);
   }
   return groups;
 }

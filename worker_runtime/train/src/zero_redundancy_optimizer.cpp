@@ -26,7 +26,6 @@ ZeroRedundancyOptimizer::Flat ZeroRedundancyOptimizer::lay_out(DistributedDataPa
                           (options.reduce_scatter ? "GradReduce::ReduceScatter" : "GradReduce::AllReduce") + ")");
   }
   ProcessGroup& pg = ddp.process_group();
-  const auto world = static_cast<size_t>(pg.size());
   const auto rank = static_cast<size_t>(pg.rank());
   Flat flat;
   for (size_t i = 0; i < ddp.num_buckets(); ++i) {
@@ -34,7 +33,7 @@ ZeroRedundancyOptimizer::Flat ZeroRedundancyOptimizer::lay_out(DistributedDataPa
     // An all-reduced bucket is not padded (world 1): pad its value buffer here. The
     // grads stay DDP's; refresh_grads copies this rank's slice out of them.
     g.world = pg.size();
-    g.padded = (g.numel + world - 1) / world * world;
+    g.padded = FlatGroup::padded_for(g.numel, pg.size());
     const Device device = g.slots.front().param->device();
     // Zero-filled, so padding stays zero. Host buffers are group memory: on one host the
     // all-gather after each step then reads the peers' blocks in place.

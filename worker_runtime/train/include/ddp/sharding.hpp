@@ -34,6 +34,11 @@ struct FlatGroup {
   size_t padded = 0;  // numel rounded up to a multiple of world
   int world = 1;
   size_t shard() const { return padded / static_cast<size_t>(world); }
+  // `numel` rounded up to a multiple of `world` (world >= 1): every layout's padding.
+  static size_t padded_for(size_t numel, int world) {
+    const auto w = static_cast<size_t>(world);
+    return (numel + w - 1) / w * w;
+  }
 };
 
 // DDP's bucket rule: parameters in reverse registration order (backward produces them
