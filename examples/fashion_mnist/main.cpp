@@ -253,10 +253,13 @@ int train(const Args& a) {
   const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
   const fashion_mnist::ResumeOptions resume_options{
       .checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id, .restart_count = env.restart_count};
-  const std::optional<fashion_mnist::Resumed> resumed = fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model);
+  std::optional<fashion_mnist::Resumed> resumed = fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model);
   const std::unique_ptr<fashion_mnist::Strategy> strategy = fashion_mnist::make_strategy(sopts, *model, pg, make_optimizer);
   ddp::Optimizer& opt = strategy->optimizer();
-  if (resumed) ddp::load_optimizer_state(resumed->bytes, a.checkpoint, opt);
+  if (resumed) {
+    ddp::load_optimizer_state(resumed->bytes, a.checkpoint, opt);
+    std::string().swap(resumed->bytes);  // the whole checkpoint (~120 MB for --wide): not needed past here
+  }
   const int first_epoch = resumed ? static_cast<int>(resumed->info.epoch) : 0;
 
   ddp::DistributedSampler sampler(train_set.size(), {.num_replicas = static_cast<size_t>(world),

@@ -74,6 +74,11 @@ struct Floats {
   Floats(ddp::ProcessGroup& pg, size_t n, bool shared) : count(n) {
     if (shared) {
       memory = pg.allocate(std::max<size_t>(1, n) * sizeof(float));
+      // The group-memory cases test the direct paths: peer memory is permitted here and
+      // in CI (root), so plain memory would be a setup fault, not a pass.
+      if (!memory->shared()) {
+        throw ddp::Error("allocate() gave memory the peers cannot reach: the group-memory case would test nothing");
+      }
       data = reinterpret_cast<float*>(memory->data());
     } else {
       heap.resize(n);

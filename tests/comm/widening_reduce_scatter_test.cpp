@@ -68,6 +68,12 @@ std::string bit_exact_report(ddp::ProcessGroup& pg, size_t block) {
         const auto mine = rank_input(pg.rank(), block * static_cast<size_t>(n), dtype);
         std::vector<uint16_t> plain = mine;
         std::unique_ptr<ddp::GroupMemory> memory = pg.allocate(std::max<size_t>(1, mine.size()) * 2);
+        // The "shared" cases test the in-place path: peer memory is permitted here and in
+        // CI (root), so plain memory would be a setup fault, not a pass (alone, a rank has
+        // no peers to share with).
+        if (shared && pg.size() > 1 && !memory->shared()) {
+          throw ddp::Error("allocate() gave memory the peers cannot reach: the shared case would test nothing");
+        }
         void* input = shared ? static_cast<void*>(memory->data()) : plain.data();
         if (shared && !mine.empty()) std::memcpy(input, mine.data(), mine.size() * 2);
         std::vector<float> got(block, -1.0f);

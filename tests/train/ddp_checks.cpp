@@ -38,45 +38,18 @@
 #include "ddp/init.hpp"
 #include "ddp/nn.hpp"
 #include "ddp/optim.hpp"
+#include "launched_checks.hpp"
 
 namespace {
 
-int g_checks = 0, g_failures = 0, g_rank = 0;
+using launched::check;
+using launched::g_rank;
+using launched::hash_params;
+using launched::same_everywhere;
 
-void check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    std::printf("rank %d: FAILED %s\n", g_rank, what.c_str());
-  }
-}
-
-uint64_t hash_params(ddp::Module& m) {
-  uint64_t h = 1469598103934665603ull;
-  for (auto* p : m.parameters()) {
-    const auto* b = reinterpret_cast<const unsigned char*>(p->value.data());
-    for (size_t i = 0; i < p->numel() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
-// Whether every rank holds the same 64-bit value.
-bool same_everywhere(ddp::ProcessGroup& pg, uint64_t v) {
-  std::vector<int64_t> all(static_cast<size_t>(pg.size()));
-  int64_t mine = static_cast<int64_t>(v);
-  pg.all_gather(ddp::view(std::span<int64_t>(&mine, 1)), ddp::view(all));
-  for (int64_t x : all)
-    if (x != mine) return false;
-  return true;
-}
-
-// A batch that differs per rank and per step: rows of small pseudo-random values.
+// A batch that differs per rank and per step, for the 10-class MLP below.
 void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, size_t features, int rank, int step) {
-  x.resize(batch, features);
-  y.resize(batch);
-  ddp::Rng rng(static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(step));
-  for (float& v : x.span()) v = rng.uniform(-1.0f, 1.0f);
-  for (auto& label : y) label = static_cast<int32_t>(rng.below(10));
+  launched::fill_batch(x, y, batch, features, 10, rank, step);
 }
 
 std::vector<float> grads_of(ddp::Module& m) {
@@ -164,13 +137,7 @@ void accumulation(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   }
   check(ddp.last_backward().buckets_reduced == 0, "no_sync: no bucket is reduced");
   const std::vector<float> local_first = grads_of(*model);
-  uint64_t h = 1469598103934665603ull;
-  for (float g : local_first) {
-    uint32_t bits;
-    std::memcpy(&bits, &g, 4);
-    h = (h ^ bits) * 1099511628211ull;
-  }
-  if (n > 1) check(!same_everywhere(*pg, h), "no_sync: gradients stay local (ranks differ)");
+  if (n > 1) check(!same_everywhere(*pg, launched::hash_floats(local_first)), "no_sync: gradients stay local (ranks differ)");
 
   // What the reduced result must be: the rank average of (micro 1 + micro 2) of each
   // rank, computed here from every rank's local sums with a plain all-reduce.
@@ -357,7 +324,7 @@ void bf16_steps(const std::shared_ptr<ddp::ProcessGroup>& pg) {
 int main() {
   try {
     auto pg = ddp::init({.backend = "cpu"});
-    g_rank = pg->rank();
+    launched::g_rank = pg->rank();
     construction_and_layout(pg);
     training_steps(pg);
     accumulation(pg);
@@ -370,6 +337,5 @@ int main() {
     std::printf("rank %d: error: %s\n", g_rank, e.what());
     return 1;
   }
-  std::printf("rank %d: %d checks, %d failed\n", g_rank, g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return launched::finish();
 }

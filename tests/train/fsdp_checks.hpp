@@ -1,5 +1,5 @@
-// What fsdp_checks.cpp (the checks) and fsdp_bench.cpp (its --bench mode) share: the
-// synthetic per-rank batches and the optimizers both strategies are built with.
+// What fsdp_checks.cpp (the checks) and fsdp_bench.cpp (its --bench mode) share beyond
+// launched_checks.hpp: the optimizers both strategies are built with.
 #pragma once
 
 #include <cstdint>
@@ -11,14 +11,17 @@
 #include "ddp/optim.hpp"
 #include "ddp/process_group.hpp"
 #include "ddp/tensor.hpp"
+#include "launched_checks.hpp"
 
 namespace fsdp_checks {
 
-extern int g_rank;
+using launched::g_rank;
 
-// A batch that differs per rank and per step: inputs in [-1, 1), labels below sizes.back().
-void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, const std::vector<size_t>& sizes, int rank,
-                int step);
+// A batch for an MLP of `sizes` that differs per rank and per step.
+inline void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, const std::vector<size_t>& sizes, int rank,
+                       int step) {
+  launched::fill_batch(x, y, batch, sizes.front(), sizes.back(), rank, step);
+}
 
 using Factory = std::function<std::unique_ptr<ddp::Optimizer>(std::vector<ddp::Parameter*>)>;
 // "adamw" (lr 1e-3, weight decay 0.01) or "sgd" (lr 0.05, momentum 0.9, weight decay 1e-4).

@@ -1,9 +1,12 @@
-// What the programs that tests launch under the real ddprun share (sharded_checks,
-// fsdp_checks): counted checks that print what failed, a hash of a model's values and
-// whether every rank holds the same one, and synthetic per-rank batches. Each program
-// ends with finish(), whose last line the Catch2 wrappers read.
+// What the programs that tests launch under the real ddprun share (ddp_checks,
+// sharded_checks, fsdp_checks): counted checks that print what failed, a hash of a
+// model's values and whether every rank holds the same one, the relative difference of
+// two models' values, and synthetic per-rank batches. Each program ends with finish(),
+// whose last line the Catch2 wrappers read.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <span>
@@ -32,14 +35,33 @@ inline int finish() {
   return g_failures == 0 ? 0 : 1;
 }
 
+inline constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+
+// FNV-1a over `n` floats' bytes, continuing from `h`.
+inline uint64_t hash_floats(const float* v, size_t n, uint64_t h = kFnvOffset) {
+  const auto* b = reinterpret_cast<const unsigned char*>(v);
+  for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+inline uint64_t hash_floats(const std::vector<float>& v) { return hash_floats(v.data(), v.size()); }
+
 // FNV-1a over the bytes of every parameter value (materialized ones).
 inline uint64_t hash_params(ddp::Module& m) {
-  uint64_t h = 1469598103934665603ull;
-  for (auto* p : m.parameters()) {
-    const auto* b = reinterpret_cast<const unsigned char*>(p->value.data());
-    for (size_t i = 0; i < p->value.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
+  uint64_t h = kFnvOffset;
+  for (auto* p : m.parameters()) h = hash_floats(p->value.data(), p->value.size(), h);
   return h;
+}
+
+// max |a - b| / max(max |b|, 1e-12): the difference relative to the values' scale
+// (infinite when the sizes differ or there is nothing to compare).
+inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double diff = 0, scale = 1e-12;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
 }
 
 // Whether every rank of pg holds the same 64-bit value.

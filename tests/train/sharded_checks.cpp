@@ -19,6 +19,8 @@
 //     bytes loaded at another world size save back unchanged and continue as an
 //     unsharded AdamW loaded from them;
 //   - clip_grad_norm: the global norm of the shards, as DDP's over the full buckets;
+//     a step skipped after clipping leaves no stale gradients for the next one;
+//   - gradient accumulation with no_sync: exactly DDP's;
 //   - a ZeroOptions that does not match the DDP's reduction mode is refused; after
 //     ZeRO-1 is gone the parameters own their values again.
 //
@@ -143,16 +145,6 @@ struct Trainer {
   }
 };
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(scale, 1e-12);
-}
-
 std::string saved(const ddp::Optimizer& opt) {
   std::ostringstream out;
   opt.save_state(out);
@@ -172,7 +164,7 @@ void equivalence(const std::shared_ptr<ddp::ProcessGroup>& pg) {
         Trainer z(pg, *mc, s, o);
         const bool identical = z.train(*pg, 0, kSteps);
         const std::vector<float> got = launched::values_of(*z.model);
-        const double diff = max_rel_diff(got, want);
+        const double diff = launched::rel_diff(got, want);
         const std::string what = std::string(name_of(s)) + " " + name_of(o) + " " + mc->name + " at " +
                                  std::to_string(pg->size()) + " ranks";
         if (pg->rank() == 0) std::printf("rank 0: equivalence %s: max_rel_diff %.3g vs ddp\n", what.c_str(), diff);
@@ -181,7 +173,7 @@ void equivalence(const std::shared_ptr<ddp::ProcessGroup>& pg) {
         // small exchange, reduce_scatter's direct fold): the same gradients at any world.
         check(diff == 0, what + " is exactly DDP's");
         if (s == Strategy::ZeroReduceScatter) {
-          const double exact = max_rel_diff(got, launched::values_of(*same.model));
+          const double exact = launched::rel_diff(got, launched::values_of(*same.model));
           check(exact == 0, what + " is exactly DDP's on the same reduced gradients (" + std::to_string(exact) + ")");
         }
         check(identical, what + ": every rank holds the same values after every step");
@@ -203,7 +195,8 @@ void bf16(const std::shared_ptr<ddp::ProcessGroup>& pg) {
       Trainer z(pg, *mc, s, Opt::AdamW, nullptr, ddp::DType::BF16);
       const bool identical = z.train(*pg, 0, 20);
       const std::vector<float> got = launched::values_of(*z.model);
-      const double diff = max_rel_diff(got, want), from_f32 = max_rel_diff(got, launched::values_of(*f32.model));
+      const double diff = launched::rel_diff(got, want);
+      const double from_f32 = launched::rel_diff(got, launched::values_of(*f32.model));
       const std::string what = std::string(name_of(s)) + " bf16 grads adamw " + mc->name;
       if (pg->rank() == 0) {
         std::printf("rank 0: %s: max_rel_diff %.3g vs bf16 ddp, %.3g vs f32 ddp\n", what.c_str(), diff, from_f32);
@@ -298,7 +291,7 @@ void checkpoint(const std::shared_ptr<ddp::ProcessGroup>& pg, Strategy s) {
   if (world->rank() == 0) check(saved(*z.opt) == bytes, where + ": saves back the bytes it loaded");
   ref.train(*world, 6, 12);
   const bool identical = z.train(*world, 6, 12);
-  const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+  const double diff = launched::rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
   if (pg->rank() == 0) std::printf("rank 0: checkpoint %s: continued max_rel_diff %.3g vs ddp\n", where.c_str(), diff);
   check(identical, where + ": ranks identical after loading");
   check(diff <= 1e-6, where + ": continues as an unsharded AdamW loaded from the same bytes");
@@ -322,8 +315,51 @@ void clipping(const std::shared_ptr<ddp::ProcessGroup>& pg) {
                                                      std::to_string(got) + " vs " + std::to_string(want) + ")");
     ref.opt->step();
     z.opt->step();  // on the clipped gradients (the copies, in all-reduce mode)
-    const double diff = max_rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    const double diff = launched::rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
     check(diff <= 1e-6, mode + ": a clipped step matches a clipped DDP step (" + std::to_string(diff) + ")");
+    // Clipping and then skipping the step (as on a non-finite norm): the next step is on
+    // the next backward's gradients, not on the clipped copies of this one.
+    for (Trainer* t : {&ref, &z}) {
+      t->ddp->zero_grad();
+      t->backward(pg->rank(), 78);
+    }
+    ref.ddp->clip_grad_norm(1e-3f);
+    z.zero->clip_grad_norm(1e-3f);
+    for (Trainer* t : {&ref, &z}) {
+      t->ddp->zero_grad();
+      t->backward(pg->rank(), 79);
+      t->opt->step();
+    }
+    const double skipped = launched::rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    check(skipped <= 1e-6, mode + ": a step skipped after clipping leaves nothing stale for the next one (" +
+                               std::to_string(skipped) + ")");
+  }
+}
+
+// Gradient accumulation: backwards inside no_sync() then one that reduces step ZeRO-1
+// exactly as DDP's accumulated and reduced buckets (rank-order folds of the same sums).
+void accumulation(const std::shared_ptr<ddp::ProcessGroup>& pg) {
+  for (Strategy s : {Strategy::ZeroAllReduce, Strategy::ZeroReduceScatter}) {
+    Trainer ref(pg, kOdd, Strategy::Ddp, Opt::AdamW);
+    Trainer z(pg, kOdd, s, Opt::AdamW);
+    bool identical = true;
+    for (Trainer* t : {&ref, &z}) {
+      for (int step = 0; step < 3; ++step) {
+        for (int micro = 0; micro < 2; ++micro) {
+          auto guard = t->ddp->no_sync();
+          t->backward(pg->rank(), 200 + 3 * step + micro);
+        }
+        t->backward(pg->rank(), 200 + 3 * step + 2);
+        t->opt->step();
+        t->ddp->zero_grad();
+        identical &= launched::same_everywhere(*pg, launched::hash_params(*t->model));
+      }
+    }
+    const double diff = launched::rel_diff(launched::values_of(*z.model), launched::values_of(*ref.model));
+    const std::string what = std::string(name_of(s)) + " no_sync accumulation over 3 backwards x 3 steps";
+    if (pg->rank() == 0) std::printf("rank 0: %s: max_rel_diff %.3g vs ddp\n", what.c_str(), diff);
+    check(diff == 0, what + " is exactly DDP's (" + std::to_string(diff) + ")");
+    check(identical, what + ": every rank holds the same values");
   }
 }
 
@@ -374,6 +410,7 @@ int main() {
       checkpoint(pg, Strategy::ZeroReduceScatter);
     }
     clipping(pg);
+    accumulation(pg);
     refusals(pg);
     lifetime(pg);
     pg->barrier();

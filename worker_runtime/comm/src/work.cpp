@@ -70,4 +70,33 @@ Work::Timing Work::timing() const {
   return state_->timing;
 }
 
+namespace {
+void wait_quietly(const Work& w) noexcept {
+  try {
+    w.wait();
+  } catch (...) {
+  }
+}
+}  // namespace
+
+void wait_all(std::span<Work> works) {
+  std::exception_ptr first;
+  for (const Work& w : works) {
+    try {
+      w.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void wait_all_noexcept(std::span<Work> works) noexcept {
+  for (const Work& w : works) wait_quietly(w);
+}
+
+void wait_all_noexcept(std::initializer_list<Work*> works) noexcept {
+  for (const Work* w : works) wait_quietly(*w);
+}
+
 }  // namespace ddp

@@ -103,14 +103,7 @@ Buffer DistributedDataParallel::Bucket::buffer() const {
 
 DistributedDataParallel::~DistributedDataParallel() {
   // Never leave an all-reduce writing into buckets that are about to go away.
-  for (auto& b : buckets_) {
-    for (Work* w : {&b.work, &b.gather}) {
-      try {
-        w->wait();
-      } catch (...) {
-      }
-    }
-  }
+  for (auto& b : buckets_) wait_all_noexcept({&b.work, &b.gather});
 }
 
 std::vector<std::vector<std::string>> DistributedDataParallel::bucket_layout() const {
@@ -184,17 +177,13 @@ void DistributedDataParallel::reduce_bucket(Bucket& b, bool async) {
 // bucket: memory-safe, and the gradients of a failed step are undefined anyway.)
 void DistributedDataParallel::settle() noexcept {
   for (size_t i = 0; i < next_to_launch_ && i < buckets_.size(); ++i) {
-    for (Work* w : {&buckets_[i].work, &buckets_[i].gather}) {
-      try {
-        w->wait();
-      } catch (...) {
-      }
-    }
+    wait_all_noexcept({&buckets_[i].work, &buckets_[i].gather});
   }
 }
 
 void DistributedDataParallel::backward(const Tensor& dy) {
   settle();  // after an earlier backward that threw
+  ++backwards_;
   const bool reduce = sync_ && options_.all_reduce && pg_->size() > 1;
   for (auto& b : buckets_) b.pending = b.params.size();
   next_to_launch_ = 0;
@@ -232,7 +221,12 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   const char* label = options_.reduce == GradReduce::ReduceScatter ? "reduce_scatter bucket" : "all_reduce bucket";
   for (auto& b : buckets_) {
     for (Work* w : {&b.work, &b.gather}) {
-      w->wait();
+      try {
+        w->wait();
+      } catch (...) {
+        settle();  // the other buckets' reductions may still be writing them
+        throw;
+      }
       const auto t = w->timing();
       if (!t.known) continue;
       stats_.comm_busy += seconds(t.end - t.start);

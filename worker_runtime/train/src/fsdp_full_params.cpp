@@ -31,15 +31,9 @@ FullyShardedDataParallel::FullParams FullyShardedDataParallel::summon_full_param
                          : s.pg->all_gather(in, out, {.async_op = true}));
   }
   try {
-    for (auto& w : works) w.wait();
+    wait_all(works);
   } catch (...) {
-    for (auto& w : works) {
-      try {
-        w.wait();
-      } catch (...) {
-      }
-    }
-    s.full.clear();
+    s.full.clear();  // nothing writes it any more
     throw;
   }
   if (here) {

@@ -88,8 +88,13 @@ struct FullyShardedDataParallel::Impl {
   // Waits for every pending operation (errors swallowed) and releases every unit: the
   // state to start a forward, a backward or summon_full_params from.
   void settle() noexcept;
+  // Adds a completed operation to the step's figures and, from its issue or from its real
+  // start, to the trace.
   void waited(const Work& w, FsdpClock::time_point wait_start, FsdpClock::time_point issued, const char* what,
-              size_t u);
+              size_t u, bool from_issue);
+  // bf16 gradients are rounded only where they are reduced: at world 1 nothing is, so
+  // FSDP trains as DDP and ZeRO-1 do there (in f32).
+  bool rounds_grads() const { return options.grad_dtype == DType::BF16 && pg->size() > 1; }
   void need_not_summoned(const char* call) const;
 };
 

@@ -67,11 +67,10 @@ void FullyShardedDataParallel::Impl::build_units() {
       unit->group.numel += p->numel();
     }
   }
-  const auto world = static_cast<size_t>(pg->size());
   for (size_t u = 0; u < units.size(); ++u) {
     FlatGroup& g = units[u]->group;
     g.world = pg->size();
-    g.padded = (g.numel + world - 1) / world * world;
+    g.padded = FlatGroup::padded_for(g.numel, g.world);
     max_padded = std::max(max_padded, g.padded);
     units[u]->shard = std::make_unique<Parameter>("fsdp.unit" + std::to_string(u), 1, g.shard());
   }
@@ -136,7 +135,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Sequential& model, std::share
   s.grad_owner.assign(grad_pool, -1);
   s.rs_temp.resize(grad_pool);
   s.staging.resize(grad_pool);
-  if (options.grad_dtype == DType::BF16) {
+  if (s.rounds_grads()) {
     // Group memory: the widening reduce-scatter reads the peers' staging in place.
     for (auto& st : s.staging) st = s.pg->allocate(s.max_padded * sizeof(BFloat16));
   }
@@ -177,16 +176,18 @@ void FullyShardedDataParallel::Impl::issue_gather(size_t u) {
                                f32(values[static_cast<size_t>(slot)].data(), unit.group.padded), {.async_op = true});
 }
 
-// Adds a completed operation to the step's figures and the trace.
 void FullyShardedDataParallel::Impl::waited(const Work& w, FsdpClock::time_point wait_start,
-                                            FsdpClock::time_point issued, const char* what, size_t u) {
+                                            FsdpClock::time_point issued, const char* what, size_t u, bool from_issue) {
   const auto now = FsdpClock::now();
   stats.comm_wait += seconds(now - wait_start);
   const auto t = w.timing();
   if (t.known) stats.comm_busy += seconds(t.end - t.start);
-  // From issue to completion: the clock stamps the overlap checks read.
+  // A gather from its issue (prefetching is about issuing early), a reduce-scatter from
+  // when it started running (overlap is about running beside compute): the clock stamps
+  // the overlap checks read.
   if (options.trace) {
-    options.trace->add(std::string(phase) + " " + what + " unit " + std::to_string(u), issued, t.known ? t.end : now,
+    const auto begin = from_issue || !t.known ? issued : t.start;
+    options.trace->add(std::string(phase) + " " + what + " unit " + std::to_string(u), begin, t.known ? t.end : now,
                        Trace::kCommunication);
   }
 }
@@ -197,7 +198,7 @@ void FullyShardedDataParallel::Impl::wait_gather(size_t u) {
   issue_gather(u);
   const auto t0 = FsdpClock::now();
   unit.gather.wait();
-  waited(unit.gather, t0, unit.gather_issued, "all_gather", u);
+  waited(unit.gather, t0, unit.gather_issued, "all_gather", u, true);
   unit.gather = Work();
   float* base = values[static_cast<size_t>(unit.value_slot)].data();
   for (const ShardSlot& s : unit.group.slots) s.param->bind_value(base + s.offset, false);
@@ -240,7 +241,7 @@ void FullyShardedDataParallel::Impl::issue_reduce_scatter(size_t u) {
     out = rs_temp[slot].data();
   }
   Buffer input = f32(grads[slot].data(), unit.group.padded);
-  if (options.grad_dtype == DType::BF16) {
+  if (rounds_grads()) {
     // The one rounding of the gradients: f32 accumulation before, f32 reduction after.
     auto* wire = reinterpret_cast<BFloat16*>(staging[slot]->data());
     round_to_bf16(grads[slot].data(), wire, unit.group.padded);
@@ -257,7 +258,7 @@ void FullyShardedDataParallel::Impl::finish_reduce_scatter(size_t u) {
   const auto slot = static_cast<size_t>(unit.grad_slot);
   const auto t0 = FsdpClock::now();
   unit.rs.wait();
-  waited(unit.rs, t0, unit.rs_issued, "reduce_scatter", u);
+  waited(unit.rs, t0, unit.rs_issued, "reduce_scatter", u, false);
   unit.rs = Work();
   const size_t shard = unit.group.shard();
   const float* reduced = unit.rs_into_temp ? rs_temp[slot].data() : nullptr;  // nullptr: already in the grad shard
@@ -277,13 +278,9 @@ void FullyShardedDataParallel::Impl::finish_reduce_scatter(size_t u) {
 void FullyShardedDataParallel::Impl::settle() noexcept {
   for (size_t u = 0; u < units.size(); ++u) {
     FsdpUnit& unit = *units[u];
-    for (Work* w : {&unit.gather, &unit.rs}) {
-      try {
-        w->wait();
-      } catch (...) {
-      }
-      *w = Work();
-    }
+    wait_all_noexcept({&unit.gather, &unit.rs});
+    unit.gather = Work();
+    unit.rs = Work();
     if (unit.grad_slot >= 0) {
       transient_now -= grads[static_cast<size_t>(unit.grad_slot)].size() * sizeof(float);
       grad_owner[static_cast<size_t>(unit.grad_slot)] = -1;

@@ -40,10 +40,9 @@ std::vector<FlatGroup> bucket_groups(const std::vector<Parameter*>& params, size
     g.numel += p->numel();
     bytes += b;
   }
-  const auto w = static_cast<size_t>(world);
   for (FlatGroup& g : groups) {
     g.world = world;
-    g.padded = (g.numel + w - 1) / w * w;
+    g.padded = FlatGroup::padded_for(g.numel, world);
   }
   return groups;
 }
@@ -133,8 +132,7 @@ ShardedOptimizer::ShardedOptimizer(std::vector<FlatGroup> groups, std::vector<Pa
 }
 
 void ShardedOptimizer::step() {
-  if (!grads_ready_) refresh_grads();
-  grads_ready_ = false;
+  refresh_grads();
   local_->set_lr(lr_);
   local_->step();
   steps_ = local_->steps();
@@ -181,7 +179,7 @@ void ShardedOptimizer::consolidate_state(int root) {
                                   {.async_op = true}));
     }
   }
-  for (Work& w : works) w.wait();
+  wait_all(works);  // on a throw, nothing still writes the locals above
   if (!on_root) {
     consolidated_.reset();
     return;
@@ -245,7 +243,6 @@ void ShardedOptimizer::load_state(std::istream& in) {
 float ShardedOptimizer::clip_grad_norm(float max_norm) {
   if (!(max_norm >= 0.0f)) throw InvalidArgument("ShardedOptimizer::clip_grad_norm: max_norm " + std::to_string(max_norm));
   refresh_grads();
-  grads_ready_ = true;
   double sq = 0;  // padding is zero, so it adds nothing
   for (const Parameter* p : params_) {
     if (p->grad.is_cuda()) {

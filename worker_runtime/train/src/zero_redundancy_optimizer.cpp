@@ -26,7 +26,6 @@ ZeroRedundancyOptimizer::Flat ZeroRedundancyOptimizer::lay_out(DistributedDataPa
                           (options.reduce_scatter ? "GradReduce::ReduceScatter" : "GradReduce::AllReduce") + ")");
   }
   ProcessGroup& pg = ddp.process_group();
-  const auto world = static_cast<size_t>(pg.size());
   const auto rank = static_cast<size_t>(pg.rank());
   Flat flat;
   for (size_t i = 0; i < ddp.num_buckets(); ++i) {
@@ -34,7 +33,7 @@ ZeroRedundancyOptimizer::Flat ZeroRedundancyOptimizer::lay_out(DistributedDataPa
     // An all-reduced bucket is not padded (world 1): pad its value buffer here. The
     // grads stay DDP's; refresh_grads copies this rank's slice out of them.
     g.world = pg.size();
-    g.padded = (g.numel + world - 1) / world * world;
+    g.padded = FlatGroup::padded_for(g.numel, pg.size());
     const Device device = g.slots.front().param->device();
     // Zero-filled, so padding stays zero. Host buffers are group memory: on one host the
     // all-gather after each step then reads the peers' blocks in place.
@@ -97,6 +96,10 @@ ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
 }
 
 void ZeroRedundancyOptimizer::refresh_grads() {
+  // Once per backward: clip_grad_norm scaled what this copied, and a step skipped after
+  // it must not leave those copies for the next backward's step.
+  if (refreshed_for_ == ddp_.backwards()) return;
+  refreshed_for_ = ddp_.backwards();
   for (size_t i = 0; i < flat_.groups.size(); ++i) {
     Parameter& shard = *flat_.shards[i];
     if (options_.reduce_scatter) {
@@ -124,7 +127,7 @@ void ZeroRedundancyOptimizer::step() {
     works.push_back(pg.all_gather(buffer_of(values.data() + static_cast<size_t>(pg.rank()) * shard, shard, values.device()),
                                   buffer_of(values.data(), values.size(), values.device()), {.async_op = true}));
   }
-  for (Work& w : works) w.wait();
+  wait_all(works);
 }
 
 MemoryStats ZeroRedundancyOptimizer::memory() const {

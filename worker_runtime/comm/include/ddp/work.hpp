@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <exception>
+#include <initializer_list>
 #include <memory>
+#include <span>
 
 namespace ddp {
 
@@ -40,5 +42,15 @@ class Work {
  private:
   std::shared_ptr<State> state_;
 };
+
+// Waits for every one of `works`, even after one of them failed, then rethrows the
+// first error: a caller whose buffers go away when it throws (locals, a pool it frees)
+// never leaves an operation still writing them.
+void wait_all(std::span<Work> works);
+// Waits for every one of `works` and drops their errors: for paths that are already
+// failing or tearing down (a destructor, a catch that rethrows) and only need nothing
+// left running in their buffers.
+void wait_all_noexcept(std::span<Work> works) noexcept;
+void wait_all_noexcept(std::initializer_list<Work*> works) noexcept;
 
 }  // namespace ddp

@@ -129,6 +129,9 @@ class DistributedDataParallel {
   Module& module() { return model_; }
   ProcessGroup& process_group() { return *pg_; }
   const BackwardStats& last_backward() const { return stats_; }
+  // How many backward() calls have started (inside no_sync or not): a sharded optimizer
+  // that copies gradients out of the buckets knows from it whether they changed.
+  uint64_t backwards() const { return backwards_; }
   // Bucket layout: the parameter names of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_layout() const;
   size_t num_buckets() const { return buckets_.size(); }
@@ -180,6 +183,7 @@ class DistributedDataParallel {
   std::chrono::steady_clock::time_point last_ready_;  // the latest grad-ready hook of this backward
   std::chrono::steady_clock::duration inline_comm_{};  // the last bucket's all-reduce, run inside backward
   bool sync_ = true;
+  uint64_t backwards_ = 0;
   BackwardStats stats_;
 };
 

@@ -20,16 +20,20 @@
 // Outside forward/backward the model's parameters are released: read or save them inside
 // summon_full_params() (a layer refuses a released parameter with InvalidArgument).
 //
-// The f32 reduction is a reduce-scatter, or, where the grad buffers are shared memory (one
-// host), an all-reduce of the buffer of which each rank keeps its block: the CPU backend's
-// direct all-reduce works in the peers' buffers and is several times faster than its ring
-// reduce-scatter. Host parameters only (a CPU group). Transient memory: 1 + prefetch gathered units (every
-// unit without reshard_after_forward) and 2 unsharded grad buffers, allocated once.
+// The reduction is always a reduce-scatter (f32, or bf16 -> f32 with grad_dtype BF16; at
+// world 1 nothing is reduced and nothing rounded, as in DDP and ZeRO-1). Host parameters
+// only (a CPU group). Transient memory: 1 + prefetch gathered units (every unit without
+// reshard_after_forward) and 2 unsharded grad buffers, allocated once.
 // Gradient accumulation: a backward without zero_grad before it reduce-scatters its
 // gradients and adds them to the shards (correct, but not bitwise equal to DDP's no_sync).
-// Every unit's gathers and reduce-scatters are recorded in options.trace, from issue to
-// completion ("forward all_gather unit 2", "backward reduce_scatter unit 1"), with the
-// units' compute ("forward unit 2", "backward unit 1").
+// Every unit's gathers and reduce-scatters are recorded in options.trace, gathers from
+// their issue and reduce-scatters from when they started running, to completion
+// ("forward all_gather unit 2", "backward reduce_scatter unit 1"), with the units'
+// compute ("forward unit 2", "backward unit 1").
+//
+// Lifetimes: the model must outlive this object. Its parameters stay released after this
+// object is gone (giving them full values back would take a gather, a collective, which a
+// destructor cannot do): read them inside summon_full_params before, or keep the FSDP.
 #pragma once
 
 #include <algorithm>
@@ -82,7 +86,9 @@ class FullyShardedDataParallel {
 
   // RAII: the full values gathered and bound to the model's parameters (on `root` only,
   // or on every rank when nullopt), released again when it goes. Inside it,
-  // save_checkpoint(path, module(), ...) and parameter hashes work as for DDP.
+  // save_checkpoint(path, module(), ...) and parameter hashes work as for DDP. The guard
+  // holds a plain pointer to this FSDP and the gathered buffers are the FSDP's: it must
+  // not outlive the FullyShardedDataParallel that made it.
   class FullParams {
    public:
     FullParams(FullParams&&) noexcept;

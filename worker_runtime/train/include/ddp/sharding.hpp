@@ -34,6 +34,11 @@ struct FlatGroup {
   size_t padded = 0;  // numel rounded up to a multiple of world
   int world = 1;
   size_t shard() const { return padded / static_cast<size_t>(world); }
+  // `numel` rounded up to a multiple of `world` (world >= 1): every layout's padding.
+  static size_t padded_for(size_t numel, int world) {
+    const auto w = static_cast<size_t>(world);
+    return (numel + w - 1) / w * w;
+  }
 };
 
 // DDP's bucket rule: parameters in reverse registration order (backward produces them
@@ -92,7 +97,10 @@ class ShardedOptimizer : public Optimizer {
 
  protected:
   // Makes the shards' grads hold the reduced gradients of the last backward (for a
-  // strategy that keeps them elsewhere); step() and clip_grad_norm() call it first.
+  // strategy that keeps them elsewhere); step() and clip_grad_norm() call it first. It
+  // must take each backward's gradients once only: a second call for the same backward
+  // would undo clip_grad_norm's scaling, and skipping a new backward would step on
+  // stale gradients (a step skipped after clipping).
   virtual void refresh_grads() {}
   ProcessGroup& process_group() const { return *pg_; }
 
@@ -103,7 +111,6 @@ class ShardedOptimizer : public Optimizer {
   std::unique_ptr<Optimizer> local_;
   std::unique_ptr<OptimizerState> consolidated_;  // on root after consolidate_state()
   int consolidated_root_ = 0;
-  bool grads_ready_ = false;  // clip_grad_norm refreshed (and scaled) them for the next step
 };
 
 }  // namespace ddp

@@ -67,6 +67,7 @@ class ZeroRedundancyOptimizer : public ShardedOptimizer {
   DistributedDataParallel& ddp_;
   ZeroOptions options_;
   Flat flat_;
+  uint64_t refreshed_for_ = 0;  // the DDP's backwards() whose gradients the shards hold
 };
 
 }  // namespace ddp
