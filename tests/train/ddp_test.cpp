@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "checks_program.hpp"
 #include "e2e.hpp"
 #include "subprocess.hpp"
 
@@ -71,18 +72,7 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 int expected_checks(int nproc) { return nproc > 1 ? 25 : 22; }
 
 void run_checks(int nproc) {
-  auto r = run({e2e::kDdprun, "--nproc_per_node=" + std::to_string(nproc), DDP_CHECKS_BIN}, {}, 300s);
-  INFO("stdout: " << r.out << "\nstderr: " << r.err);
-  CHECK(r.status == 0);
-  auto ranks = e2e::by_rank(r.out);
-  REQUIRE(static_cast<int>(ranks.size()) == nproc);
-  for (auto& [rank, lines] : ranks) {
-    REQUIRE(!lines.empty());
-    std::smatch m;
-    REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
-    CHECK(std::stoi(m[1]) == rank);
-    CHECK(std::stoi(m[2]) == expected_checks(nproc));
-  }
+  e2e::run_checks_program(DDP_CHECKS_BIN, nproc, 300s, [nproc](int) { return expected_checks(nproc); });
 }
 
 TEST_CASE("DDP mechanism, 3 ranks: broadcast at construction, bucket layout, overlap, identical steps, no_sync, clipping",

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <regex>
 
+#include "checks_program.hpp"
 #include "e2e.hpp"
 #include "subprocess.hpp"
 
@@ -16,19 +17,12 @@ constexpr int kChecks = 89;     // fsdp_checks' checks per rank
 constexpr int kCompared = 30;   // its printed differences from DDP per rank
 
 void run_checks(int nproc) {
-  auto r = run({e2e::kDdprun, "--nproc_per_node=" + std::to_string(nproc), FSDP_CHECKS_BIN}, {}, 300s);
-  INFO("stdout: " << r.out << "\nstderr: " << r.err);
-  CHECK(r.status == 0);
-  auto ranks = e2e::by_rank(r.out);
-  REQUIRE(static_cast<int>(ranks.size()) == nproc);
+  auto c = e2e::run_checks_program(FSDP_CHECKS_BIN, nproc, 300s, [](int) { return kChecks; });
+  INFO("stdout: " << c.result.out);
   const std::regex diff(R"(.*max_rel_diff ([0-9.e+-]+|inf|nan).*)");
-  for (auto& [rank, lines] : ranks) {
-    REQUIRE(!lines.empty());
-    std::smatch m;
-    REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
-    CHECK(std::stoi(m[1]) == rank);
-    CHECK(std::stoi(m[2]) == kChecks);
+  for (auto& [rank, lines] : c.ranks) {
     int compared = 0;
+    std::smatch m;
     for (auto& l : lines) {
       if (!std::regex_match(l, m, diff)) continue;
       ++compared;

@@ -5,6 +5,7 @@
 #include <regex>
 #include <vector>
 
+#include "checks_program.hpp"
 #include "e2e.hpp"
 #include "subprocess.hpp"
 
@@ -18,22 +19,13 @@ namespace {
 std::vector<int> expected_checks(int nproc) { return nproc == 2 ? std::vector<int>{71, 71} : std::vector<int>{71, 68, 66}; }
 
 void run_checks(int nproc) {
-  auto r = run({e2e::kDdprun, "--nproc_per_node=" + std::to_string(nproc), SHARDED_CHECKS_BIN}, {}, 600s);
-  INFO("stdout: " << r.out << "\nstderr: " << r.err);
-  CHECK(r.status == 0);
-  auto ranks = e2e::by_rank(r.out);
-  REQUIRE(static_cast<int>(ranks.size()) == nproc);
-  for (auto& [rank, lines] : ranks) {
-    REQUIRE(!lines.empty());
-    std::smatch m;
-    REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
-    CHECK(std::stoi(m[1]) == rank);
-    CHECK(std::stoi(m[2]) == expected_checks(nproc).at(static_cast<size_t>(rank)));
-  }
+  auto c = e2e::run_checks_program(SHARDED_CHECKS_BIN, nproc, 600s,
+                                   [nproc](int rank) { return expected_checks(nproc).at(static_cast<size_t>(rank)); });
+  INFO("stdout: " << c.result.out);
   // The measured figures the checks bounded: 2 models x 2 optimizers x 2 modes.
   const std::regex figure(R"(rank 0: equivalence zero1\(\w+\) \w+ [-\d]+ at \d ranks: max_rel_diff \S+ vs ddp)");
   int figures = 0;
-  for (auto& line : ranks[0]) figures += std::regex_match(line, figure) ? 1 : 0;
+  for (auto& line : c.ranks[0]) figures += std::regex_match(line, figure) ? 1 : 0;
   CHECK(figures == 8);
 }
 
