@@ -50,6 +50,9 @@ struct RawConnection {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
   }
+  // Takes over a connection accepted elsewhere (a test that plays the server).
+  struct Adopt {};
+  RawConnection(Adopt, int accepted) : fd(accepted) {}
   ~RawConnection() { close(fd); }
   RawConnection(const RawConnection&) = delete;
   RawConnection& operator=(const RawConnection&) = delete;

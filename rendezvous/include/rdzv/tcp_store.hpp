@@ -1,10 +1,47 @@
-// A Store backed by a StoreServer over TCP (one connection, safe to share between
-// threads: requests are serialised). Connecting retries until connect_timeout, so
-// nodes may start in any order; authentication happens before the constructor returns.
+// A Store backed by a StoreServer over TCP: one connection that every thread of a
+// process may share. Connecting retries until connect_timeout, so nodes may start in
+// any order; authentication happens before the constructor returns.
+//
+// Pipelined. Every request carries an id, so any number of threads may have requests
+// in flight on one client at once, blocking get/wait/multi_get included, and each is
+// answered on its own as the server answers it: a get blocked on one thread does not
+// hold up a set on another. The server parks at most 1,024 blocked requests per
+// connection (PROTOCOL.md, "Limits"); past that a request fails with StoreError.
+//
+// The link thread. One thread per client does the socket I/O. It also runs what is
+// handed to it: the completions of asynchronous requests (get_async, ...) and tasks
+// (post, post_after). Those run one at a time, must not block and must not throw;
+// they may start asynchronous requests, never a synchronous one (it would wait for
+// the thread it runs on: it throws StoreError instead).
+//
+// Deadlines. Each request has its own: the time it may block on the server (the
+// timeout of get, wait, multi_get; zero for the others) plus io_timeout for its
+// answer to arrive. A request past its deadline is given up: it fails, its answer is
+// thrown away when it comes, and the connection goes on for the other requests. How it
+// fails depends on the server: if the server has sent anything since the request went
+// out, that request alone ends with StoreTimeout (naming no keys); if it has sent
+// nothing, the server counts as gone (frozen, or cut off). Then the connection is
+// dropped, and every request in flight fails with StoreConnectionError.
+//
+// Reconnecting: never, once connected. A lost connection is final for its client:
+// the requests in flight and every later one throw StoreConnectionError. The server
+// has dropped that connection's blocked requests and published its wills, and a
+// quiet reconnect would hide that. An owner that wants to go on makes a new client.
+//
+// Fork: a client belongs to the process that made it. In a forked child, every
+// request on a parent's client throws StoreConnectionError, post(), post_after() and
+// cancel() do nothing, and destroying the client touches nothing of the parent's:
+// its thread, locks and socket are left alone and its memory is leaked on purpose (a
+// parent thread may have held a lock at the fork, or wait on a condition variable that
+// the child cannot destroy). Objects whose state the link thread shares follow the
+// same rule: their destructors ask forked() first and leak likewise. A child that
+// needs the store connects a client of its own.
 #pragma once
 
+#include <exception>
+#include <functional>
 #include <memory>
-#include <mutex>
+#include <optional>
 
 #include "rdzv/store.hpp"
 
@@ -16,10 +53,36 @@ struct TcpStoreOptions {
   std::string token;                     // empty: the server must not require one
   std::string ns;                        // namespace (a job id on a shared daemon)
   Millis connect_timeout{30000};         // keep trying to connect (and authenticate) until then
-  Millis io_timeout{30000};              // a non-blocking request must be answered within this
+  Millis io_timeout{30000};              // an answer may come this much later than the server's wait
   Millis heartbeat_timeout{10000};       // an unreachable server is detected after about this (0: never)
 };
 
+// What an asynchronous request ends with: its value, or the error the synchronous
+// call would have thrown (StoreTimeout, StoreConnectionError, StoreError).
+template <typename T>
+struct Outcome {
+  std::optional<T> value;    // set when error is null
+  std::exception_ptr error;  // set when the request failed
+  bool ok() const { return error == nullptr; }
+  // The value, or the error rethrown.
+  T& get() {
+    if (error) std::rethrow_exception(error);
+    return *value;
+  }
+};
+// A request that answers nothing but success.
+struct Done {
+  std::exception_ptr error;
+  bool ok() const { return error == nullptr; }
+  void get() const {
+    if (error) std::rethrow_exception(error);
+  }
+};
+
+// Names a request in flight, for cancel(). Never 0.
+using RequestId = uint64_t;
+
+namespace detail { class Link; }
 namespace wire { struct Request; }
 
 class TcpStore : public Store {
@@ -27,7 +90,11 @@ class TcpStore : public Store {
   // Connects and authenticates. Throws StoreConnectionError (no server within
   // connect_timeout), StoreAuthError (token refused, or the server could not prove it).
   explicit TcpStore(TcpStoreOptions options);
-  ~TcpStore() override;  // closes without GOODBYE: a will set with set_will() fires
+  // Closes without GOODBYE (a will set with set_will() fires); the completions of
+  // requests still in flight are dropped without running.
+  ~TcpStore() override;
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
 
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, Millis timeout) override;
@@ -56,9 +123,34 @@ class TcpStore : public Store {
   // Clean close (GOODBYE): the will is discarded. Further calls throw.
   void close();
 
-  // Unblocks a call in progress on another thread (it throws StoreConnectionError)
-  // and leaves the connection unusable. Safe to call from any thread.
+  // Drops the connection: every request in flight, on any thread, fails at once with
+  // StoreConnectionError, and so does every later one. Safe to call from any thread.
+  // It ends the link for every user of this client: to give up one request, cancel it.
   void abort();
+
+  // ---- Asynchronous requests ----
+  // Each queues its request and returns at once; `then` runs on the link thread,
+  // exactly once, with the outcome: the answer, the deadline passed, or the connection
+  // lost. After a failure of the connection, `then` still runs, on the link thread.
+  RequestId get_async(const std::string& key, Millis timeout, std::function<void(Outcome<std::string>)> then);
+  RequestId add_async(const std::string& key, int64_t delta, std::function<void(Outcome<int64_t>)> then);
+  RequestId set_async(const std::string& key, const std::string& value, std::function<void(Done)> then);
+  RequestId ping_async(std::function<void(Done)> then);
+
+  // Gives up a request in flight: its completion will not run (unless it is running
+  // already) and its answer is thrown away. Returns whether it was still in flight.
+  // The server keeps a given-up get/wait/multi_get parked until its own timeout, so
+  // a long wait that may be given up is better made in slices.
+  bool cancel(RequestId id);
+
+  // Runs `task` on the link thread, soon / after `delay`. A task that should stop
+  // repeating checks a flag of its owner's; tasks still queued when the client is
+  // destroyed are dropped.
+  void post(std::function<void()> task);
+  void post_after(Millis delay, std::function<void()> task);
+
+  // True in a forked child of the process that made this client (see "Fork" above).
+  bool forked() const;
 
   // The local address of this connection (the interface that reaches the server).
   std::string local_address() const;
@@ -66,14 +158,14 @@ class TcpStore : public Store {
   const TcpStoreOptions& options() const { return options_; }
 
  private:
+  // Runs a request and waits for its answer body (throws what the answer says).
   std::string call(const wire::Request& q, Millis server_wait);
-  void connect_and_authenticate();
+  RequestId start(const wire::Request& q, Millis server_wait,
+                  std::function<void(std::string body, std::exception_ptr error)> then);
+  void check_usable() const;
 
   TcpStoreOptions options_;
-  std::mutex mutex_;
-  int fd_ = -1;         // valid from construction to destruction
-  bool broken_ = false; // a connection error or abort(): every call throws
-  uint32_t next_id_ = 1;
+  std::unique_ptr<detail::Link> link_;
 };
 
 }  // namespace rdzv
