@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ports.hpp"
 #include "subprocess.hpp"
 
 namespace e2e {
@@ -46,18 +47,8 @@ inline bool all_ranks_said(const std::string& output, int n, const std::string& 
   return true;
 }
 
-// A port nothing listens on right now (the kernel's pick for a socket bound to port 0).
-inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+// A port nothing listens on right now.
+using testing::free_port;
 
 // Lines ddprun printed itself ("ddprun: level: ...").
 inline std::vector<std::string> own_lines(const std::string& output) {

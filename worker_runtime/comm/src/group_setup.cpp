@@ -2,16 +2,14 @@
 // for exits, saying who is missing), the all-ranks exchange through the store, and
 // narrowing a group's store to a key prefix.
 #include <algorithm>
-#include <cstdio>
 #include <unordered_set>
 
 #include "backend.hpp"
+#include "ddp/contract/waiting.hpp"
 #include "rdzv/prefix_store.hpp"
 
 namespace ddp::detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -30,10 +28,6 @@ std::vector<int> missing_ranks(rdzv::Store& store, const std::vector<RankKey>& k
   return missing;
 }
 
-long long whole_seconds(Clock::duration d) {
-  return std::chrono::round<std::chrono::seconds>(d).count();
-}
-
 }  // namespace
 
 std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankKey>& keys, Millis timeout,
@@ -41,14 +35,18 @@ std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankK
   std::vector<std::string> values(keys.size());
   std::vector<size_t> waiting(keys.size());  // indexes into keys of those not read yet
   for (size_t i = 0; i < keys.size(); ++i) waiting[i] = i;
-  // Without an exit watch there is nothing to look at between slices but the notice.
-  const Millis slice = peers.exits ? kFormSlice
-                                   : (peers.notice_every.count() > 0 ? peers.notice_every : timeout);
-  const auto start = Clock::now();
-  const auto deadline = start + timeout;
-  auto next_notice = start + peers.notice_every;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+  std::vector<int> missing;  // after a slice: the global ranks still missing
+  contract::Waiting w;
+  w.timeout = timeout;
+  // With an exit watch, its news is looked at between short slices; without, only
+  // the notices cut the wait.
+  if (peers.exits) w.slice = kFormSlice;
+  w.notice_every = peers.notice_every;
+  w.describe = [&] {
+    return "ddp: rank " + std::to_string(peers.me) + " still waiting for rank" + (missing.size() == 1 ? "" : "s") +
+           " " + rank_list(missing) + " to join the process group";
+  };
+  const auto end = contract::wait_in_slices(w, [&](Millis budget) {
     std::vector<RankKey> pending;
     std::vector<std::string> names;
     for (size_t i : waiting) {
@@ -56,43 +54,37 @@ std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankK
       names.push_back(keys[i].key);
     }
     try {
-      const auto got = store.multi_get(names, std::clamp(left, Millis(1), slice));
+      const auto got = store.multi_get(names, std::max(budget, Millis(1)));
       for (size_t j = 0; j < waiting.size(); ++j) values[waiting[j]] = got[j];
-      return values;
+      return true;
     } catch (const rdzv::StoreTimeout& e) {
-      const std::vector<int> missing = missing_ranks(store, pending, e);
-      peers.throw_if_exited(missing);
-      // Keep what arrived: the next slice fetches only the keys still missing.
-      if (peers.exits && missing.size() < pending.size()) {
-        const std::unordered_set<int> absent(missing.begin(), missing.end());
-        std::vector<size_t> still;
-        std::vector<std::string> present_names;
-        std::vector<size_t> present;
-        for (size_t j = 0; j < pending.size(); ++j) {
-          if (absent.count(pending[j].rank) != 0) {
-            still.push_back(waiting[j]);
-          } else {
-            present.push_back(waiting[j]);
-            present_names.push_back(pending[j].key);
-          }
-        }
-        const auto got = store.multi_get(present_names, Millis(1000));  // all there already
-        for (size_t j = 0; j < present.size(); ++j) values[present[j]] = got[j];
-        waiting = std::move(still);
-      }
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        throw Timeout("process group: ranks " + rank_list(missing) + " did not join within " +
-                      std::to_string(timeout.count()) + " ms");
-      }
-      if (peers.notice_every.count() > 0 && now >= next_notice) {
-        std::fprintf(stderr, "ddp: rank %d still waiting for rank%s %s to join the process group (%lld s of %lld s)\n",
-                     peers.me, missing.size() == 1 ? "" : "s", rank_list(missing).c_str(), whole_seconds(now - start),
-                     whole_seconds(timeout));
-        next_notice += peers.notice_every;
-      }
+      missing = missing_ranks(store, pending, e);
     }
+    peers.throw_if_exited(missing);
+    // Keep what arrived: the next slice fetches only the keys still missing.
+    if (peers.exits && missing.size() < pending.size()) {
+      const std::unordered_set<int> absent(missing.begin(), missing.end());
+      std::vector<size_t> still, present;
+      std::vector<std::string> present_names;
+      for (size_t j = 0; j < pending.size(); ++j) {
+        if (absent.count(pending[j].rank) != 0) {
+          still.push_back(waiting[j]);
+        } else {
+          present.push_back(waiting[j]);
+          present_names.push_back(pending[j].key);
+        }
+      }
+      const auto got = store.multi_get(present_names, Millis(1000));  // all there already
+      for (size_t j = 0; j < present.size(); ++j) values[present[j]] = got[j];
+      waiting = std::move(still);
+    }
+    return false;
+  });
+  if (end != contract::WaitEnd::kArrived) {
+    throw Timeout("process group: ranks " + rank_list(missing) + " did not join within " +
+                  std::to_string(timeout.count()) + " ms");
   }
+  return values;
 }
 
 std::vector<std::string> exchange_all(rdzv::Store& store, const std::string& prefix, int rank, int size,

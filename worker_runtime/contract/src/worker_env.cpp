@@ -192,7 +192,7 @@ CommSettings CommSettings::from_variables(const Variables& vars) {
   constexpr long long kMaxBytes = 1LL << 40;
   CommSettings s;
   s.timeout = vars.seconds("DDP_TIMEOUT_SEC");
-  s.wait_notice_every = vars.seconds("DDP_WAIT_NOTICE_SEC").value_or(s.wait_notice_every);
+  s.wait_notice_every = contract::wait_notice_every(vars);
   s.backend = vars.get("DDP_BACKEND");
   s.disable_shm = vars.flag("DDP_DISABLE_SHM");
   s.disable_cma = vars.flag("DDP_DISABLE_CMA");

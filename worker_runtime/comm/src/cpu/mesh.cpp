@@ -26,6 +26,7 @@
 #include "../backend.hpp"
 #include "../peer_watch.hpp"
 #include "ddp/contract/store_keys.hpp"
+#include "ddp/contract/waiting.hpp"
 #include "ddp/contract/worker_env.hpp"
 
 namespace ddp::cpu {
@@ -98,6 +99,29 @@ struct Hello {
 uint64_t random_u64() {
   std::random_device rd;
   return (uint64_t{rd()} << 32) ^ rd();
+}
+
+// One try at a TCP connection to `to` within `budget`: the socket, or -1 with the
+// reason in `why`.
+int try_connect(const addrinfo& to, Millis budget, std::string& why) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    why = std::strerror(errno);
+    return -1;
+  }
+  int err = ::connect(fd, to.ai_addr, to.ai_addrlen) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    socklen_t len = sizeof(err);
+    err = ETIMEDOUT;
+    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(budget.count(), 1000000))) > 0) {
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    }
+  }
+  if (err == 0) return fd;
+  why = std::strerror(err);
+  ::close(fd);
+  return -1;
 }
 
 }  // namespace
@@ -292,6 +316,10 @@ void Mesh::probe_cma(rdzv::Store& store, const std::vector<uint64_t>& probe_addr
 }
 
 void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline) {
+  const auto& peers = options_.peers;
+  contract::Waiting w;
+  w.notice_every = peers.notice_every;
+  const std::string me = "ddp: rank " + std::to_string(peers.me);
   int expected_accepts = 0;
   for (int r = 0; r < size_; ++r) {
     if (host_of_[r] == host_of_[rank_]) continue;
@@ -299,42 +327,28 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
       ++expected_accepts;
       continue;
     }
-    // Connect to the lower rank's listener.
+    // Connect to the lower rank's listener, retrying while it is still coming up (or
+    // its backlog overflowed): a refused connection cannot be waited for.
     const std::string& ep = endpoints_[r];
     const auto colon = ep.rfind(':');
-    addrinfo hints{}, *res = nullptr;
+    addrinfo hints{}, *found = nullptr;
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
-    if (::getaddrinfo(ep.substr(0, colon).c_str(), ep.substr(colon + 1).c_str(), &hints, &res) != 0 || !res) {
+    if (::getaddrinfo(ep.substr(0, colon).c_str(), ep.substr(colon + 1).c_str(), &hints, &found) != 0 || !found) {
       fail("cannot resolve " + describe(r) + " at " + ep);
     }
+    std::unique_ptr<addrinfo, void (*)(addrinfo*)> res(found, ::freeaddrinfo);
+    std::string why = "no answer";
     int fd = -1;
-    for (;;) {
-      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
-      if (rc < 0 && errno == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        int err = 0;
-        socklen_t elen = sizeof(err);
-        if (::poll(&p, 1, ms_until(deadline)) > 0 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 &&
-            err == 0) {
-          rc = 0;
-        } else {
-          errno = err ? err : ETIMEDOUT;
-        }
-      }
-      if (rc == 0) break;
-      const int saved = errno;
-      ::close(fd);
-      if (Clock::now() >= deadline || options_.peers.exit_of(r)) {
-        ::freeaddrinfo(res);
-        options_.peers.throw_if_exited({r});
-        errno = saved;
-        fail_errno("cannot connect to " + describe(r) + " at " + ep);
-      }
-      ::usleep(20000);  // a listener that is still coming up (a backlog overflow)
-    }
-    ::freeaddrinfo(res);
+    w.timeout = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+    w.retry_pause = Millis(20);
+    w.describe = [&] { return me + " still waiting to connect to " + describe(r) + " at " + ep + ": " + why; };
+    const auto end = contract::wait_in_slices(w, [&](Millis budget) {
+      peers.throw_if_exited({r});
+      fd = try_connect(*res, budget, why);
+      return fd >= 0;
+    });
+    if (end != contract::WaitEnd::kArrived) fail("cannot connect to " + describe(r) + " at " + ep + ": " + why);
     tune_socket(fd);
     Hello hello{kHelloMagic, rank_, group_id};
     if (!io_exact(fd, &hello, sizeof(hello), true, deadline)) {
@@ -343,39 +357,58 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
     }
     channels_[r] = std::make_unique<TcpChannel>(r, fd);
   }
-  while (expected_accepts > 0) {
+  if (expected_accepts == 0) return;
+  // The higher ranks on other hosts connect to us: accept in slices, looking at the
+  // exits of the ranks still to connect between them.
+  auto not_connected = [&] {
+    std::vector<int> ranks;
+    for (int r = rank_ + 1; r < size_; ++r) {
+      if (host_of_[r] != host_of_[rank_] && !channels_[r]) ranks.push_back(r);
+    }
+    return ranks;
+  };
+  auto listed = [](const std::vector<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+  };
+  w.timeout = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+  w.slice = detail::kFormSlice;
+  w.retry_pause = Millis(0);
+  w.describe = [&] {
+    const auto ranks = not_connected();
+    return me + " still waiting for rank" + (ranks.size() == 1 ? " " : "s ") + listed(ranks) + " to connect over TCP";
+  };
+  const auto end = contract::wait_in_slices(w, [&](Millis budget) {
     pollfd p{listen_fd, POLLIN, 0};
-    // In slices, looking at the exits of the ranks still to connect between them.
-    const int slice = static_cast<int>(detail::kFormSlice.count());
-    if (Clock::now() >= deadline || ::poll(&p, 1, std::min(ms_until(deadline), slice)) <= 0) {
-      std::vector<int> waiting;
-      std::string missing;
-      for (int r = rank_ + 1; r < size_; ++r) {
-        if (host_of_[r] == host_of_[rank_] || channels_[r]) continue;
-        waiting.push_back(r);
-        missing += std::string(" ") + std::to_string(r);
-      }
-      options_.peers.throw_if_exited(waiting);
-      if (Clock::now() < deadline) continue;
-      fail(std::string("ranks") + missing + " did not connect in time");
+    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(budget.count(), 1000000))) > 0 &&
+        accept_peer(listen_fd, group_id, deadline)) {
+      --expected_accepts;
     }
-    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) continue;
-      fail_errno("accept");
-    }
-    Hello hello{};
-    const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-    if (!io_exact(fd, &hello, sizeof(hello), false, hello_deadline) || hello.magic != kHelloMagic ||
-        hello.group_id != group_id || hello.rank <= rank_ || hello.rank >= size_ ||
-        host_of_[hello.rank] == host_of_[rank_] || channels_[hello.rank]) {
-      ::close(fd);  // not one of ours (a stray client, another group)
-      continue;
-    }
-    tune_socket(fd);
-    channels_[hello.rank] = std::make_unique<TcpChannel>(hello.rank, fd);
-    --expected_accepts;
+    if (expected_accepts == 0) return true;
+    peers.throw_if_exited(not_connected());
+    return false;
+  });
+  if (end != contract::WaitEnd::kArrived) fail("ranks " + listed(not_connected()) + " did not connect in time");
+}
+
+bool Mesh::accept_peer(int listen_fd, uint64_t group_id, Clock::time_point deadline) {
+  int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return false;
+    fail_errno("accept");
   }
+  Hello hello{};
+  const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+  if (!io_exact(fd, &hello, sizeof(hello), false, hello_deadline) || hello.magic != kHelloMagic ||
+      hello.group_id != group_id || hello.rank <= rank_ || hello.rank >= size_ ||
+      host_of_[hello.rank] == host_of_[rank_] || channels_[hello.rank]) {
+    ::close(fd);  // not one of ours (a stray client, another group)
+    return false;
+  }
+  tune_socket(fd);
+  channels_[hello.rank] = std::make_unique<TcpChannel>(hello.rank, fd);
+  return true;
 }
 
 Mesh::~Mesh() { release(); }

@@ -67,6 +67,9 @@ class Mesh {
   void form_shm(rdzv::Store& store, Clock::time_point deadline);
   void probe_cma(rdzv::Store& store, const std::vector<uint64_t>& probe_addrs, Clock::time_point deadline);
   void form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline);
+  // Accepts one connection on `listen_fd`: true when it is a peer of this group that
+  // was still to connect (its channel is made), false for anything else.
+  bool accept_peer(int listen_fd, uint64_t group_id, Clock::time_point deadline);
   void release();
 
   int rank_;

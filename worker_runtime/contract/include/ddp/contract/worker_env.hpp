@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ddp/contract/parse.hpp"
+#include "ddp/contract/waiting.hpp"
 
 namespace ddp::contract {
 
@@ -103,7 +104,7 @@ struct CommSettings {
   std::optional<Millis> timeout;        // DDP_TIMEOUT_SEC: every collective's limit, and forming a group's
   // DDP_WAIT_NOTICE_SEC: how often a rank waiting for the store or for its peers
   // to join says so on stderr.
-  Millis wait_notice_every{30000};
+  Millis wait_notice_every = kDefaultWaitNotice;
   std::optional<std::string> backend;   // DDP_BACKEND: cpu, nccl or auto
   bool disable_shm = false;             // DDP_DISABLE_SHM=1: every rank its own host (TCP only)
   bool disable_cma = false;             // DDP_DISABLE_CMA=1: no cross-process memory access
