@@ -18,9 +18,8 @@ using namespace std::chrono_literals;
 TEST_CASE("a forked child destroys its copy of the progress publisher without hanging", "[progress_publisher]") {
   testing::ServerThread server;
   ddp::detail::PublisherOptions o;
-  o.store = server.client_options();
   o.key = "progress/0";
-  auto publisher = std::make_unique<ddp::detail::ProgressPublisher>(o);
+  auto publisher = std::make_unique<ddp::detail::ProgressPublisher>(std::shared_ptr<rdzv::TcpStore>(server.client()), o);
   // Another thread takes the registry mutex over and over, as groups forming do.
   std::atomic<bool> stop{false};
   std::thread churn([&] {

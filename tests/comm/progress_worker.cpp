@@ -4,6 +4,14 @@
 // would (DDPRUN_STORE_*, unprefixed job keys), and checks what it says. Prints
 // "progress: ..." lines; exits 1 after "progress: FAILED: ..." when a check fails.
 // With DDP_FLIGHT_RECORDER=0 the record must hold no groups but still the steps.
+// Every rank also checks what init() costs it: one store connection for init, the
+// exit watch and the progress records together, and at most one thread.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +47,32 @@ const GroupProgress* group_of(const ProgressRecord& r, const std::string& name) 
     if (g.group == name) return &g;
   }
   return nullptr;
+}
+
+// Threads of this process, now.
+int threads() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.' ? 1 : 0;
+  closedir(d);
+  return n;
+}
+
+// Sockets of this process connected to TCP port `port` (the store's).
+int connections_to(int port) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(std::atoi(e->d_name), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    if (peer.ss_family == AF_INET && ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port) == port) ++n;
+  }
+  closedir(d);
+  return n;
 }
 
 // Reads rank `rank`'s record until `ready` accepts it (or 15 s pass).
@@ -95,8 +129,13 @@ std::shared_ptr<ddp::ProcessGroup> known_calls(const std::shared_ptr<ddp::Proces
 
 int main() {
   try {
+    const int threads_before = threads();
     auto pg = ddp::init();
     const auto env = ddp::contract::WorkerEnv::from_environment();
+    const int added = threads() - threads_before;
+    check(added <= 1, "init() added at most one thread (" + std::to_string(added) + ")");
+    const int links = env.store ? connections_to(env.store->port) : -1;
+    check(links == 1, "one store connection for init, exit watch and progress (" + std::to_string(links) + ")");
     const bool recording = ddp::contract::CommSettings::from_environment().flight_recorder_entries > 0;
     if (!env.store || env.world_size != 2) {
       std::printf("progress: FAILED: run me under ddprun with 2 ranks\n");

@@ -18,11 +18,8 @@ inline void publish_exit(rdzv::Store& store, int attempt, const ddp::contract::E
 
 // A watch of `world` ranks' exits of `attempt` on `server`'s store.
 inline std::shared_ptr<const ddp::detail::ExitWatch> watch_exits(const ServerThread& server, int attempt, int world) {
-  ddp::detail::ExitWatch::Options o;
-  o.store = server.client_options();
-  o.attempt = attempt;
-  o.world_size = world;
-  return std::make_shared<const ddp::detail::ExitWatch>(o);
+  return std::make_shared<const ddp::detail::ExitWatch>(std::shared_ptr<rdzv::TcpStore>(server.client()),
+                                                        ddp::detail::ExitWatch::Options{attempt, world});
 }
 
 }  // namespace testing

@@ -7,9 +7,8 @@
 #include "backend.hpp"
 #include "cpu/interfaces.hpp"
 #include "ddp/contract/store_keys.hpp"
-#include "exit_watch.hpp"
 #include "hosted_store.hpp"
-#include "progress_publisher.hpp"
+#include "job_link.hpp"
 #include "rdzv/prefix_store.hpp"
 #include "rdzv/tcp_store.hpp"
 
@@ -19,7 +18,8 @@ namespace {
 // The group's store client and whatever must outlive it.
 struct StoreBundle {
   std::unique_ptr<detail::HostedStore> server;
-  std::unique_ptr<rdzv::TcpStore> client;
+  std::shared_ptr<const detail::JobLink> job;  // under ddprun: the process's link
+  std::shared_ptr<rdzv::TcpStore> client;
   std::unique_ptr<rdzv::PrefixStore> prefixed;
 };
 
@@ -32,60 +32,6 @@ bool agree_all(const detail::GroupSetup& setup, const std::string& prefix, bool 
 
 using Clock = std::chrono::steady_clock;
 
-long long seconds_of(Clock::duration d) { return std::chrono::round<std::chrono::seconds>(d).count(); }
-
-// Why a connection failed, from a StoreConnectionError's text: "Connection refused".
-std::string reason_of(const rdzv::StoreError& e) {
-  const std::string what = e.what();
-  const auto open = what.rfind('(');
-  if (open == std::string::npos || what.back() != ')') return what;
-  return what.substr(open + 1, what.size() - open - 2);
-}
-
-// Connects to the store before `deadline`, saying every `notice_every` on stderr
-// what this rank is waiting for.
-std::unique_ptr<rdzv::TcpStore> connect_store(rdzv::TcpStoreOptions so, int rank, Clock::time_point deadline,
-                                              Millis notice_every) {
-  const auto start = Clock::now();
-  const std::string where = so.host + ":" + std::to_string(so.port);
-  auto next_notice = start + notice_every;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-    so.connect_timeout = std::max(Millis(1), std::min(left, std::chrono::duration_cast<Millis>(next_notice - Clock::now())));
-    try {
-      return std::make_unique<rdzv::TcpStore>(so);
-    } catch (const rdzv::StoreConnectionError& e) {
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        throw Error("cannot reach the store at " + where + " within " + std::to_string(seconds_of(now - start)) +
-                    " s (" + reason_of(e) + ")");
-      }
-      if (now < next_notice) continue;
-      next_notice += notice_every;
-      std::fprintf(stderr, "ddp: rank %d still waiting for the store at %s: %s (%lld s of %lld s)\n", rank,
-                   where.c_str(), reason_of(e).c_str(), seconds_of(now - start), seconds_of(deadline - start));
-    } catch (const rdzv::StoreError& e) {
-      throw Error("cannot reach the store at " + where + ": " + e.what());
-    }
-  }
-}
-
-// Under ddprun: the watch on the job's worker exits (its own connection), or none
-// with a warning when it cannot connect.
-std::shared_ptr<const detail::ExitWatch> watch_exits(const contract::WorkerEnv& env, rdzv::TcpStoreOptions so) {
-  detail::ExitWatch::Options o;
-  so.connect_timeout = Millis(5000);
-  o.store = std::move(so);
-  o.attempt = env.restart_count;
-  o.world_size = env.world_size;
-  try {
-    return std::make_shared<const detail::ExitWatch>(std::move(o));
-  } catch (const rdzv::StoreError& e) {
-    std::fprintf(stderr, "ddp: rank %d cannot watch for exits of other ranks (%s)\n", env.rank, e.what());
-    return nullptr;
-  }
-}
-
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
@@ -93,9 +39,6 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   // Read (and checked) here, before anything connects: a malformed DDP_* variable is
   // one clear error, not a failure inside a backend.
   const contract::CommSettings settings = contract::CommSettings::from_environment();
-  // Under ddprun this rank's progress goes to the job's store from now on (a rank
-  // still forming its group shows as alive, with no group yet).
-  detail::start_progress_publisher(env);
   detail::GroupSetup setup;
   setup.rank = env.rank;
   setup.size = env.world_size;
@@ -119,11 +62,11 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   rdzv::TcpStoreOptions so;
   std::string prefix;
   if (env.store) {
-    // Under ddprun: the launcher's store, this attempt's process-group prefix.
-    so.host = env.store->addr;
-    so.port = static_cast<uint16_t>(env.store->port);
-    so.token = env.store->token;
-    so.ns = env.store->ns;
+    // Under ddprun: the launcher's store through the process's one link, this
+    // attempt's process-group prefix.
+    bundle->job = detail::job_link(env, deadline, settings.wait_notice_every);
+    bundle->client = bundle->job->store;
+    setup.peers.exits = bundle->job->exits;
     prefix = env.store->prefix;
   } else {
     // Elsewhere rank 0 hosts the store at MASTER_ADDR, on MASTER_PORT or (under
@@ -149,9 +92,8 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
       }
     }
     prefix = contract::JobKeys::standalone_process_groups(env.run_id, env.restart_count);
+    bundle->client = detail::connect_store(so, env.rank, deadline, settings.wait_notice_every);
   }
-  bundle->client = connect_store(so, env.rank, deadline, settings.wait_notice_every);
-  if (env.store) setup.peers.exits = watch_exits(env, so);
   setup.connect_timeout = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
   // Peers on other hosts reach this rank where it reaches the store, unless told otherwise.
   setup.advertise_host = setup.bind_host.empty() ? bundle->client->local_address() : setup.bind_host;

@@ -1,4 +1,4 @@
-// The progress publisher's thread, the record it writes, and report_step()'s counter.
+// The progress publisher's ticks, the record it writes, and report_step()'s counter.
 #include "progress_publisher.hpp"
 
 #include <fcntl.h>
@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <cstdio>
+#include <utility>
 
 #include "ddp/contract/store_keys.hpp"
 #include "ddp/progress.hpp"
 #include "flight_recorder.hpp"
+#include "rider.hpp"
 
 namespace ddp {
 namespace {
@@ -58,93 +60,57 @@ contract::ProgressRecord ProgressPublisher::snapshot(int rank) {
   return r;
 }
 
-ProgressPublisher::ProgressPublisher(PublisherOptions options)
-    : options_(std::move(options)), owner_pid_(static_cast<int>(::getpid())), state_(new State) {
-  listener_ = add_failure_listener([state = state_.get()] {
-    {
-      std::lock_guard lock(state->mu);
-      state->failed = true;
+// The ticks: a task on the link thread every interval (and one posted when a call
+// fails) writes the record, unless the last one is still on its way; then the write
+// that follows it carries the news.
+struct ProgressPublisher::Ticks : std::enable_shared_from_this<Ticks> {
+  Ticks(rdzv::TcpStore& store, PublisherOptions o) : rider(store), options(std::move(o)) {}
+
+  void tick(rdzv::TcpStore& store) {  // a step (under the rider)
+    if (sending) {
+      again = true;
+      return;
     }
-    state->cv.notify_all();
+    sending = true;
+    store.set_async(options.key, snapshot(options.rank).encode(), [self = shared_from_this()](rdzv::Done) {
+      // A store that went away costs nothing more than failed writes until exit.
+      self->rider.ride([&](rdzv::TcpStore& s) {
+        self->sending = false;
+        if (std::exchange(self->again, false)) self->tick(s);
+      });
+    });
+  }
+  void heartbeat(rdzv::TcpStore& store) {
+    tick(store);
+    store.post_after(options.interval, [self = shared_from_this()] {
+      self->rider.ride([&](rdzv::TcpStore& s) { self->heartbeat(s); });
+    });
+  }
+
+  Rider rider;
+  const PublisherOptions options;
+  bool sending = false;  // a record is on its way
+  bool again = false;    // ...and another is due when it arrives
+};
+
+ProgressPublisher::ProgressPublisher(std::shared_ptr<rdzv::TcpStore> store, PublisherOptions options)
+    : ticks_(std::make_shared<Ticks>(*store, std::move(options))), store_(std::move(store)) {
+  ticks_->rider.ride([&](rdzv::TcpStore& s) { ticks_->heartbeat(s); });
+  // Called with the listener registry's mutex held, on a thread whose call failed: it
+  // only posts a tick. The client stays alive until the listener is removed.
+  listener_ = add_failure_listener([ticks = ticks_.get(), store = store_.get()] {
+    store->post([self = ticks->shared_from_this()] {
+      self->rider.ride([&](rdzv::TcpStore& s) { self->tick(s); });
+    });
   });
-  thread_ = std::thread([this] { loop(); });
 }
 
 ProgressPublisher::~ProgressPublisher() {
-  if (static_cast<int>(::getpid()) != owner_pid_) {
-    // A forked child (exiting): the thread is the parent's, and the listener registry's
-    // mutex may have been held by another parent thread at the fork, so it is left alone.
-    // So is the state: its condition variable counts the parent thread's wait, and
-    // destroying it would wait for that thread forever (glibc).
-    thread_.detach();
-    (void)state_.release();
-    return;
-  }
+  // In a forked child the listener stays too: the registry's mutex may have been held
+  // by another parent thread at the fork.
+  if (abandoned_in_child(ticks_, store_)) return;
   remove_failure_listener(listener_);
-  std::shared_ptr<rdzv::TcpStore> client;
-  {
-    std::lock_guard lock(state_->mu);
-    state_->stopping = true;
-    client = state_->client;
-  }
-  state_->cv.notify_all();
-  if (client) client->abort();  // a set in flight returns at once
-  thread_.join();
-}
-
-void ProgressPublisher::loop() {
-  std::unique_lock lock(state_->mu);
-  while (!state_->stopping) {
-    state_->failed = false;
-    lock.unlock();
-    publish();
-    lock.lock();
-    state_->cv.wait_for(lock, options_.interval, [&] { return state_->stopping || state_->failed; });
-  }
-}
-
-void ProgressPublisher::publish() {
-  const std::string record = snapshot(options_.rank).encode();
-  std::shared_ptr<rdzv::TcpStore> client;
-  {
-    std::lock_guard lock(state_->mu);
-    client = state_->client;
-  }
-  if (!client) {
-    try {
-      client = std::make_shared<rdzv::TcpStore>(options_.store);
-    } catch (const std::exception&) {
-      return;  // the store is gone (or not yet there): try again next tick
-    }
-    std::lock_guard lock(state_->mu);
-    if (state_->stopping) return;
-    state_->client = client;
-  }
-  try {
-    client->set(options_.key, record);
-  } catch (const std::exception&) {
-    std::lock_guard lock(state_->mu);
-    if (state_->client == client) state_->client.reset();  // reconnect next tick
-  }
-}
-
-void start_progress_publisher(const contract::WorkerEnv& env) {
-  if (!env.store) return;
-  static std::mutex mu;
-  static std::unique_ptr<ProgressPublisher> publisher;  // stopped by static destruction at exit
-  std::lock_guard lock(mu);
-  if (publisher) return;
-  PublisherOptions o;
-  o.store.host = env.store->addr;
-  o.store.port = static_cast<uint16_t>(env.store->port);
-  o.store.token = env.store->token;
-  o.store.ns = env.store->ns;
-  // Short bounds: the publisher must never hold up the worker's exit for long.
-  o.store.connect_timeout = rdzv::Millis(1000);
-  o.store.io_timeout = rdzv::Millis(2000);
-  o.key = contract::JobKeys(env.restart_count).progress(env.rank);
-  o.rank = env.rank;
-  publisher = std::make_unique<ProgressPublisher>(std::move(o));
+  ticks_->rider.stop();
 }
 
 }  // namespace ddp::detail
