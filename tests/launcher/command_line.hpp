@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "errors.hpp"
-#include "options.hpp"
+#include "cli/options.hpp"
 
 namespace command_line {
 

@@ -12,8 +12,8 @@
 
 #include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
-#include "job_policy.hpp"
-#include "rendezvous_agent.hpp"
+#include "job/job_policy.hpp"
+#include "membership/rendezvous_agent.hpp"
 #include "server_fixture.hpp"
 
 using namespace std::chrono_literals;

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "elastic_round.hpp"
+#include "membership/elastic/elastic_round.hpp"
 
 using namespace ddprun::elastic;
 using namespace std::chrono_literals;

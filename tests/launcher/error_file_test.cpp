@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "error_files.hpp"
+#include "supervise/error_files.hpp"
 
 using ddprun::parse_worker_error;
 

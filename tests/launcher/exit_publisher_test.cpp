@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "ddp/contract/store_keys.hpp"
-#include "exit_publisher.hpp"
+#include "store/exit_publisher.hpp"
 #include "server_fixture.hpp"
 
 using namespace std::chrono_literals;

@@ -9,8 +9,8 @@
 
 #include "command_line.hpp"
 #include "errors.hpp"
-#include "hosts.hpp"
-#include "options.hpp"
+#include "remote/hosts.hpp"
+#include "cli/options.hpp"
 #include "scoped_env.hpp"
 #include "subprocess.hpp"
 

@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "errors.hpp"
-#include "job_policy.hpp"
+#include "job/job_policy.hpp"
 
 namespace policy_fakes {
 

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <signal.h>
 
-#include "job_adapters.hpp"
+#include "job/job_adapters.hpp"
 #include "job_policy_fakes.hpp"
 
 using namespace policy_fakes;

@@ -2,7 +2,7 @@
 // is checked by binding it; a host name is passed on as given (as torchrun does).
 #include <catch2/catch.hpp>
 
-#include "ports.hpp"
+#include "plan/ports.hpp"
 
 using ddprun::foreign_address_reason;
 

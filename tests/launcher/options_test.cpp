@@ -7,7 +7,7 @@
 
 #include "command_line.hpp"
 #include "errors.hpp"
-#include "options.hpp"
+#include "cli/options.hpp"
 
 using ddprun::LaunchOptions;
 using ddprun::UsageError;

@@ -11,10 +11,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "output.hpp"
-#include "console.hpp"
+#include "supervise/output.hpp"
+#include "supervise/console.hpp"
 #include "errors.hpp"
-#include "stream_spec.hpp"
+#include "cli/stream_spec.hpp"
 
 using ddprun::LineSplitter;
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "agent_command.hpp"
-#include "line_relay.hpp"
-#include "local_host.hpp"
-#include "options.hpp"
+#include "remote/agent_command.hpp"
+#include "remote/line_relay.hpp"
+#include "plan/local_host.hpp"
+#include "cli/options.hpp"
 #include "command_line.hpp"
 
 using ddprun::AgentPlace;

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "stall_report.hpp"
+#include "diagnose/stall_report.hpp"
 #include "subprocess.hpp"
 
 using ddp::contract::GroupProgress;

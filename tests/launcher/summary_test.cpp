@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "failure_notice.hpp"
-#include "summary.hpp"
+#include "job/failure_notice.hpp"
+#include "diagnose/summary.hpp"
 
 TEST_CASE("the summary names the root cause first and then the others", "[summary]") {
   ddprun::LaunchPlan plan;
