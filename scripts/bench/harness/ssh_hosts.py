@@ -1,4 +1,4 @@
-"""sshd hosts for the benchmarks: network namespaces from netns_hosts.py, the first
+"""sshd hosts for the benchmarks: network namespaces from hosts.py, the first
 `hosts` of them each running Debian's /usr/sbin/sshd on its own address, the last one
 a "login node" with no sshd, where launchers run. Keys, known hosts and sshd configs
 are made in a temporary folder; nothing in ~/.ssh or /etc/ssh is read or written (the
@@ -11,16 +11,15 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import netns_hosts  # noqa: E402
+from .hosts import Hosts
 
 
 class SshHosts:
-    def __init__(self, prefix, subnet, hosts=3):
-        self.prefix, self.subnet, self.hosts = prefix, subnet, hosts
+    def __init__(self, hosts=3):
+        self.hosts = hosts
         self.dir = tempfile.mkdtemp(prefix="ddprun-bench-ssh-")
         self.sshd = []
-        netns_hosts.make_hosts(prefix, subnet, hosts + 1)
+        self.net = Hosts(hosts + 1)
         try:
             self.net_inodes = [os.stat(f"/run/netns/{self.netns(i)}").st_ino for i in range(hosts + 1)]
             self._make_keys()
@@ -34,17 +33,17 @@ class SshHosts:
             raise
 
     def netns(self, i):
-        return f"{self.prefix}-n{i}"
+        return self.net.ns(i)
 
     def address(self, i):
-        return f"{self.subnet}.{i + 1}"
+        return self.net.address(i)
 
     @property
     def login(self):
         return self.hosts
 
     def on(self, i, argv):
-        return ["ip", "netns", "exec", self.netns(i), *argv]
+        return self.net.on(i, argv)
 
     def ssh_argv(self):
         return ["ssh", "-F", "none", "-i", os.path.join(self.dir, "client_key"),
@@ -130,5 +129,5 @@ class SshHosts:
             p.wait()
         if hasattr(self, "net_inodes"):
             self.kill_job_processes()
-        netns_hosts.remove_hosts(self.prefix, self.hosts + 1)
+        self.net.close()
         shutil.rmtree(self.dir, ignore_errors=True)
