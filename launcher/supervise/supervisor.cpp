@@ -18,6 +18,7 @@
 #include "supervise/console.hpp"
 #include "errors.hpp"
 #include "supervise/spawn.hpp"
+#include "supervise/worker_environment.hpp"
 
 namespace ddprun {
 

@@ -25,9 +25,10 @@
 #include <vector>
 
 #include "job/attempt_result.hpp"
+#include "job/job_layout.hpp"
 #include "plan/launch_plan.hpp"
-#include "supervise/orphan_guard.hpp"
 #include "supervise/error_files.hpp"
+#include "supervise/orphan_guard.hpp"
 #include "supervise/output.hpp"
 
 namespace ddprun {
