@@ -54,8 +54,6 @@ class Supervisor {
   void stop_for_remote(int attempt, RemoteCause cause);
 
  private:
-  friend class WorkerGroup;
-
   const LaunchPlan& plan_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
