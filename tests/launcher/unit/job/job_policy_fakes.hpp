@@ -1,6 +1,6 @@
-// Fakes for the job policy's interfaces (job_policy.hpp), shared by the fixed and the
-// elastic policy tests: Workers whose attempts a test scripts, and a Membership that
-// behaves as the store would show the other nodes.
+// Fakes for the job policy's interfaces (job/workers.hpp, job/membership.hpp), shared
+// by the fixed and the elastic policy tests: Workers whose attempts a test scripts,
+// and a Membership that behaves as the store would show the other nodes.
 #pragma once
 
 #include <catch2/catch.hpp>
