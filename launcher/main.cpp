@@ -13,7 +13,8 @@
 
 #include "supervise/console.hpp"
 #include "errors.hpp"
-#include "job/job_adapters.hpp"
+#include "job/job_policy.hpp"
+#include "job_adapters.hpp"
 #include "plan/launch_plan.hpp"
 #include "remote/launcher_link.hpp"
 #include "cli/options.hpp"
@@ -93,7 +94,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   const auto& o = plan.options;
   Job job;
   rdzv::ServerOptions server;
-  server.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.heartbeat_timeout * 1000));
+  server.heartbeat_timeout = ddprun::to_ms(o.heartbeat_timeout);
   if (o.nnodes == 1 && !o.rdzv_host) {
     // The workers' store: this host only, with a token nobody else knows.
     server.host = "127.0.0.1";
@@ -179,7 +180,8 @@ int launch(ddprun::LaunchPlan& plan) {
     policy.wants_summary = ddprun::agent_wants_summary;
     policy.launcher_lost = ddprun::launcher_lost;
   }
-  return ddprun::JobPolicy(plan, workers, *membership, std::move(policy)).run();
+  ddprun::SummaryReports reports(plan);
+  return ddprun::JobPolicy(workers, *membership, reports, std::move(policy)).run();
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 
 #include "errors.hpp"
 #include "ddp/contract/parse.hpp"
-#include "cli/remote_options.hpp"
+#include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
 #include "rdzv/store.hpp"
 #include "rdzv/token.hpp"
@@ -42,7 +42,7 @@ struct RawFlags {
   std::string exit_barrier_timeout = "300";
   std::string stall_timeout = "300";
   std::string stall_action = "report";
-  RemoteFlags remote;  // many nodes from one command (hosts.hpp), and --local_addr
+  RemoteFlags remote;  // many nodes from one command (remote_flags.hpp), and --local_addr
 };
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {

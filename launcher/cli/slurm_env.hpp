@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/options.hpp"
+#include "cli/launch_options.hpp"
 
 namespace ddprun {
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "job/job_policy.hpp"
 #include "diagnose/stall_report.hpp"
+#include "job/attempt_watch.hpp"
 
 namespace ddprun {
 

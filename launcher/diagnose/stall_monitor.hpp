@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "job/job_policy.hpp"
 #include "diagnose/stall_report.hpp"
+#include "job/attempt_watch.hpp"
 
 namespace rdzv {
 class TcpStore;

@@ -5,18 +5,16 @@
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 
-#include "supervise/error_files.hpp"
 #include "errors.hpp"
-#include "diagnose/summary.hpp"
 
 namespace ddprun {
 
 using std::chrono::seconds;
 
-JobPolicy::JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options)
-    : plan_(plan),
-      workers_(workers),
+JobPolicy::JobPolicy(Workers& workers, Membership& membership, const FailureReports& reports, JobPolicyOptions options)
+    : workers_(workers),
       membership_(membership),
+      reports_(reports),
       options_(std::move(options)),
       node_rank_(options_.node_rank) {}
 
@@ -42,7 +40,7 @@ std::chrono::milliseconds JobPolicy::linger_after_failure() const {
 
 void JobPolicy::print_summary(const AttemptResult& result, int attempt) const {
   if (!options_.print || (options_.wants_summary && !options_.wants_summary(result))) return;
-  options_.print(format_failure_summary(plan_, result, attempt));
+  options_.print(reports_.failure_summary(result, attempt));
 }
 
 int JobPolicy::run() {
@@ -104,7 +102,7 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
   hooks.on_local_failure = [&](const WorkerOutcome& w) {
     // Other nodes see the exception too, when the worker's @record left one.
     std::string what = w.describe();
-    if (auto error = read_worker_error(w.error_file); error && !error->message.empty()) what += ": " + error->message;
+    if (std::string exception = reports_.worker_exception(w); !exception.empty()) what += ": " + exception;
     winner = membership_.publish_failure(attempt, notice(w.rank, w.exit_status(), std::move(what), NoticeKind::kWorker));
   };
   // A watch may end the job (--stall_action=stop): this node's workers stop first, so
@@ -151,7 +149,7 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
   settle_root_cause(result, winner);
 
   if (result.succeeded()) {
-    std::string incomplete = format_incomplete_logs(result);
+    std::string incomplete = reports_.incomplete_logs(result);
     if (!incomplete.empty()) spdlog::warn("{}", incomplete);
     if (options_.elastic) membership_.end_job(attempt, 0, "the job finished");
     membership_.leave(attempt, options_.hosts_store ? seconds(5) : seconds(0));

@@ -3,9 +3,11 @@
 // and hears of theirs, picks the job's root cause, decides whether to restart, and
 // returns the status ddprun exits with.
 //
-// It sees the rest of ddprun through two small interfaces, so tests drive it with
-// fakes: Workers (this node's worker processes: the Supervisor) and Membership (the
-// other nodes: the RendezvousAgent, or a single node on its own).
+// It sees the rest of ddprun through small interfaces, each in its own header, so
+// tests drive it with fakes: Workers (this node's worker processes: the Supervisor),
+// Membership (the other nodes: the RendezvousAgent, or a single node on its own),
+// FailureReports (the words of a failure summary) and AttemptWatch (what watches an
+// attempt from beside it). job_adapters.hpp, at the launcher's root, binds them.
 //
 // Rules for every job:
 //   - An attempt is joined first, then readied (log folders) under the number the
@@ -44,88 +46,16 @@
 #include <string>
 #include <vector>
 
-#include "job/attempt_result.hpp"
 #include "ddp/contract/job_records.hpp"
+#include "job/attempt_result.hpp"
+#include "job/attempt_watch.hpp"
 #include "job/failure_notice.hpp"
-#include "plan/launch_plan.hpp"
+#include "job/failure_reports.hpp"
+#include "job/job_layout.hpp"
+#include "job/membership.hpp"
+#include "job/workers.hpp"
 
 namespace ddprun {
-
-// This node's workers.
-class Workers {
- public:
-  virtual ~Workers() = default;
-  // Readies attempt `attempt` before this node joins it (its log folders). Throws LaunchError.
-  virtual void prepare(int attempt) = 0;
-  // Runs this node's workers for `attempt` until they and everything they started are
-  // gone. hooks.on_worker_exit runs on the calling thread for every worker reaped,
-  // hooks.on_local_failure for the first worker to fail.
-  // Throws LaunchError when the workers cannot be started.
-  virtual AttemptResult run(int attempt, const JobLayout& layout, const AttemptHooks& hooks) = 0;
-  // Stops `attempt` because the job failed elsewhere. Safe from any thread; ignored
-  // unless that attempt is running and not already stopping.
-  virtual void stop_for_remote(int attempt, RemoteCause cause) = 0;
-};
-
-// Thrown by Membership::join when the job is over without this node: an elastic node
-// that arrives after the job ended (or ends while it waits to be admitted).
-struct JobOver {
-  int status = 0;       // the status the job ended with; this ddprun exits with it
-  std::string message;  // one line for the console
-};
-
-// The job's nodes, as this node takes part in them.
-class Membership {
- public:
-  virtual ~Membership() = default;
-  // Joins `attempt` with every node and returns this node's view of it. An elastic
-  // membership may join a later attempt than asked (a node that arrives while the job
-  // runs): layout.attempt says which. Throws Interrupted when a stop signal arrives
-  // meanwhile, LaunchError when nodes do not come (an elastic job: fewer than MIN
-  // within the join timeout, named in the message), JobOver when the job ended first.
-  virtual JobLayout join(int attempt) = 0;
-  // Until stop_watch(): calls `on_failure` (from any thread) once a failure anywhere
-  // else ends `attempt`.
-  virtual void start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure) = 0;
-  virtual void stop_watch() = 0;
-  // Publishes this node's failure. Returns the job's first failure as every node sees
-  // it (maybe another node's), or nothing when no other node takes part in the job.
-  virtual std::optional<FailureNotice> publish_failure(int attempt, const FailureNotice& notice) = 0;
-  // Tells every rank of `attempt` that one of this node's workers has exited (any
-  // status). Returns at once: the record is written in the background.
-  virtual void publish_exit(int attempt, const ddp::contract::ExitRecord& record) = 0;
-  // After this node's workers all succeeded: waits for every node's. Returns the
-  // failure that ended the job instead, if any.
-  virtual std::optional<FailureNotice> exit_barrier(int attempt) = 0;
-  // Leaves the job; first waits up to `linger` for the others to leave too. An elastic
-  // membership also marks this node as gone, so the others re-form without waiting for it.
-  virtual void leave(int attempt, std::chrono::milliseconds linger) = 0;
-  // The job is over for every node (no restart follows `attempt`; it ends with
-  // `status`): nodes still waiting to be admitted hear of it and end too. Before leave().
-  virtual void end_job(int attempt, int status, const std::string& why) {
-    (void)attempt, (void)status, (void)why;
-  }
-};
-
-// What a watch beside the attempt (stall detection) may ask for: the job ends with
-// this as its root cause, through the usual failure path (every node stops).
-struct JobStop {
-  int status = 1;         // the status every node exits with
-  std::string headline;   // one line, as the other nodes see it
-  std::string report;     // this node's failure summary shows it whole
-};
-
-// Watches an attempt from beside it: stall detection, the runtime file that
-// `ddprun status` reads. Both calls come on ddprun's main thread.
-class AttemptWatch {
- public:
-  virtual ~AttemptWatch() = default;
-  // The attempt's workers started. `stop_job` may be called from any thread until ended().
-  virtual void started(int attempt, const JobLayout& layout, const std::vector<WorkerOutcome>& workers,
-                       std::function<void(const JobStop&)> stop_job) = 0;
-  // The attempt's workers are all gone.
-  virtual void ended(int attempt) = 0;
-};
 
 struct JobPolicyOptions {
   int node_rank = 0;  // --node_rank; once joined, notices name the rank the attempt gave (layout.node_rank)
@@ -152,8 +82,8 @@ struct JobPolicyOptions {
 
 class JobPolicy {
  public:
-  // `plan` names the job in summaries; all three must outlive the policy.
-  JobPolicy(const LaunchPlan& plan, Workers& workers, Membership& membership, JobPolicyOptions options);
+  // `workers`, `membership` and `reports` must outlive the policy.
+  JobPolicy(Workers& workers, Membership& membership, const FailureReports& reports, JobPolicyOptions options);
 
   // Runs attempts until one ends the job; returns ddprun's exit status. Throws
   // LaunchError when an attempt cannot be joined or its workers cannot start.
@@ -179,9 +109,9 @@ class JobPolicy {
   FailureNotice notice(int rank, int status, std::string what, NoticeKind kind) const;
   ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;
 
-  const LaunchPlan& plan_;
   Workers& workers_;
   Membership& membership_;
+  const FailureReports& reports_;
   JobPolicyOptions options_;
   int node_rank_;  // this node's rank in the attempt joined last (options' until a join)
 };

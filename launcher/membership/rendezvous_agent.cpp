@@ -10,20 +10,13 @@
 #include "ddp/contract/store_keys.hpp"
 #include "membership/elastic/elastic_ending.hpp"
 #include "errors.hpp"
-#include "store/exit_publisher.hpp"
-#include "job/job_policy.hpp"
 #include "plan/ports.hpp"
+#include "store/exit_records.hpp"
 
 namespace ddprun {
 
 using Millis = std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-Millis to_ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // RendezvousAgent

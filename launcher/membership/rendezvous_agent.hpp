@@ -29,6 +29,7 @@
 #include "membership/elastic/elastic_join.hpp"
 #include "store/exit_publisher.hpp"
 #include "job/failure_notice.hpp"
+#include "job/job_layout.hpp"
 #include "plan/launch_plan.hpp"
 #include "rdzv/tcp_store.hpp"
 

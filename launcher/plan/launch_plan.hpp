@@ -9,12 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "ddp/contract/worker_env.hpp"
-#include "cli/options.hpp"
+#include "cli/launch_options.hpp"
 
 namespace ddprun {
-
-namespace contract = ddp::contract;
 
 struct WorkerCommand {
   std::string path;               // what execve() runs (absolute or relative to the cwd)
@@ -33,19 +30,6 @@ struct LaunchPlan {
   bool set_omp_num_threads = false;               // OMP_NUM_THREADS=1 for the workers
 };
 
-// What one attempt of the job looks like from this node, once every node joined.
-struct JobLayout {
-  int attempt = 0;                // the attempt joined (an elastic node may join a later one than asked)
-  int node_rank = 0;              // GROUP_RANK: this node's place among the attempt's nodes
-  int nnodes = 1;                 // GROUP_WORLD_SIZE: the attempt's nodes
-  int restart_count = 0;          // TORCHELASTIC_RESTART_COUNT: failures the job restarted after
-  int world_size = 1;             // workers in the job
-  int rank_offset = 0;            // global rank of this node's local rank 0
-  std::string master_addr;        // MASTER_ADDR / MASTER_PORT: where rank 0 may host a store
-  int master_port = 0;
-  contract::StoreEndpoint store;  // DDPRUN_STORE_*: the job's store and this attempt's groups prefix
-};
-
 // Resolves and checks everything; throws UsageError or LaunchError.
 LaunchPlan prepare_launch(const LaunchOptions& options);
 
@@ -60,15 +44,6 @@ std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int lo
 
 // Creates the log folders of one attempt. Throws LaunchError naming the folder.
 void create_log_dirs(const LaunchPlan& plan, int attempt);
-
-// The launch contract of one worker (contract::WorkerEnv); `error_file` becomes its
-// TORCHELASTIC_ERROR_FILE (none when empty).
-contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                    const std::string& error_file = {});
-
-// The environment of one worker: ddprun's own environment plus its launch contract.
-std::vector<std::string> worker_environment(const LaunchPlan& plan, const JobLayout& layout, int local_rank,
-                                            const std::string& error_file = {});
 
 // Finds `name` as execvp would: a name with a '/' is taken as a path, otherwise
 // each PATH entry is tried. Returns the path of an executable regular file, or

@@ -12,10 +12,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "errors.hpp"
 #include "remote/agent_handoff.hpp"
 #include "supervise/console.hpp"
-#include "errors.hpp"
-#include "supervise/spawn.hpp"
+#include "supervise/signals_blocked.hpp"
 
 extern char** environ;
 

@@ -15,7 +15,7 @@
 
 #include "ddp/contract/parse.hpp"
 #include "errors.hpp"
-#include "cli/options.hpp"
+#include "cli/launch_options.hpp"
 
 namespace ddprun {
 namespace {

@@ -1,5 +1,6 @@
 // Many nodes from one command (`ddprun --hostfile FILE` / `--hosts h1:4,h2:4`): the
-// host list, its GPU picks, and what the launching ddprun sends each node's agent.
+// host list and its GPU picks. What the launching ddprun sends each node's agent is
+// propagated_env.hpp; what -v prints of it all, remote_plan.hpp.
 //
 // The launching ddprun starts one ddprun agent per host (over ssh, or as a child when
 // the host is this machine: remote_launch.hpp). Node ranks follow the list's order.
@@ -13,23 +14,6 @@
 namespace ddprun {
 
 struct LaunchOptions;
-
-// The flags of a launch from one command. Empty/false when ddprun runs as one node.
-// remote_options.hpp validates them (conflicts, DDPRUN_SSH, --ssh_args quoting).
-struct RemoteOptions {
-  std::optional<std::string> hostfile;       // --hostfile FILE: lines "host [slots=N]", '#' comments
-  std::optional<std::string> hosts;          // --hosts h1:4,h2:4 (":N" optional)
-  std::optional<std::string> include;        // --include h1:0,2@h2 (DeepSpeed's syntax)
-  std::optional<std::string> exclude;        // --exclude h1:1@h3
-  std::vector<std::string> ssh_command;      // DDPRUN_SSH's words (split as --ssh_args) or "ssh", then --ssh_args words
-  std::optional<std::string> remote_ddprun;  // --remote_ddprun PATH (absolute); unset: this ddprun's own path
-  std::vector<std::string> exports;          // each -x as given: "VAR" or "VAR=value"
-  std::optional<std::string> env_file;       // --env_file FILE: "VAR=value" lines
-  bool agent_stdin = false;                  // hidden --agent_stdin: this ddprun was started by a
-                                             // launching ddprun; read AgentHandoff from stdin first
-
-  bool launching() const { return hostfile.has_value() || hosts.has_value(); }
-};
 
 // One node of the job, in node-rank order.
 struct HostEntry {
@@ -69,30 +53,6 @@ std::string nproc_for(const HostEntry& host, const LaunchOptions& options);
 // The host's CUDA_VISIBLE_DEVICES ("0,2") when --include/--exclude picked its GPUs;
 // nothing when the host keeps whatever its environment has.
 std::optional<std::string> cuda_visible_devices(const HostEntry& host);
-
-// The variables every agent sets for itself and its workers, in the order sent:
-//   1. the defaults from this process's environment, by name: NCCL_*, DDP_*, PYTHON*,
-//      OMP_*, CUDA_* but CUDA_VISIBLE_DEVICES (each host's comes from its GPU picks),
-//      PATH and LD_LIBRARY_PATH;
-//   2. --env_file FILE: "VAR=value" a line; blank lines and lines starting with '#'
-//      are skipped ('#' inside a value is kept); a leading "export " is allowed (files
-//      written for a shell work); a value wrapped whole in '...' or "..." loses the
-//      quotes and is taken literally (no escapes, no $expansion); an unquoted value
-//      loses trailing blanks;
-//   3. each -x: "VAR" (this environment's value; unset is an error) or "VAR=value".
-// A later setting of a name replaces the earlier value in place (the name keeps its
-// first position). DDPRUN_TOKEN is never sent: the token travels in the handoff.
-// A bad name, a bad env file line or an unset -x VAR: UsageError naming it (FILE:LINE
-// for the file); an unreadable env file: LaunchError.
-std::vector<std::pair<std::string, std::string>> propagated_environment(const LaunchOptions& options);
-
-// What ddprun -v prints on the launcher before starting the agents: each node's rank,
-// host, worker count (and where it came from) and CUDA_VISIBLE_DEVICES, the agent
-// command, and every variable sent as NAME=value (control characters escaped).
-// Ends with a newline.
-std::string describe_remote_plan(const std::vector<HostEntry>& hosts,
-                                 const std::vector<std::pair<std::string, std::string>>& env,
-                                 const LaunchOptions& options);
 
 // The lines of the file a flag names (--hostfile, --env_file), '\r' of CRLF files
 // removed. Throws LaunchError naming the flag, the file and why it cannot be read.

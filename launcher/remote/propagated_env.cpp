@@ -1,13 +1,13 @@
 // The variables a launching ddprun sends every node's agent: the default families
-// taken from this environment, then --env_file, then -x (rules on
-// propagated_environment in hosts.hpp).
+// taken from this environment, then --env_file, then -x (propagated_env.hpp).
+#include "remote/propagated_env.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 
 #include "remote/agent_handoff.hpp"
 #include "errors.hpp"
 #include "remote/hosts.hpp"
-#include "cli/options.hpp"
 
 extern char** environ;
 
@@ -47,7 +47,7 @@ void check_name(const std::string& where, const std::string& name) {
   }
 }
 
-// "value", 'value' or value: the rules on propagated_environment in hosts.hpp.
+// "value", 'value' or value: the rules in propagated_env.hpp.
 std::string env_file_value(std::string_view v) {
   if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front()) {
     return std::string(v.substr(1, v.size() - 2));

@@ -19,6 +19,8 @@
 #include "supervise/console.hpp"
 #include "errors.hpp"
 #include "remote/hosts.hpp"
+#include "remote/propagated_env.hpp"
+#include "remote/remote_plan.hpp"
 #include "plan/launch_plan.hpp"
 #include "plan/local_host.hpp"
 #include "rdzv/token.hpp"
@@ -82,7 +84,7 @@ int run_remote_launch(const LaunchOptions& options) {
     server.host = store_address(options, hosts);
     server.port = static_cast<uint16_t>(options.master_port.value_or(0));
     server.token = token;
-    server.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.heartbeat_timeout * 1000));
+    server.heartbeat_timeout = to_ms(options.heartbeat_timeout);
     store = std::make_unique<StoreHost>(server);
     endpoint = endpoint_text(server.host, store->port());
     StoreReaderOptions read;

@@ -1,9 +1,8 @@
 // What `ddprun -v --hostfile ...` prints before starting the agents: every node and
 // everything sent to it, so a user can check a launch from one command at a glance.
-#include <cstdio>
+#include "remote/remote_plan.hpp"
 
-#include "remote/hosts.hpp"
-#include "cli/options.hpp"
+#include <cstdio>
 
 namespace ddprun {
 namespace {

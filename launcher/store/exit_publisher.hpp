@@ -1,6 +1,6 @@
 // Publishes this node's worker exits into the job's store (ExitRecord, exit slots:
 // ddp/contract/store_keys.hpp), so the worker runtime of every other rank learns at
-// once that a peer is gone.
+// once that a peer is gone. exit_records.hpp reads them back.
 //
 // publish() only queues: a thread of its own, with its own store connection, writes
 // the records, so ddprun's event loop never waits for the store. Every store call is
@@ -12,7 +12,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -22,11 +21,6 @@
 #include "rdzv/tcp_store.hpp"
 
 namespace ddprun {
-
-// Every worker exit of `attempt` published so far, by global rank (the last record of a
-// rank wins). A slot taken but not yet written is skipped. Each store call is bounded;
-// throws rdzv::StoreError when the store cannot be read.
-std::map<int, ddp::contract::ExitRecord> read_exits(rdzv::Store& store, int attempt);
 
 class ExitPublisher {
  public:

@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-#include "supervise/output.hpp"
+#include "supervise/write_fully.hpp"
 
 namespace ddprun {
 

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "errors.hpp"
-#include "supervise/output.hpp"
-#include "supervise/spawn.hpp"
+#include "supervise/signals_blocked.hpp"
+#include "supervise/write_fully.hpp"
 
 namespace ddprun {
 namespace {

@@ -1,72 +1,19 @@
 #include "supervise/output.hpp"
 
-#include "supervise/console.hpp"
-
-#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include "supervise/console.hpp"
+#include "supervise/write_fully.hpp"
+
 namespace ddprun {
-
-void LineSplitter::feed(std::string_view data, const LineFn& on_line) {
-  while (!data.empty()) {
-    size_t nl = data.find('\n');
-    if (nl == std::string_view::npos) {
-      // No end of line yet: keep the piece, cutting overlong lines at kMaxLine.
-      while (partial_.size() + data.size() >= kMaxLine) {
-        size_t take = kMaxLine - partial_.size();
-        partial_.append(data.substr(0, take));
-        on_line(partial_);
-        partial_.clear();
-        data.remove_prefix(take);
-      }
-      partial_.append(data);
-      return;
-    }
-    if (partial_.empty()) {
-      on_line(data.substr(0, nl));
-    } else {
-      partial_.append(data.substr(0, nl));
-      on_line(partial_);
-      partial_.clear();
-    }
-    data.remove_prefix(nl + 1);
-  }
-}
-
-void LineSplitter::finish(const LineFn& on_line) {
-  if (!partial_.empty()) on_line(partial_);
-  partial_.clear();
-}
 
 void TailBuffer::push(std::string_view line) {
   if (lines_.size() == kLines) lines_.pop_front();
   lines_.emplace_back(line.substr(0, kLineChars));
-}
-
-size_t write_fully(int fd, std::string_view data) {
-  size_t written = 0;
-  while (written < data.size()) {
-    ssize_t n = ::write(fd, data.data() + written, data.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {  // a non-blocking console (set by whoever shares it): wait until it drains
-        pollfd p{fd, POLLOUT, 0};
-        poll(&p, 1, -1);
-        continue;
-      }
-      return written;
-    }
-    if (n == 0) {  // nothing taken and no reason given: retrying could spin forever
-      errno = EIO;
-      return written;
-    }
-    written += static_cast<size_t>(n);
-  }
-  return written;
 }
 
 WorkerStream::WorkerStream(Options options) : options_(std::move(options)) {}

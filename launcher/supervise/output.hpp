@@ -15,25 +15,11 @@
 #include <string_view>
 
 #include "job/attempt_result.hpp"
+#include "supervise/line_splitter.hpp"
 
 namespace ddprun {
 
 class Console;
-
-// Splits a byte stream into lines. A line longer than kMaxLine is cut into
-// kMaxLine pieces, so a worker that never writes a newline cannot exhaust memory.
-class LineSplitter {
- public:
-  static constexpr size_t kMaxLine = 1 << 20;
-  using LineFn = std::function<void(std::string_view line)>;  // without the '\n'
-
-  void feed(std::string_view data, const LineFn& on_line);
-  // Emits a final line that had no '\n' (at end of stream).
-  void finish(const LineFn& on_line);
-
- private:
-  std::string partial_;
-};
 
 // The last few lines of a stream, kept for the failure summary.
 class TailBuffer {
@@ -47,11 +33,6 @@ class TailBuffer {
  private:
   std::deque<std::string> lines_;
 };
-
-// Writes `data` to `fd`, retrying short writes, EINTR and EAGAIN. Returns how many
-// bytes were written: all of them, or fewer after an error (e.g. EPIPE when the
-// reader went away, ENOSPC), which errno then holds.
-size_t write_fully(int fd, std::string_view data);
 
 // One worker stream (stdout or stderr): console copy with prefix, optional log file,
 // and (for stderr) the tail for the summary.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "errors.hpp"
+#include "supervise/signals_blocked.hpp"
 
 namespace ddprun {
 namespace {

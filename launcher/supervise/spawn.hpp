@@ -24,24 +24,4 @@ struct SpawnRequest {
 // found) or 126 (not runnable) after one line on its stderr, as in a shell.
 pid_t spawn_worker(const SpawnRequest& request);
 
-// Runs `fn` with every signal blocked in the calling thread, restoring the mask after.
-// Forks happen inside it so a signal cannot reach a half-made child through the
-// parent's handlers.
-template <typename Fn>
-auto with_signals_blocked(Fn&& fn);
-
 }  // namespace ddprun
-
-#include <signal.h>
-
-template <typename Fn>
-auto ddprun::with_signals_blocked(Fn&& fn) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  struct Restore {
-    sigset_t mask;
-    ~Restore() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
-  } restore{old};
-  return fn();
-}

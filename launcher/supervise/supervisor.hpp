@@ -25,9 +25,10 @@
 #include <vector>
 
 #include "job/attempt_result.hpp"
+#include "job/job_layout.hpp"
 #include "plan/launch_plan.hpp"
-#include "supervise/orphan_guard.hpp"
 #include "supervise/error_files.hpp"
+#include "supervise/orphan_guard.hpp"
 #include "supervise/output.hpp"
 
 namespace ddprun {
@@ -53,8 +54,6 @@ class Supervisor {
   void stop_for_remote(int attempt, RemoteCause cause);
 
  private:
-  friend class WorkerGroup;
-
   const LaunchPlan& plan_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;

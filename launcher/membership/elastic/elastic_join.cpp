@@ -11,7 +11,7 @@
 #include "membership/elastic/elastic_ending.hpp"
 #include "errors.hpp"
 #include "job/failure_notice.hpp"
-#include "job/job_policy.hpp"
+#include "job/job_over.hpp"
 #include "plan/ports.hpp"
 
 namespace ddprun {
@@ -21,8 +21,6 @@ using Millis = std::chrono::milliseconds;
 using contract::JobKeys;
 
 namespace {
-
-Millis to_ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000)); }
 
 // How long one wait for an attempt to close lasts before the node looks again (stop
 // signal, the job's end, the members present).

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "job/job_layout.hpp"
 #include "membership/elastic/elastic_round.hpp"
 #include "plan/launch_plan.hpp"
 #include "rdzv/tcp_store.hpp"

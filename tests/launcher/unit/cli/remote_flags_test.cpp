@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "command_line.hpp"
-#include "cli/remote_options.hpp"
+#include "cli/remote_flags.hpp"
 #include "scoped_env.hpp"
 
 using Catch::Contains;

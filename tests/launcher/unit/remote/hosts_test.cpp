@@ -9,8 +9,10 @@
 
 #include "command_line.hpp"
 #include "errors.hpp"
-#include "remote/hosts.hpp"
 #include "cli/options.hpp"
+#include "remote/hosts.hpp"
+#include "remote/propagated_env.hpp"
+#include "remote/remote_plan.hpp"
 #include "scoped_env.hpp"
 #include "subprocess.hpp"
 

@@ -1,11 +1,15 @@
-// The job policy's interfaces (job_policy.hpp) over ddprun's real pieces: the
-// Supervisor as Workers, the RendezvousAgent as Membership, and the membership of
-// a job that has one node only.
+// The job policy's interfaces (job/) over ddprun's real pieces: the Supervisor as
+// Workers, the RendezvousAgent as Membership, the membership of a job that has one
+// node only, and the failure summary as FailureReports. Part of the composition
+// root (with main.cpp): it depends on every folder, and no folder includes it.
 #pragma once
 
-#include "store/exit_publisher.hpp"
-#include "job/job_policy.hpp"
+#include "job/failure_reports.hpp"
+#include "job/membership.hpp"
+#include "job/workers.hpp"
 #include "membership/rendezvous_agent.hpp"
+#include "plan/launch_plan.hpp"
+#include "store/exit_publisher.hpp"
 #include "supervise/supervisor.hpp"
 
 namespace ddprun {
@@ -75,6 +79,21 @@ class SingleNodeMembership : public Membership {
   int store_port_;
   std::string store_token_;
   ExitPublisher exits_;
+};
+
+// The failure summary of diagnose/summary.hpp and the workers' error files
+// (supervise/error_files.hpp).
+class SummaryReports : public FailureReports {
+ public:
+  // `plan` names the job in summaries; it must outlive this.
+  explicit SummaryReports(const LaunchPlan& plan) : plan_(plan) {}
+
+  std::string failure_summary(const AttemptResult& result, int attempt) const override;
+  std::string incomplete_logs(const AttemptResult& result) const override;
+  std::string worker_exception(const WorkerOutcome& worker) const override;
+
+ private:
+  const LaunchPlan& plan_;
 };
 
 }  // namespace ddprun

@@ -1,5 +1,5 @@
-// Validation of the --hostfile/--hosts launch flags and --local_addr (remote_options.hpp).
-#include "cli/remote_options.hpp"
+// Validation of the --hostfile/--hosts launch flags and --local_addr (remote_flags.hpp).
+#include "cli/remote_flags.hpp"
 
 #include <cstdlib>
 

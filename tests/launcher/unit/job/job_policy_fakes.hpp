@@ -1,6 +1,6 @@
-// Fakes for the job policy's interfaces (job_policy.hpp), shared by the fixed and the
-// elastic policy tests: Workers whose attempts a test scripts, and a Membership that
-// behaves as the store would show the other nodes.
+// Fakes for the job policy's interfaces (job/workers.hpp, job/membership.hpp), shared
+// by the fixed and the elastic policy tests: Workers whose attempts a test scripts,
+// and a Membership that behaves as the store would show the other nodes.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -13,6 +13,7 @@
 
 #include "errors.hpp"
 #include "job/job_policy.hpp"
+#include "job_adapters.hpp"
 
 namespace policy_fakes {
 
@@ -157,6 +158,7 @@ struct Job {
   ddprun::LaunchPlan plan;
   FakeWorkers workers;
   FakeMembership membership;
+  ddprun::SummaryReports reports{plan};
   std::vector<std::string> summaries;
 
   Job() {
@@ -177,7 +179,7 @@ struct Job {
     return o;
   }
   int run(int max_restarts, bool hosts_store = true) {
-    return ddprun::JobPolicy(plan, workers, membership, options(max_restarts, hosts_store)).run();
+    return ddprun::JobPolicy(workers, membership, reports, options(max_restarts, hosts_store)).run();
   }
 };
 

@@ -12,7 +12,7 @@
 
 #include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
-#include "job/job_policy.hpp"
+#include "job/job_over.hpp"
 #include "membership/rendezvous_agent.hpp"
 #include "server_fixture.hpp"
 

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <signal.h>
 
-#include "job/job_adapters.hpp"
+#include "job_adapters.hpp"
 #include "job_policy_fakes.hpp"
 
 using namespace policy_fakes;
@@ -124,7 +124,7 @@ TEST_CASE("on one node a stop signal is no remote root cause", "[job_policy]") {
   Job job;
   job.workers.attempts = {stopped_by(SIGTERM)};
   ddprun::SingleNodeMembership alone(job.plan, 29500, "token");
-  CHECK(ddprun::JobPolicy(job.plan, job.workers, alone, job.options(3)).run() == 128 + SIGTERM);
+  CHECK(ddprun::JobPolicy(job.workers, alone, job.reports, job.options(3)).run() == 128 + SIGTERM);
   REQUIRE(job.summaries.size() == 1);
   CHECK_THAT(job.summaries[0], Catch::Contains("stopped by SIGTERM") && !Catch::Contains("Root cause") &&
                                    Catch::Contains("Workers:"));
@@ -255,7 +255,7 @@ TEST_CASE("a watch's stop ends the job with its report as root cause, on every n
   }};
   auto options = job.options(2);
   options.watches = {&watch};
-  CHECK(ddprun::JobPolicy(job.plan, job.workers, job.membership, options).run() == ddprun::kExitStalled);
+  CHECK(ddprun::JobPolicy(job.workers, job.membership, job.reports, options).run() == ddprun::kExitStalled);
   CHECK(watch.started_attempts == std::vector<int>{0});
   CHECK(watch.ended_attempts == std::vector<int>{0});
   CHECK(watch.pids == std::vector<pid_t>{1000, 1001});

@@ -1,7 +1,10 @@
-// The job policy's interfaces over the Supervisor and the store (job_adapters.hpp).
-#include "job/job_adapters.hpp"
+// The job policy's interfaces over the Supervisor, the store and the failure summary
+// (job_adapters.hpp).
+#include "job_adapters.hpp"
 
 #include "ddp/contract/store_keys.hpp"
+#include "diagnose/summary.hpp"
+#include "supervise/error_files.hpp"
 
 namespace ddprun {
 
@@ -39,6 +42,19 @@ JobLayout SingleNodeMembership::join(int attempt) {
   layout.store.token = store_token_;
   layout.store.prefix = contract::JobKeys(attempt).process_groups();
   return layout;
+}
+
+std::string SummaryReports::failure_summary(const AttemptResult& result, int attempt) const {
+  return format_failure_summary(plan_, result, attempt);
+}
+
+std::string SummaryReports::incomplete_logs(const AttemptResult& result) const {
+  return format_incomplete_logs(result);
+}
+
+std::string SummaryReports::worker_exception(const WorkerOutcome& worker) const {
+  std::optional<WorkerError> error = read_worker_error(worker.error_file);
+  return error ? error->message : std::string();
 }
 
 }  // namespace ddprun

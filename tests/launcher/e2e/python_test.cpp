@@ -47,7 +47,7 @@ TEST_CASE("an unmodified PyTorch DDP script trains under ddprun", "[e2e][python]
   INFO("python3-torch is required for this test (scripts/setup installs it): " << check.err);
   REQUIRE(check.status == 0);
 
-  auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", TESTS_SOURCE_DIR "/launcher/torch_ddp_probe.py"}),
+  auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", TESTS_SOURCE_DIR "/launcher/e2e/torch_ddp_probe.py"}),
                {{{"PYTHON_EXEC", kSystemPython}}, {}}, 180s);
   INFO(r.err);
   REQUIRE(r.status == 0);

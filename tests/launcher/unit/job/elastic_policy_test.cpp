@@ -260,7 +260,7 @@ TEST_CASE("elastic: a join that ends the job leaves the membership, lingering on
       }
     };
     GivesUp m;
-    CHECK_THROWS_AS(ddprun::JobPolicy(job.plan, job.workers, m, job.options(0)).run(), ddprun::LaunchError);
+    CHECK_THROWS_AS(ddprun::JobPolicy(job.workers, m, job.reports, job.options(0)).run(), ddprun::LaunchError);
     job.membership.left = m.left;
   }
   CHECK(job.workers.ran.empty());
