@@ -15,8 +15,6 @@ key. Exits 0 when the store answered throughout, 1 (with one line saying what
 failed) otherwise; memory errors show up in the store's sanitizer reports.
 """
 import argparse
-import hashlib
-import hmac
 import ipaddress
 import os
 import random
@@ -26,117 +24,16 @@ import sys
 import threading
 import time
 
-MAGIC = 0x52504444
-HEADER = struct.Struct("<IBBHII")  # magic, version, type, reserved, request id, body size
-CHALLENGE, HELLO, SET, GET, ADD, COMPARE_SET, WAIT, CHECK, DELETE = 1, 2, 10, 11, 12, 13, 14, 15, 16
-NUM_KEYS, MULTI_GET, MULTI_SET, APPEND, SET_WILL, GOODBYE, PING = 17, 18, 19, 20, 21, 22, 23
-OK, ERROR, TIMEOUT = 64, 65, 66
-NONCE = 32
-
-
-class Failure(Exception):
-    pass
-
-
-def u32(n):
-    return struct.pack("<I", n)
-
-
-def i64(n):
-    return struct.pack("<q", n)
-
-
-def field(b):
-    return u32(len(b)) + b
-
-
-def keys(ks):
-    return u32(len(ks)) + b"".join(field(k) for k in ks)
-
-
-def frame(kind, rid, body, version=1):
-    return HEADER.pack(MAGIC, version, kind, 0, rid, len(body)) + body
-
-
-class Conn:
-    """One TCP connection to the store, with a deadline on every read."""
-
-    def __init__(self, addr, timeout=5.0):
-        self.sock = socket.create_connection(addr, timeout=timeout)
-        self.sock.settimeout(timeout)
-        self.buf = b""
-        self.rid = 1
-
-    def send(self, data):
-        try:
-            self.sock.sendall(data)
-            return True
-        except OSError:  # the store closed it first: fine for a hostile client
-            return False
-
-    def read_frame(self):
-        while True:
-            if len(self.buf) >= HEADER.size:
-                magic, _, kind, _, rid, size = HEADER.unpack_from(self.buf)
-                if magic != MAGIC:
-                    raise Failure("the store sent a frame with a bad magic")
-                if len(self.buf) >= HEADER.size + size:
-                    body = self.buf[HEADER.size:HEADER.size + size]
-                    self.buf = self.buf[HEADER.size + size:]
-                    return kind, rid, body
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                return None
-            self.buf += chunk
-
-    def drain(self, limit=5.0):
-        """Reads until the store closes the connection or `limit` seconds pass."""
-        end = time.monotonic() + limit
-        try:
-            while time.monotonic() < end:
-                self.sock.settimeout(max(0.01, end - time.monotonic()))
-                if not self.sock.recv(65536):
-                    return True
-        except socket.timeout:
-            return False
-        except OSError:
-            return True
-        return False
-
-    def request(self, kind, body):
-        self.rid += 1
-        self.send(frame(kind, self.rid, body))
-        return self.read_frame()
-
-    def reset(self):
-        """Drops the connection with a TCP reset, as a crashed client would."""
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.sock.close()
-
-    def close(self):
-        self.sock.close()
-
-
-def hello(conn, token, ns=b"attack"):
-    """Completes the handshake; returns the HELLO reply's type."""
-    got = conn.read_frame()
-    if got is None or got[0] != CHALLENGE:
-        raise Failure("no CHALLENGE from the store")
-    server_nonce = got[2][4:4 + NONCE]
-    client_nonce = os.urandom(NONCE)
-    proof = b""
-    if token:
-        proof = hmac.new(token, b"ddprun-store-v1 client|" + server_nonce + client_nonce + ns,
-                         hashlib.sha256).digest()
-    reply = conn.request(HELLO, field(ns) + field(client_nonce) + field(proof))
-    return reply[0] if reply else None
+from store_wire import (ADD, APPEND, CHECK, COMPARE_SET, DELETE, GET, GOODBYE, HEADER, HELLO, MAGIC, MULTI_GET,
+                        MULTI_SET, NONCE, NUM_KEYS, OK, PING, SET, SET_WILL, WAIT, Conn, Failure, connect, field,
+                        frame, i64, keys, u32)
 
 
 def authed(addr, token, ns=b"attack"):
-    c = Conn(addr)
-    if hello(c, token, ns) != OK:
-        raise Failure("a client with the right token was refused")
-    return c
+    try:
+        return connect(addr, token, ns)
+    except Failure:
+        raise Failure("a client with the right token was refused") from None
 
 
 def valid_bodies(rng):
@@ -166,7 +63,7 @@ def garbage(addr, token, rng):
     """Random bytes, and frames with random types, sizes and bodies, with and without HELLO."""
     for i in range(60):
         c = Conn(addr)
-        if i % 2 and hello(c, token) != OK:
+        if i % 2 and c.hello(token, b"attack") != OK:
             raise Failure("handshake refused")
         if i % 3 == 0:
             c.send(rng.randbytes(rng.randint(1, 4096)))

@@ -2,34 +2,27 @@
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import netns_hosts  # noqa: E402
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
-BENCH = os.path.join(BUILD, "worker_runtime", "ddp-bench")
-PEERS = os.environ.get("DDPRUN_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
-PY = "/usr/bin/python3"
-PREFIX = f"ddpc{os.getpid() % 100000}"
-SUBNET = f"10.215.{os.getpid() % 250}"
+from harness import paths
+from harness.hosts import Hosts
+from harness.procs import bench_env, output
+from harness.runs import figures, interleaved, median
+
 KiB, MiB = 1024, 1024 * 1024
 SIZES = [4 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
+ENV = bench_env()
 
 
-def sh(argv, **kw):
-    return subprocess.run(argv, capture_output=True, text=True, env=ENV, check=True, **kw).stdout
+def sh(argv):
+    return output(argv, ENV)
 
 
 def mpi_binary(tmp):
     # The peer as given, with 64 KiB added to its sizes (the issue's range starts there).
-    src = open(os.path.join(PEERS, "mpi_allreduce.c")).read()
+    src = open(os.path.join(paths.PEERS, "mpi_allreduce.c")).read()
     src = src.replace("long sizes[]={1<<10,1<<16,1<<20,1<<22,1<<24};",
                       "long sizes[]={1<<10,1<<14,1<<16,1<<18,1<<20,1<<22,1<<24};")
     src = src.replace("for(int s=0;s<5;s++)", "for(int s=0;s<7;s++)")
@@ -56,7 +49,8 @@ def parse_ddp(text):
 
 
 def run_ddp(prefix=()):
-    return parse_ddp(sh([*prefix, DDPRUN, "--nproc_per_node=2", BENCH, "-b", "4K", "-e", "64M", "-f", "2"]))
+    return parse_ddp(sh([*prefix, paths.DDPRUN, "--nproc_per_node=2", paths.DDP_BENCH, "-b", "4K", "-e", "64M",
+                         "-f", "2"]))
 
 
 def run_mpi(binary):
@@ -64,24 +58,23 @@ def run_mpi(binary):
 
 
 def run_gloo():
-    return parse_peer(sh([PY, os.path.join(PEERS, "torchrun.py"), "--nproc_per_node=2", "--monitor_interval", "0.1",
-                          os.path.join(PEERS, "gloo_allreduce.py")]))
+    return parse_peer(sh([paths.PY, paths.TORCHRUN_PY, "--nproc_per_node=2", "--monitor_interval", "0.1",
+                          os.path.join(paths.PEERS, "gloo_allreduce.py")]))
 
 
 def med(samples, size, col):
     vals = [s[size][col] for s in samples if size in s]
-    return statistics.median(vals) if vals else float("nan")
+    return median(vals) if vals else float("nan")
 
 
 def one_host(runs):
     with tempfile.TemporaryDirectory() as tmp:
         mpi = mpi_binary(tmp)
         ddp, mpis, gloo = [], [], []
-        for i in range(runs):  # interleaved, so load from outside hits all three alike
+        for _ in interleaved(runs, progress=True):  # so load from outside hits all three alike
             ddp.append(run_ddp())
             mpis.append(run_mpi(mpi))
             gloo.append(run_gloo())
-            print(f"run {i + 1}/{runs} done", file=sys.stderr, flush=True)
     print(f"2 ranks, one host, f32 sum all-reduce; medians of {runs} interleaved runs; busbw in GB/s")
     print(f"{'size':>9} {'ddp us':>9} {'ddp busbw':>10} {'mpi busbw':>10} {'gloo busbw':>11} {'ddp/mpi':>8} {'ddp/gloo':>9}")
     ok = True
@@ -104,19 +97,11 @@ def one_host(runs):
 
 # ---- two hosts ----------------------------------------------------------------
 
-def make_hosts():
-    netns_hosts.make_hosts(PREFIX, SUBNET)
-
-
-def remove_hosts():
-    netns_hosts.remove_hosts(PREFIX)
-
-
-def both_nodes(argv_for):
+def both_nodes(hosts, argv_for):
     # Gloo picks its interface from the hostname, which does not resolve inside a
     # namespace: point it at the namespace's link.
     env = dict(ENV, GLOO_SOCKET_IFNAME="eth0")
-    procs = [subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-n{i}", *argv_for(i)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(hosts.on(i, argv_for(i)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for i in (1, 0)]
     try:
         outs = [p.communicate(timeout=300) for p in procs]
@@ -132,20 +117,17 @@ def both_nodes(argv_for):
 
 
 def two_hosts(runs):
-    make_hosts()
-    try:
+    with Hosts(2) as hosts:
+        master = hosts.address(0)
         ddp, gloo = [], []
-        for i in range(runs):
-            ddp.append(parse_ddp(both_nodes(lambda n: [
-                DDPRUN, "--nnodes=2", f"--node_rank={n}", f"--master_addr={SUBNET}.1", "--master_port=29511",
-                "--nproc_per_node=1", BENCH, "-b", "16M", "-e", "64M", "-f", "4"])))
-            gloo.append(parse_peer(both_nodes(lambda n: [
-                PY, os.path.join(PEERS, "torchrun.py"), "--nnodes=2", f"--node_rank={n}",
-                f"--master_addr={SUBNET}.1", "--master_port=29512", "--nproc_per_node=1", "--monitor_interval", "0.1",
-                os.path.join(PEERS, "gloo_allreduce.py")])))
-            print(f"run {i + 1}/{runs} done", file=sys.stderr, flush=True)
-    finally:
-        remove_hosts()
+        for _ in interleaved(runs, progress=True):
+            ddp.append(parse_ddp(both_nodes(hosts, lambda n: [
+                paths.DDPRUN, "--nnodes=2", f"--node_rank={n}", f"--master_addr={master}", "--master_port=29511",
+                "--nproc_per_node=1", paths.DDP_BENCH, "-b", "16M", "-e", "64M", "-f", "4"])))
+            gloo.append(parse_peer(both_nodes(hosts, lambda n: [
+                paths.PY, paths.TORCHRUN_PY, "--nnodes=2", f"--node_rank={n}",
+                f"--master_addr={master}", "--master_port=29512", "--nproc_per_node=1", "--monitor_interval", "0.1",
+                os.path.join(paths.PEERS, "gloo_allreduce.py")])))
     print(f"2 hosts (network namespaces over veth), 1 rank each; medians of {runs} interleaved runs; busbw GB/s")
     for s in (16 * MiB, 64 * MiB):
         d, g = med(ddp, s, 1), med(gloo, s, 1)
@@ -159,7 +141,7 @@ def two_hosts(runs):
 def dead_peer(runs, world=4, victim=2):
     """Rank `victim` of `world` plain processes SIGKILLs itself while the others wait
     in an all_reduce; seconds until each survivor's call failed naming it."""
-    worker = os.path.join(BUILD, "tests", "collective_worker")
+    worker = paths.COLLECTIVE_WORKER
     delays = []
     for i in range(runs):
         port = 29700 + i
@@ -178,9 +160,10 @@ def dead_peer(runs, world=4, victim=2):
             if not m:
                 sys.exit(f"rank {r} did not name rank {victim}:\n{out}")
             delays.append(float(m[1]) - died)
-    print(f"dead peer ({world} ranks on one host, {runs} runs, {len(delays)} detections): "
-          f"median {statistics.median(delays) * 1e3:.1f} ms, max {max(delays) * 1e3:.1f} ms; "
-          f"target <= 2 s: {'met' if max(delays) <= 2 else 'NOT met'}")
+    f = figures(delays)
+    print(f"dead peer ({world} ranks on one host, {runs} runs, {f.runs} detections): "
+          f"median {f.median * 1e3:.1f} ms, max {f.max * 1e3:.1f} ms; "
+          f"target <= 2 s: {'met' if f.max <= 2 else 'NOT met'}")
 
 
 def main():
@@ -189,14 +172,18 @@ def main():
     ap.add_argument("--two-hosts", action="store_true")
     ap.add_argument("--dead-peer", action="store_true", help="only the dead-peer detection time")
     a = ap.parse_args()
-    for path in (DDPRUN, BENCH):
-        if not os.path.exists(path):
-            sys.exit(f"{path} is missing: build first (scripts/setup)")
+    who = "collectives bench"
+    paths.require(who, paths.DDPRUN, paths.DDP_BENCH)
     if a.dead_peer:
+        paths.require(who, paths.COLLECTIVE_WORKER)
         dead_peer(a.runs)
-    elif a.two_hosts:
+        return
+    paths.require_peers(who, paths.TORCHRUN_PY, os.path.join(paths.PEERS, "gloo_allreduce.py"))
+    if a.two_hosts:
+        paths.require_root(who)
         two_hosts(a.runs)
     else:
+        paths.require_peers(who, os.path.join(paths.PEERS, "mpi_allreduce.c"))
         one_host(a.runs)
 
 

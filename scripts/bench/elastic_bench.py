@@ -16,25 +16,18 @@ import os
 import re
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import netns_hosts  # noqa: E402
+from harness import paths
+from harness.hosts import Hosts
+from harness.procs import Daemon
+from harness.runs import figures, interleaved
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
-DAEMON = os.path.join(BUILD, "rendezvous", "ddp-rendezvous")
 DAEMON_NODE, DAEMON_PORT = 3, 29399  # --store daemon: ddp-rendezvous alone in a 4th namespace
-PEERS = os.environ.get("DDPRUN_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
-TORCH2 = os.path.join(PEERS, "torch2")
-WORKER = os.path.join(ROOT, "scripts", "bench", "elastic_worker.py")
-PREFIX = f"ddpe{os.getpid() % 100000}"
-SUBNET = f"10.215.{os.getpid() % 250}"
+WORKER = os.path.join(paths.BENCH_DIR, "elastic_worker.py")
 NODES = 3
 READY = re.compile(r"ELASTIC_READY rank=(\d+) world=(\d+) restarts=(-?\d+) group_rank=(-?\d+) "
                    r"group_world=(-?\d+) pid=(\d+) t=([\d.]+)")
@@ -49,35 +42,32 @@ def say(text):
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def ns(node):
-    return f"{PREFIX}-n{node}"
-
-
 class Job:
     """One launch: a launcher per node, each writing stdout+stderr to its own log file."""
 
-    def __init__(self, a, launcher, tag, port, env):
-        self.a, self.launcher, self.port, self.env = a, launcher, port, env
+    def __init__(self, a, hosts, launcher, tag, port, env):
+        self.a, self.hosts, self.launcher, self.port, self.env = a, hosts, launcher, port, env
         self.run_id = f"eb{port}"
         self.logs = {n: os.path.join(a.log_dir, f"{tag}-n{n}.log") for n in range(NODES)}
         self.procs = {}
 
     def argv(self, node):
-        a = self.a
+        a, hosts = self.a, self.hosts
         worker = [WORKER, "--pg_timeout", str(a.pg_timeout)]
         if self.launcher == "ddprun":
-            daemon = [f"--rdzv_endpoint={SUBNET}.{DAEMON_NODE + 1}:{DAEMON_PORT}"] if a.store == "daemon" else []
-            return [DDPRUN, "--nnodes=2:3", f"--nproc_per_node={a.nproc_per_node}", f"--node_rank={node}",
-                    f"--master_addr={SUBNET}.1", f"--master_port={self.port}", *daemon, f"--rdzv_id={self.run_id}",
+            daemon = [f"--rdzv_endpoint={hosts.address(DAEMON_NODE)}:{DAEMON_PORT}"] if a.store == "daemon" else []
+            return [paths.DDPRUN, "--nnodes=2:3", f"--nproc_per_node={a.nproc_per_node}", f"--node_rank={node}",
+                    f"--master_addr={hosts.address(0)}", f"--master_port={self.port}", *daemon,
+                    f"--rdzv_id={self.run_id}",
                     f"--rdzv_conf=last_call_timeout={a.last_call_timeout:g}", "--max_restarts=3",
                     f"--heartbeat_timeout={a.heartbeat_timeout:g}", f"--grace_period={a.grace_period:g}",
                     *worker]
         conf = f"is_host={int(node == 0)}"  # every namespace has the same hostname: say who hosts
         if a.torchrun_last_call_timeout is not None:
             conf += f",last_call_timeout={a.torchrun_last_call_timeout:g}"
-        return [TORCH2, "torchrun", "--nnodes=2:3", f"--nproc_per_node={a.nproc_per_node}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint={SUBNET}.1:{self.port}", f"--rdzv_id={self.run_id}",
-                f"--rdzv_conf={conf}", "--max_restarts=3", f"--local_addr={SUBNET}.{node + 1}",
+        return [paths.TORCH2, "torchrun", "--nnodes=2:3", f"--nproc_per_node={a.nproc_per_node}",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint={hosts.address(0)}:{self.port}", f"--rdzv_id={self.run_id}",
+                f"--rdzv_conf={conf}", "--max_restarts=3", f"--local_addr={hosts.address(node)}",
                 "--monitor_interval=0.1", *worker]
 
     def start(self, node):
@@ -89,7 +79,7 @@ class Job:
             # documented opt-out of the shared TCPStore rebuilds that info every round.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         with open(self.logs[node], "w") as log:
-            self.procs[node] = subprocess.Popen(["ip", "netns", "exec", ns(node), *self.argv(node)],
+            self.procs[node] = subprocess.Popen(self.hosts.on(node, self.argv(node)),
                                                 stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def ready_lines(self, nodes, after):
@@ -133,7 +123,7 @@ class Job:
 
     def stop(self):
         for n in self.procs:
-            kill_namespace(n)
+            self.hosts.kill_all(n)
         for p in self.procs.values():
             try:
                 p.wait(timeout=10)
@@ -150,39 +140,14 @@ class Job:
         return "\n".join(text)
 
 
-def namespace_pids(node):
-    p = subprocess.run(["ip", "netns", "pids", ns(node)], capture_output=True, text=True)
-    return [int(x) for x in p.stdout.split()]
-
-
-def kill_namespace(node):
-    """SIGKILL every process in the node's namespace, as a host that dies: the launcher and its
-    workers at once. Repeats while a fork in flight leaves a new one behind."""
-    for _ in range(50):
-        pids = namespace_pids(node)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    raise RuntimeError(f"processes in {ns(node)} survive SIGKILL: {namespace_pids(node)}")
-
-
 def counts(restarts):
     return "/".join(str(x) for x in restarts)
 
 
-def link(node, state):
-    netns_hosts.ip("-n", ns(node), "link", "set", "eth0", state)
-
-
-def run_once(a, launcher, scenario, tag, port, env):
+def run_once(a, hosts, launcher, scenario, tag, port, env):
     """One job, one event; returns (seconds to recovery, restart counts before, after), the
     counts as text: "1", or "1/2" when nodes disagree."""
-    job = Job(a, launcher, tag, port, env)
+    job = Job(a, hosts, launcher, tag, port, env)
     first_nodes = [0, 1] if scenario == "grow" else [0, 1, 2]
     try:
         for n in first_nodes:
@@ -193,13 +158,13 @@ def run_once(a, launcher, scenario, tag, port, env):
         if scenario == "kill" and a.kill == "launcher":
             job.procs[2].send_signal(signal.SIGKILL)  # `ip netns exec` and torch2 exec: this is the launcher
         elif scenario == "kill":
-            kill_namespace(2)
+            hosts.kill_all(2)
         elif scenario == "cut":
-            link(2, "down")
+            hosts.set_link(2, "down")
         else:
             job.start(2)
         stamp, after = job.wait_world([0, 1, 2] if scenario == "grow" else [0, 1], t0, a.recover_timeout)
-        # Issue 14's restart rule: a lost node consumes a restart, a joining one does not.
+        # The restart rule: a lost node consumes a restart, a joining one does not.
         # torchrun's figures are only reported (its agents count restarts each on their own).
         expected = [before[0] + (scenario != "grow")] if len(before) == 1 else None
         if launcher == "ddprun" and after != expected:
@@ -210,30 +175,19 @@ def run_once(a, launcher, scenario, tag, port, env):
     finally:
         job.stop()
         if scenario == "cut":
-            link(2, "up")
+            hosts.set_link(2, "up")
 
 
-def start_daemon(a, env):
-    """ddp-rendezvous for every job of the run (each has its own --rdzv_id), waited for until it
-    accepts connections."""
-    log = open(os.path.join(a.log_dir, "ddp-rendezvous.log"), "w")
-    proc = subprocess.Popen(["ip", "netns", "exec", ns(DAEMON_NODE), DAEMON, f"--port={DAEMON_PORT}",
-                             f"--heartbeat_timeout={a.heartbeat_timeout:g}"], stdout=log, stderr=subprocess.STDOUT,
-                            env=env)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        probe = subprocess.run(["ip", "netns", "exec", ns(0), "bash", "-c",
-                                f"exec 3<>/dev/tcp/{SUBNET}.{DAEMON_NODE + 1}/{DAEMON_PORT}"], capture_output=True)
-        if probe.returncode == 0:
-            return proc
-        time.sleep(0.1)
-    sys.exit(f"elastic bench: ddp-rendezvous did not start (see {log.name})")
+def start_daemon(a, hosts, env):
+    """ddp-rendezvous for every job of the run (each has its own --rdzv_id), alone on its host."""
+    return Daemon([f"--port={DAEMON_PORT}", f"--heartbeat_timeout={a.heartbeat_timeout:g}"], env,
+                  on=hosts.on(DAEMON_NODE, []), log=os.path.join(a.log_dir, "ddp-rendezvous.log"))
 
 
 def torch2_env():
-    p = subprocess.run([TORCH2, "env"], capture_output=True, text=True)
+    p = subprocess.run([paths.TORCH2, "env"], capture_output=True, text=True)
     if p.returncode != 0:
-        sys.exit(f"elastic bench: {TORCH2} env failed:\n{p.stderr}")
+        sys.exit(f"elastic bench: {paths.TORCH2} env failed:\n{p.stderr}")
     return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
 
 
@@ -264,14 +218,14 @@ def report(a, results, failures):
             if not rows:
                 print(f"{SCENARIOS[scenario]:<18} {launcher:<9} {runs:>5}   (no run recovered)")
                 continue
-            secs = [r[0] for r in rows]
-            med = medians[(scenario, launcher)] = statistics.median(secs)
+            secs = figures(r[0] for r in rows)
+            med = medians[(scenario, launcher)] = secs.median
             restarts = sorted({f"{r[1]}->{r[2]}" for r in rows})
             goal = ""
             if launcher == "ddprun":
                 goal = f"<= {target(a, scenario):g} s {'met' if med <= target(a, scenario) else 'MISSED'}"
-            print(f"{SCENARIOS[scenario]:<18} {launcher:<9} {runs:>5} {med:8.2f}s {min(secs):7.2f}s "
-                  f"{max(secs):7.2f}s {','.join(restarts):>9}  {goal}")
+            print(f"{SCENARIOS[scenario]:<18} {launcher:<9} {runs:>5} {med:8.2f}s {secs.min:7.2f}s "
+                  f"{secs.max:7.2f}s {','.join(restarts):>9}  {goal}")
     for scenario in a.scenarios:
         ours, theirs = medians.get((scenario, "ddprun")), medians.get((scenario, "torchrun"))
         if ours is not None and theirs:
@@ -317,29 +271,26 @@ def main():
     if bad or a.runs < 1 or a.nproc_per_node < 1:
         sys.exit(f"elastic bench: bad arguments {bad or ''} (launchers: ddprun,torchrun; scenarios: "
                  f"{','.join(SCENARIOS)}; --runs and --nproc_per_node >= 1)")
-    if os.geteuid() != 0:
-        sys.exit("elastic bench: needs root (network namespaces)")
-    for program in [DDPRUN] + ([DAEMON] if a.store == "daemon" else []):
-        if "ddprun" in a.launchers and not os.access(program, os.X_OK):
-            sys.exit(f"elastic bench: {program} is missing: build first (BUILD_DIR names another build)")
+    paths.require_root("elastic bench")
+    if "ddprun" in a.launchers:
+        paths.require("elastic bench", paths.DDPRUN, *([paths.DAEMON] if a.store == "daemon" else []))
     keep_logs = a.log_dir is not None
     a.log_dir = a.log_dir or tempfile.mkdtemp(prefix="ddprun-elastic-bench-")
     os.makedirs(a.log_dir, exist_ok=True)
 
+    paths.require_peers("elastic bench", paths.TORCH2)
     t2 = torch2_env()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME="eth0",
                DDPRUN_TOKEN=secrets.token_hex(16), PYTHON_EXEC=t2["PYTHON_EXEC"],
                LD_LIBRARY_PATH=t2["LD_LIBRARY_PATH"])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("elastic bench: terminated"))
     results, failures, port = {}, {}, 29400
-    hosts = NODES + (a.store == "daemon")
-    netns_hosts.make_hosts(PREFIX, SUBNET, hosts)
+    hosts = Hosts(NODES + (a.store == "daemon"))
     try:
         if a.store == "daemon":
-            start_daemon(a, env)
-        for i in range(a.runs):
-            # Alternate which launcher goes first, so outside load hits both alike.
-            order = a.launchers if i % 2 == 0 else a.launchers[::-1]
+            start_daemon(a, hosts, env)
+        # Alternate which launcher goes first, so outside load hits both alike.
+        for i, order in interleaved(a.runs, a.launchers, alternate=True):
             for scenario in a.scenarios:
                 for launcher in order:
                     if launcher == "torchrun" and scenario not in torchrun_scenarios:
@@ -348,8 +299,8 @@ def main():
                     key = (scenario, launcher)
                     results.setdefault(key, [])
                     try:
-                        secs, before, after = run_once(a, launcher, scenario, f"{i + 1:02d}-{scenario}-{launcher}",
-                                                       port, env)
+                        secs, before, after = run_once(a, hosts, launcher, scenario,
+                                                       f"{i + 1:02d}-{scenario}-{launcher}", port, env)
                     except NoRecovery as e:
                         failures[key] = failures.get(key, 0) + 1
                         keep_logs = True
@@ -359,9 +310,9 @@ def main():
                     say(f"run {i + 1}/{a.runs} {SCENARIOS[scenario]}, {launcher}: running again after "
                         f"{secs:.2f} s (restart count {before} -> {after})")
     finally:
-        for n in range(hosts):
-            kill_namespace(n)
-        netns_hosts.remove_hosts(PREFIX, hosts)
+        for n in range(hosts.count):
+            hosts.kill_all(n)  # the daemon's host too
+        hosts.close()
     report(a, results, failures)
     if keep_logs:
         print(f"logs: {a.log_dir}")

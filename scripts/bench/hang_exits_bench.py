@@ -1,20 +1,14 @@
 """The benchmark behind scripts/bench/hang_exits (see there)."""
 import argparse
-import os
+import contextlib
 import re
-import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import netns_hosts  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
-WORKER = os.path.join(BUILD, "tests", "exit_worker")
-PREFIX = f"ddph{os.getpid() % 100000}"
-SUBNET = f"10.215.{os.getpid() % 250}"
+from harness import paths
+from harness.hosts import Hosts
+from harness.procs import bench_env
+from harness.runs import figures
 
 # (name, exit_worker arguments, victim, first rank that must fail)
 CASES = [
@@ -27,17 +21,18 @@ LINE = re.compile(r"^\[rank(\d+)\]:(EXIT|ERROR) (\d+\.\d+)(.*)$")
 
 
 def run_once(args, hosts):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if hosts == 1:
-        procs = [subprocess.Popen([DDPRUN, "--nproc_per_node=4", WORKER, *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=env)]
+    """One run on this host (hosts None) or on two test hosts."""
+    env = bench_env()
+    if hosts is None:
+        procs = [subprocess.Popen([paths.DDPRUN, "--nproc_per_node=4", paths.EXIT_WORKER, *args],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)]
     else:
         procs = []
         for i in (1, 0):
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", f"{PREFIX}-n{i}", DDPRUN, "--nnodes=2", f"--node_rank={i}",
-                 f"--master_addr={SUBNET}.1", "--master_port=29500", "--nproc_per_node=2", "--join_timeout=60",
-                 WORKER, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+            procs.append(subprocess.Popen(hosts.on(i, [
+                paths.DDPRUN, "--nnodes=2", f"--node_rank={i}", f"--master_addr={hosts.address(0)}",
+                "--master_port=29500", "--nproc_per_node=2", "--join_timeout=60", paths.EXIT_WORKER, *args]),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     out = ""
     for p in procs:
         text, _ = p.communicate(timeout=120)
@@ -55,14 +50,13 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--one-host", action="store_true", help="skip the two-host cases (no root needed)")
     a = ap.parse_args()
-    for path in (DDPRUN, WORKER):
-        if not os.access(path, os.X_OK):
-            sys.exit(f"hang_exits: {path} is missing: build first (BUILD_DIR={BUILD})")
-    layouts = [("1 node x 4", 1)] + ([] if a.one_host else [("2 hosts x 2", 2)])
+    paths.require("hang_exits", paths.DDPRUN, paths.EXIT_WORKER)
     if not a.one_host:
-        netns_hosts.make_hosts(PREFIX, SUBNET)
-    everything = []
-    try:
+        paths.require_root("hang_exits", "network namespaces; --one-host runs without")
+    with contextlib.ExitStack() as stack:
+        two = None if a.one_host else stack.enter_context(Hosts(2))
+        layouts = [("1 node x 4", None)] + ([] if a.one_host else [("2 hosts x 2", two)])
+        everything = []
         print(f"{'case':<34} {'layout':<12} {'runs':>4} {'median ms':>10} {'max ms':>8}")
         for layout, hosts in layouts:
             for name, args, victim, first in CASES:
@@ -78,15 +72,11 @@ def main():
                             sys.exit(f"hang_exits: {name}: rank {r} did not fail naming rank {victim}\n{out}")
                         delays.append(errors[r][0] - exits[victim][0])
                 everything += delays
-                print(f"{name:<34} {layout:<12} {a.runs:>4} {statistics.median(delays) * 1000:>10.1f} "
-                      f"{max(delays) * 1000:>8.1f}", flush=True)
-        print(f"{'all':<34} {'':<12} {'':>4} {statistics.median(everything) * 1000:>10.1f} "
-              f"{max(everything) * 1000:>8.1f}")
-        print("target: every surviving rank fails within 1000 ms of the exit:",
-              "met" if max(everything) < 1.0 else "NOT met")
-    finally:
-        if not a.one_host:
-            netns_hosts.remove_hosts(PREFIX)
+                f = figures(delays)
+                print(f"{name:<34} {layout:<12} {a.runs:>4} {f.median * 1000:>10.1f} {f.max * 1000:>8.1f}", flush=True)
+        f = figures(everything)
+        print(f"{'all':<34} {'':<12} {'':>4} {f.median * 1000:>10.1f} {f.max * 1000:>8.1f}")
+        print("target: every surviving rank fails within 1000 ms of the exit:", "met" if f.max < 1.0 else "NOT met")
 
 
 if __name__ == "__main__":

@@ -4,20 +4,15 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ssh_hosts import SshHosts  # noqa: E402
+from harness import paths
+from harness.runs import interleaved, median
+from harness.ssh_hosts import SshHosts
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
-PREFIX = f"ddph{os.getpid() % 100000}"
-SUBNET = f"10.215.{os.getpid() % 250}"
 HOSTS, PER_HOST = 3, 2
 WORKERS = HOSTS * PER_HOST
 
@@ -37,7 +32,7 @@ def launcher_argv(name, hosts, hostfile, stamps, stay, opts):
                             for i in range(HOSTS)) + "; wait"
         return ["sh", "-c", script]
     if name == "ddprun":
-        return [DDPRUN, "--hostfile", hostfile, f"--grace_period={opts.grace_period:g}",
+        return [paths.DDPRUN, "--hostfile", hostfile, f"--grace_period={opts.grace_period:g}",
                 f"--heartbeat_timeout={opts.heartbeat_timeout:g}", *worker]
     # OpenMPI's own launch settings otherwise (its tree spawn on or off measured the same
     # here, 1.39 vs 1.42 s); the same ssh command as ddprun's DDPRUN_SSH.
@@ -132,7 +127,7 @@ def is_worker(pid):
 
 def median_or_none(values):
     done = [v for v in values if v is not None]
-    return statistics.median(done) if len(done) == len(values) and done else None
+    return median(done) if len(done) == len(values) and done else None
 
 
 def main():
@@ -144,13 +139,12 @@ def main():
                         help="comma-separated: ddprun, mpirun, ssh (plain parallel ssh: the floor; start time only)")
     parser.add_argument("--json", help="also write the figures to this file")
     opts = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("hostfile bench: needs root (network namespaces, sshd)")
+    paths.require_root("hostfile bench", "network namespaces, sshd")
     names = opts.launchers.split(",")
-    if "ddprun" in names and not os.path.exists(DDPRUN):
-        sys.exit(f"hostfile bench: {DDPRUN} not built (run scripts/setup)")
+    if "ddprun" in names:
+        paths.require("hostfile bench", paths.DDPRUN)
 
-    hosts = SshHosts(PREFIX, SUBNET, HOSTS)
+    hosts = SshHosts(HOSTS)
     try:
         hostfile = os.path.join(hosts.dir, "hostfile")
         with open(hostfile, "w") as f:
@@ -158,8 +152,8 @@ def main():
         for name in names:  # one warm-up each (page cache, sshd's first sessions)
             start_latency_once(name, hosts, hostfile, opts)
         starts = {n: [] for n in names}
-        for _ in range(opts.runs):  # alternating, so drifts in machine load hit all alike
-            for name in names:
+        for _, order in interleaved(opts.runs, names):  # so drifts in machine load hit all alike
+            for name in order:
                 starts[name].append(start_latency_once(name, hosts, hostfile, opts))
         limits = {signal.SIGINT: opts.grace_period + 10, signal.SIGKILL: opts.heartbeat_timeout + 10}
         supervised = [n for n in names if n != "ssh"]
@@ -177,7 +171,7 @@ def main():
     result = {
         "hosts": HOSTS, "workers_per_host": PER_HOST, "runs": opts.runs,
         "grace_period_s": opts.grace_period, "heartbeat_timeout_s": opts.heartbeat_timeout,
-        "start_to_all_running_s": {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "all": v}
+        "start_to_all_running_s": {n: {"median": median(v), "min": min(v), "max": max(v), "all": v}
                                    for n, v in starts.items()},
         "cleanup_s": {n: {s: {"median": median_or_none(v), "all": v} for s, v in c.items()}
                       for n, c in cleanup.items()},
@@ -200,11 +194,11 @@ def main():
         print(f"{n:<8} workers alone gone after SIGINT {ms(w['SIGINT']['median'])} ms, "
               f"after SIGKILL {ms(w['SIGKILL']['median'])} ms")
     if "ddprun" in names and "mpirun" in names:
-        ratio = statistics.median(starts["ddprun"]) / statistics.median(starts["mpirun"])
+        ratio = median(starts["ddprun"]) / median(starts["mpirun"])
         result["start_ratio_ddprun_over_mpirun"] = ratio
         print(f"ddprun/mpirun start time: {ratio:.2f} (target <= 0.5)")
     if "ssh" in names and "mpirun" in names:
-        floor = statistics.median(starts["ssh"]) / statistics.median(starts["mpirun"])
+        floor = median(starts["ssh"]) / median(starts["mpirun"])
         result["start_ratio_ssh_over_mpirun"] = floor
         print(f"plain parallel ssh/mpirun start time: {floor:.2f} (no launcher can go below this ratio "
               f"without reusing ssh connections)")

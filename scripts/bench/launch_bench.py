@@ -2,53 +2,33 @@
 import argparse
 import os
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-PEERS = os.environ.get("DDPRUN_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
+from harness import paths
+from harness.procs import peak_rss_mib, spawn_and_wait
+from harness.runs import Samples, figures, interleaved
+
+WHO = "launch bench"
 
 
 def commands():
     mpi_env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     return {
-        "ddprun": ([DDPRUN, "--nproc_per_node=4", "--standalone", "/bin/true"], {}),
-        "torchrun": (["/usr/bin/python3", os.path.join(PEERS, "torchrun.py"), "--nproc_per_node=4",
+        "ddprun": ([paths.DDPRUN, "--nproc_per_node=4", "--standalone", "/bin/true"], {}),
+        "torchrun": ([paths.PY, paths.TORCHRUN_PY, "--nproc_per_node=4",
                       "--monitor_interval", "0.1", "--no_python", "/bin/true"], {}),
         "mpirun": (["mpirun", "--oversubscribe", "-np", "4", "/bin/true"], mpi_env),
     }
-
-
-def spawn_and_wait(argv, env):
-    pid = os.posix_spawnp(argv[0], argv, env, file_actions=[
-        (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0)])
-    _, status, _ = os.wait4(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"launch bench: {' '.join(argv)} failed with status {status}")
 
 
 def wall_once(argv, extra_env):
     """Seconds from spawn to exit."""
     env = dict(os.environ, **extra_env)
     start = time.perf_counter()
-    spawn_and_wait(argv, env)
+    spawn_and_wait(WHO, argv, env)
     return time.perf_counter() - start
-
-
-def peak_rss_once(argv, extra_env):
-    """Peak RSS in MiB of the largest process of the launch (GNU time's %M: the launcher
-    or any descendant it waited for). Measured through /usr/bin/time, a small C program,
-    because a child forked from this Python process would report Python's own RSS."""
-    env = dict(os.environ, **extra_env)
-    with tempfile.NamedTemporaryFile("r") as out:
-        spawn_and_wait(["/usr/bin/time", "-f", "%M", "-o", out.name] + argv, env)
-        return int(out.read().split()[-1]) / 1024.0
 
 
 def children(pid):
@@ -70,7 +50,7 @@ def alive(pid):
 def kill_cleanup_once():
     """SIGKILL ddprun with 4 workers (each with a grandchild); seconds until none is alive."""
     worker = "sleep 300 & exec sleep 300"
-    proc = subprocess.Popen([DDPRUN, "--nproc_per_node=4", "--standalone", "sh", "-c", worker],
+    proc = subprocess.Popen([paths.DDPRUN, "--nproc_per_node=4", "--standalone", "sh", "-c", worker],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     tree = []
@@ -99,21 +79,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
-    if not os.path.exists(DDPRUN):
-        sys.exit(f"launch bench: {DDPRUN} not built (run scripts/setup)")
+    paths.require(WHO, paths.DDPRUN)
+    paths.require_peers(WHO, paths.TORCHRUN_PY)
 
     cmds = commands()
-    walls = {name: [] for name in cmds}
-    rss = {name: [] for name in cmds}
+    walls, rss = Samples(), Samples()
     for name, (argv, env) in cmds.items():  # one warm-up each (page cache, pyc files)
         wall_once(argv, env)
-    for _ in range(args.runs):  # interleaved, so drifts in machine load hit all alike
-        for name, (argv, env) in cmds.items():
+    for _, order in interleaved(args.runs, cmds):  # so drifts in machine load hit all alike
+        for name in order:
+            argv, env = cmds[name]
             walls[name].append(wall_once(argv, env))
-            rss[name].append(peak_rss_once(argv, env))
+            rss[name].append(peak_rss_mib(WHO, argv, dict(os.environ, **env)))
 
-    med_w = {n: statistics.median(v) for n, v in walls.items()}
-    med_r = {n: statistics.median(v) for n, v in rss.items()}
+    med_w = {n: walls.median(n) for n in cmds}
+    med_r = {n: rss.median(n) for n in cmds}
     print(f"launch of 4 no-op workers, median of {args.runs} interleaved runs")
     print(f"{'launcher':<10} {'wall ms':>9} {'min ms':>8} {'peak RSS MiB':>13}")
     for n in cmds:
@@ -122,9 +102,9 @@ def main():
     print(f"speed-up vs mpirun:   {med_w['mpirun'] / med_w['ddprun']:.1f}x (target >= 3x)")
     print(f"peak RSS ddprun/torchrun: 1/{med_r['torchrun'] / med_r['ddprun']:.0f} (target <= 1/20)")
 
-    kills = [kill_cleanup_once() for _ in range(max(5, args.runs // 2))]
-    print(f"SIGKILL of ddprun -> last worker/grandchild gone: median {statistics.median(kills) * 1e3:.2f} ms, "
-          f"max {max(kills) * 1e3:.2f} ms over {len(kills)} runs (target <= 1000 ms)")
+    kills = figures(kill_cleanup_once() for _ in range(max(5, args.runs // 2)))
+    print(f"SIGKILL of ddprun -> last worker/grandchild gone: median {kills.median * 1e3:.2f} ms, "
+          f"max {kills.max * 1e3:.2f} ms over {kills.runs} runs (target <= 1000 ms)")
 
 
 if __name__ == "__main__":

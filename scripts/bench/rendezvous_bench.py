@@ -4,43 +4,27 @@ import os
 import re
 import resource
 import socket
-import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DAEMON = os.path.join(BUILD, "rendezvous", "ddp-rendezvous")
-BENCH = os.path.join(BUILD, "rendezvous", "ddp-store-bench")
+from harness import paths
+from harness.procs import Daemon, status_kib
+from harness.runs import median
+
 TOKEN = "bench-token"
 
 
-def rss_kib(pid, field="VmRSS"):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field + " not found")
-
-
 def start_daemon():
-    env = dict(os.environ, DDPRUN_TOKEN=TOKEN)
-    proc = subprocess.Popen([DAEMON, "--host", "127.0.0.1", "--port", "0", "--max-connections", "100000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    m = re.search(r":(\d+) ", line)
-    if not m:
-        sys.exit("rendezvous bench: the daemon did not start: " + line + proc.stderr.read())
-    return proc, int(m.group(1))
+    return Daemon(["--host", "127.0.0.1", "--port", "0", "--max-connections", "100000"],
+                  dict(os.environ, DDPRUN_TOKEN=TOKEN))
 
 
 def rendezvous_run(clients):
     """One fresh daemon, `clients` clients through it. Returns (seconds, peak KiB, KiB per idle connection)."""
-    daemon, port = start_daemon()
-    try:
-        baseline = rss_kib(daemon.pid)
-        bench = subprocess.Popen([BENCH, "rendezvous", "127.0.0.1", str(port), TOKEN, str(clients)],
+    with start_daemon() as daemon:
+        baseline = status_kib(daemon.pid)
+        bench = subprocess.Popen([paths.STORE_BENCH, "rendezvous", "127.0.0.1", str(daemon.port), TOKEN, str(clients)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         first = bench.stdout.readline()
         m = re.search(r"after ([0-9.]+) s", first)
@@ -49,14 +33,11 @@ def rendezvous_run(clients):
         if bench.stdout.readline().strip() != "idle":
             sys.exit("rendezvous bench: the load generator did not go idle")
         time.sleep(0.2)  # let the server finish writing the last replies
-        idle = rss_kib(daemon.pid)
-        peak = rss_kib(daemon.pid, "VmHWM")
+        idle = status_kib(daemon.pid)
+        peak = status_kib(daemon.pid, "VmHWM")
         bench.stdin.close()
         bench.wait(timeout=60)
         return float(m.group(1)), peak, (idle - baseline) / clients
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=10)
 
 
 def free_port():
@@ -68,14 +49,10 @@ def free_port():
 
 
 def ours_ops(op, seconds):
-    daemon, port = start_daemon()
-    try:
-        out = subprocess.run([BENCH, "throughput", "127.0.0.1", str(port), TOKEN, "64", str(seconds), op],
-                             check=True, capture_output=True, text=True).stdout
+    with start_daemon() as daemon:
+        out = subprocess.run([paths.STORE_BENCH, "throughput", "127.0.0.1", str(daemon.port), TOKEN, "64",
+                              str(seconds), op], check=True, capture_output=True, text=True).stdout
         return float(re.search(r": ([0-9.]+) ops/s", out).group(1))
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=10)
 
 
 def redis_ops(requests):
@@ -104,9 +81,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each of our throughput runs")
     args = parser.parse_args()
-    for tool in (DAEMON, BENCH):
-        if not os.path.exists(tool):
-            sys.exit(f"rendezvous bench: {tool} not built (run scripts/setup)")
+    paths.require("rendezvous bench", paths.DAEMON, paths.STORE_BENCH)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # inherited by daemon and load generator
 
@@ -114,9 +89,9 @@ def main():
     print(f"{'clients':>8} {'all have nccl_id s':>19} {'server peak RSS MiB':>20} {'KiB / idle conn':>16}")
     for n in (1024, 4096, 16384):
         runs = [rendezvous_run(n) for _ in range(args.repeats)]
-        secs = statistics.median(r[0] for r in runs)
-        peak = statistics.median(r[1] for r in runs) / 1024
-        per = statistics.median(r[2] for r in runs)
+        secs = median(r[0] for r in runs)
+        peak = median(r[1] for r in runs) / 1024
+        per = median(r[2] for r in runs)
         print(f"{n:>8} {secs:>19.3f} {peak:>20.1f} {per:>16.2f}")
     print("targets: 16,384 clients in < 2 s; <= 4 KiB per idle connection")
 
@@ -130,7 +105,7 @@ def main():
         redis["set"].append(s)
         redis["get"].append(g)
     for op in ("set", "get"):
-        o, r = statistics.median(ours[op]), statistics.median(redis[op])
+        o, r = median(ours[op]), median(redis[op])
         print(f"{op.upper()}: ddprun store {o:,.0f} ops/s, redis-server {r:,.0f} ops/s, ratio {o / r:.2f} "
               f"(target >= 0.80)")
 

@@ -2,20 +2,15 @@
 import argparse
 import os
 import re
-import statistics
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
-EXAMPLE = os.path.join(BUILD, "examples", "fashion_mnist", "fashion_mnist")
-PEERS = os.environ.get("DDPRUN_PEERS_DIR", os.path.join(ROOT, "..", "shared", "peers"))
-TORCH2 = os.path.join(PEERS, "torch2")
-TORCH2_VENV = os.environ.get("TORCH2_VENV", os.path.expanduser("~/.cache/ddprun-peers/torch2"))
-FSDP2 = os.path.join(ROOT, "scripts", "bench", "peers", "torch_fsdp2_mlp.py")
+from harness import paths
+from harness.procs import bench_env, result_line
+from harness.runs import Samples, interleaved, median
+
+FSDP2 = os.path.join(paths.BENCH_DIR, "peers", "torch_fsdp2_mlp.py")
 BASE = ["--wide", "--epochs", "1", "--limit-train", "12800", "--no-eval", "--batch", "64"]
-# The example's RESULT line: issue 14's fields, then issue 16's.
+# The example's RESULT line: the training figures, then the sharding ones.
 OURS = re.compile(r"RESULT world \d+ test_acc [\d.]+ samples_per_s (\d+) step_ms_median ([\d.]+) comm_hidden ([\d.]+) "
                   r"rss_peak_mib ([\d.]+) param_mib ([\d.]+) grad_mib ([\d.]+) optim_mib ([\d.]+) "
                   r"transient_mib ([\d.]+) strategy (\w+) grad_dtype (\w+)")
@@ -23,33 +18,24 @@ PEER = re.compile(r"RESULT world \d+ samples_per_s (\d+) step_ms_median ([\d.]+)
 
 
 def run(argv, pattern):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run(argv, capture_output=True, text=True, env=env)
-    m = pattern.search(p.stdout)
-    if p.returncode != 0 or not m:
-        sys.exit(f"failed ({p.returncode}): {' '.join(argv)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return m
+    return result_line(argv, pattern, bench_env())
 
 
 def ours(strategy, dtype, *extra):
-    m = run([DDPRUN, "--nproc_per_node=2", EXAMPLE, *BASE, "--strategy", strategy, "--grad_dtype", dtype, *extra],
-            OURS)
+    m = run([paths.DDPRUN, "--nproc_per_node=2", paths.FASHION_MNIST, *BASE, "--strategy", strategy,
+             "--grad_dtype", dtype, *extra], OURS)
     return {"sps": float(m[1]), "step_ms": float(m[2]), "hidden": float(m[3]), "rss": float(m[4]),
             "held": float(m[5]) + float(m[6]) + float(m[7]), "transient": float(m[8])}
 
 
 def fsdp2(hidden):
-    m = run([TORCH2, "torchrun", "--nproc_per_node=2", FSDP2, "--hidden", hidden, "--batch", "64", "--steps", "60",
-             "--warmup", "5"], PEER)
+    m = run([paths.TORCH2, "torchrun", "--nproc_per_node=2", FSDP2, "--hidden", hidden, "--batch", "64",
+             "--steps", "60", "--warmup", "5"], PEER)
     return {"sps": float(m[1]), "step_ms": float(m[2]), "rss": float(m[3])}
 
 
 def torch2_ready():
-    return os.access(os.path.join(TORCH2_VENV, "bin", "torchrun"), os.X_OK)
-
-
-def med(xs):
-    return statistics.median(xs)
+    return os.access(os.path.join(paths.TORCH2_VENV, "bin", "torchrun"), os.X_OK)
 
 
 def verdict(ok):
@@ -62,27 +48,26 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="skip PyTorch 2.15 FSDP2")
     ap.add_argument("--install-torch2", action="store_true", help="let ../shared/peers/torch2 install (about 2 GiB)")
     a = ap.parse_args()
-    if not os.path.exists(EXAMPLE):
-        sys.exit(f"{EXAMPLE} is missing: build first (scripts/setup)")
+    paths.require("sharded bench", paths.DDPRUN, paths.FASHION_MNIST)
     peer = not a.no_peer
+    if peer:
+        paths.require_peers("sharded bench", paths.TORCH2)
     if peer and not torch2_ready() and not a.install_torch2:
-        print(f"torch2 is not installed in {TORCH2_VENV}: skipping the FSDP2 peer "
+        print(f"torch2 is not installed in {paths.TORCH2_VENV}: skipping the FSDP2 peer "
               "(--install-torch2 installs it, about 2 GiB)", file=sys.stderr)
         peer = False
     configs = [(s, d) for d in ("f32", "bf16") for s in ("ddp", "zero1", "fsdp")]
-    s = {k: [] for k in configs + ["off"]}
-    p = {"wide": [], "narrow": []}
-    for i in range(a.runs):  # interleaved: outside load hits every configuration alike
-        for c in configs:
+    s, p = Samples(), Samples()
+    for _, order in interleaved(a.runs, configs, progress=True):  # outside load hits every configuration alike
+        for c in order:
             s[c].append(ours(*c))
         s["off"].append(ours("ddp", "f32", "--no-allreduce"))
         if peer:
             p["wide"].append(fsdp2("2048,2048,2048"))
             p["narrow"].append(fsdp2("2048,2048"))
-        print(f"run {i + 1}/{a.runs} done", file=sys.stderr, flush=True)
 
     def m(key, field):
-        return med([r[field] for r in s[key]])
+        return median([r[field] for r in s[key]])
 
     print(f"Fashion-MNIST MLP 784-2048-2048-2048-10, 2 workers, batch 64 per worker, AdamW, 12800 images; "
           f"medians of {a.runs} interleaved runs")
@@ -95,8 +80,8 @@ def main():
           f"{m('off', 'held'):9.2f} {'':>10} {m('off', 'rss'):8.1f}   (--no-allreduce)")
     if peer:
         for k, name in (("wide", "784-2048-2048-2048-10"), ("narrow", "784-2048-2048-10")):
-            print(f"PyTorch 2.15 FSDP2 {name}: {med([r['sps'] for r in p[k]]):.0f} samples/s, "
-                  f"step {med([r['step_ms'] for r in p[k]]):.1f} ms, rss {med([r['rss'] for r in p[k]]):.1f} MiB")
+            print(f"PyTorch 2.15 FSDP2 {name}: {median([r['sps'] for r in p[k]]):.0f} samples/s, "
+                  f"step {median([r['step_ms'] for r in p[k]]):.1f} ms, rss {median([r['rss'] for r in p[k]]):.1f} MiB")
 
     ddp, fsdp = ("ddp", "f32"), ("fsdp", "f32")
     overlap = m(ddp, "step_ms") / m("off", "step_ms")
@@ -113,7 +98,7 @@ def main():
         b = m(("fsdp", dtype), "sps") / m(("ddp", dtype), "sps")
         rows.append((f"FSDP/DDP samples/s >= 0.8 ({dtype} grads)", f"{b:.2f}", b >= 0.8))
     if peer:
-        ratio = m(fsdp, "sps") / med([r["sps"] for r in p["wide"]])
+        ratio = m(fsdp, "sps") / median([r["sps"] for r in p["wide"]])
         rows.append(("ddprun FSDP / PyTorch FSDP2 samples/s >= 5", f"{ratio:.2f}x", ratio >= 5))
     print("targets:")
     for name, figure, ok in rows:

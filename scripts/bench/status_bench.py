@@ -3,27 +3,25 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
-DDPRUN = os.path.join(BUILD, "launcher", "ddprun")
-WORKER = os.path.join(BUILD, "tests", "test_worker")
+from harness import paths
+from harness.runs import figures, median
 
 
 def status_latency(ranks, runs, env):
     """Median and max seconds of `ddprun status` (table and --json) against a running job."""
-    job = subprocess.Popen([DDPRUN, f"--nproc_per_node={ranks}", "--standalone", WORKER, "progress", "steady"],
+    job = subprocess.Popen([paths.DDPRUN, f"--nproc_per_node={ranks}", "--standalone", paths.TEST_WORKER,
+                            "progress", "steady"],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while True:  # until every rank's record is in
-            r = subprocess.run([DDPRUN, "status", "--json"], env=env, capture_output=True, text=True)
+            r = subprocess.run([paths.DDPRUN, "status", "--json"], env=env, capture_output=True, text=True)
             if r.returncode == 0 and sum(1 for x in json.loads(r.stdout)["ranks"] if x["call"]) == ranks:
                 break
             if time.monotonic() > deadline:
@@ -34,7 +32,7 @@ def status_latency(ranks, runs, env):
             times = []
             for _ in range(runs):
                 start = time.perf_counter()
-                r = subprocess.run([DDPRUN, "status"] + extra, env=env, capture_output=True, text=True)
+                r = subprocess.run([paths.DDPRUN, "status"] + extra, env=env, capture_output=True, text=True)
                 times.append(time.perf_counter() - start)
                 if r.returncode != 0:
                     sys.exit(f"status bench: ddprun status failed: {r.stderr}")
@@ -47,8 +45,8 @@ def status_latency(ranks, runs, env):
 
 def stall_report_delay(timeout_s, env):
     """Seconds from the stall's onset (every rank printed its last completed call) to the report."""
-    job = subprocess.Popen([DDPRUN, "--nproc_per_node=4", "--standalone", f"--stall_timeout={timeout_s}",
-                            "--grace_period=2", WORKER, "progress", "stall", "1", "5"],
+    job = subprocess.Popen([paths.DDPRUN, "--nproc_per_node=4", "--standalone", f"--stall_timeout={timeout_s}",
+                            "--grace_period=2", paths.TEST_WORKER, "progress", "stall", "1", "5"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     marks = {}
 
@@ -84,21 +82,20 @@ def main():
     ap.add_argument("--stalls", type=int, default=5)
     ap.add_argument("--stall-timeout", type=float, default=2.0)
     a = ap.parse_args()
-    for path in (DDPRUN, WORKER):
-        if not os.access(path, os.X_OK):
-            sys.exit(f"status bench: {path} is missing; build first (scripts/setup or BUILD_DIR=...)")
+    paths.require("status bench", paths.DDPRUN, paths.TEST_WORKER)
     with tempfile.TemporaryDirectory() as runtime:
         env = dict(os.environ, XDG_RUNTIME_DIR=runtime)
         lat = status_latency(a.ranks, a.runs, env)
         for name, times in lat.items():
-            print(f"ddprun status ({name}), {a.ranks} ranks, {a.runs} runs: median {statistics.median(times) * 1000:.1f} ms,"
-                  f" max {max(times) * 1000:.1f} ms (target < 200 ms)")
+            f = figures(times)
+            print(f"ddprun status ({name}), {a.ranks} ranks, {a.runs} runs: median {f.median * 1000:.1f} ms,"
+                  f" max {f.max * 1000:.1f} ms (target < 200 ms)")
         runs = [stall_report_delay(a.stall_timeout, env) for _ in range(a.stalls)]
-        delays = [r[0] for r in runs]
-        detected = [r[1] for r in runs]
+        delays = figures(r[0] for r in runs)
+        detected = median([r[1] for r in runs])
         print(f"stall onset to report, --stall_timeout={a.stall_timeout:g}, 4 ranks, {a.stalls} runs: median "
-              f"{statistics.median(delays):.2f} s, max {max(delays):.2f} s (target < {a.stall_timeout + 2:g} s); "
-              f"detected after a median {statistics.median(detected):.1f} s, the rest is gdb on 4 workers "
+              f"{delays.median:.2f} s, max {delays.max:.2f} s (target < {a.stall_timeout + 2:g} s); "
+              f"detected after a median {detected:.1f} s, the rest is gdb on 4 workers "
               f"(load average {os.getloadavg()[0]:.1f})")
 
 

@@ -1,5 +1,5 @@
-// The widening reduce_scatter (bf16/f16 input, f32 output; issue 16's bf16 gradient
-// communication) on the real CPU backend, ranks forked over a real store: every
+// The widening reduce_scatter (bf16/f16 input, f32 output, as bf16 gradient
+// communication uses it) on the real CPU backend, ranks forked over a real store: every
 // element is the rank-order f32 sum of the 16-bit inputs, bit for bit, computed here
 // by hand (through plain buffers, which the ranks exchange, and through group memory,
 // which they read in place); Avg divides that sum in f32; count 0 and one rank work;

@@ -1,5 +1,5 @@
 // The real ddp-rendezvous daemon (a child process, --max_memory_mib 64) under the
-// memory attacks of issue 17: half-sent huge frames, huge WAIT key lists, clients that
+// memory attacks: half-sent huge frames, huge WAIT key lists, clients that
 // never read their replies, more big SETs than the budget holds. For each, the daemon
 // stays up, its peak RSS stays within the limit + 32 MiB, a normal client is served
 // promptly during and after the attack, and the connection count does not leak.

@@ -22,14 +22,14 @@
 //   - errors: a released parameter used outside forward, and bad calls, give
 //     InvalidArgument (no crash, no hang).
 //
-// With --bench [rounds]: timings of DDP and FSDP on the wide model (fsdp_bench.cpp).
-//
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 #include <vector>
@@ -40,10 +40,19 @@
 #include "ddp/nn.hpp"
 #include "ddp/optim.hpp"
 #include "ddp/trace.hpp"
-#include "fsdp_checks.hpp"
+#include "launched_checks.hpp"
 
 namespace fsdp_checks {
 
+using launched::g_rank;
+
+// A batch for an MLP of `sizes` that differs per rank and per step.
+void fill_batch(ddp::Tensor& x, std::vector<int32_t>& y, size_t batch, const std::vector<size_t>& sizes, int rank,
+                int step) {
+  launched::fill_batch(x, y, batch, sizes.front(), sizes.back(), rank, step);
+}
+
+// "adamw" (lr 1e-3, weight decay 0.01) or "sgd" (lr 0.05, momentum 0.9, weight decay 1e-4).
 using Factory = std::function<std::unique_ptr<ddp::Optimizer>(std::vector<ddp::Parameter*>)>;
 
 Factory optimizer(const std::string& kind) {
@@ -356,7 +365,7 @@ void memory(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   check(m.optimizer == 2 * m.params, "AdamW state == 2 * params");
   check(m.transient_peak > 0 && m.transient_peak <= bound, "transient_peak <= (1+prefetch)*max_unit*4 + 2*max_unit*4");
   check(m.comm == 0, "f32 and no accumulation: no staging or temp buffers");
-  // 1/N of DDP's bytes, with 5% of slack for padding: the 0.55 at N = 2.
+  // 1/N of DDP's bytes, with 5% of slack for padding: 0.55 of DDP's at N = 2.
   check(static_cast<double>(m.held()) <= (1.0 / static_cast<double>(n) + 0.05) * static_cast<double>(ddp_held),
         "held <= (1/N + 0.05) * DDP's held");
 }
@@ -454,14 +463,10 @@ void overlap(const std::shared_ptr<ddp::ProcessGroup>& pg) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main() {
   try {
     auto pg = ddp::init({.backend = "cpu"});
     launched::g_rank = pg->rank();
-    if (argc > 1 && std::string(argv[1]) == "--bench") {
-      bench(pg, argc > 2 ? std::stoi(argv[2]) : 5);
-      return 0;
-    }
     construction_and_summon(pg);
     errors(pg);
     for (const auto& sizes : std::vector<std::vector<size_t>>{{784, 512, 512, 10}, {13, 37, 29, 5}})

@@ -1,4 +1,4 @@
-"""PyTorch 2.15 FSDP2 peer for the wide Fashion-MNIST MLP (CPU, gloo): issue 16's
+"""PyTorch 2.15 FSDP2 peer for the wide Fashion-MNIST MLP (CPU, gloo), for the target
 "ddprun's FSDP >= 5x FSDP2's samples/s on the same wide MLP, batch and optimizer".
 
 Run (2 workers; torch2 installs PyTorch 2.15 into $TORCH2_VENV on first use):

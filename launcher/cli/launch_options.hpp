@@ -1,0 +1,65 @@
+// What the command line asked for, validated (options.hpp parses it): torchrun's
+// flags and ddprun's own. Durations are in seconds; to_ms() converts one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/remote_options.hpp"
+#include "cli/stream_spec.hpp"
+
+namespace ddprun {
+
+struct LaunchOptions {
+  std::string nproc_per_node = "1";       // "N", "gpu", "cpu" or "auto" (resolved in the plan)
+  bool nproc_per_node_given = false;      // --nproc_per_node on the command line (overrides slots)
+  int nnodes = 1;                         // a fixed count N, or MAX of --nnodes MIN:MAX
+  int min_nodes = 1;                      // MIN of --nnodes MIN:MAX; == nnodes for a fixed count
+  int node_rank = 0;                      // elastic: only an order hint (0 hosts the embedded store)
+  bool node_rank_given = false;           // --node_rank (or SLURM_NODEID) was given
+  std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;         // --master_addr (or Slurm's) was given: with --hostfile, node 0 hosts the store
+  std::optional<int> master_port;         // unset: 29500, or a free port with --standalone
+  bool standalone = false;
+  std::string role = "default";
+  std::string run_id;                     // --rdzv_id; empty: generated
+  int max_restarts = 0;
+  std::optional<std::string> log_dir;
+  StreamSpec redirects;                   // streams kept off the console (log file only)
+  StreamSpec tee;                         // streams written to the log file and the console
+  std::optional<std::set<int>> local_ranks_filter;  // local ranks whose output reaches the console
+  bool no_python = false;
+  bool module = false;
+  double monitor_interval = 0.1;          // seconds; accepted for torchrun compatibility
+  double grace_period = 30.0;             // seconds between SIGTERM and SIGKILL
+  std::optional<std::string> rdzv_host;   // --rdzv_endpoint: an outside ddp-rendezvous daemon
+  int rdzv_port = 0;
+  std::string token;                      // --rdzv_token_file or DDPRUN_TOKEN; empty: none given
+  double join_timeout = 600.0;            // seconds to wait for every node to join
+  double last_call_timeout = 30.0;        // elastic: seconds after MIN nodes joined before starting without MAX
+  std::vector<std::string> rdzv_conf_notes;  // --rdzv_conf keys accepted but without effect, and why
+  double heartbeat_timeout = 10.0;        // seconds until a silent, unreachable node counts as failed
+  double exit_barrier_timeout = 300.0;    // seconds a finished node waits for the others
+  double stall_timeout = 300.0;           // seconds without a completed call before a stall report; 0: off
+  bool stall_stop = false;                // --stall_action=stop: a stall ends the job
+  bool verbose = false;
+  std::optional<std::string> local_addr;  // --local_addr: the address this node advertises to the others
+  RemoteOptions remote;                   // --hostfile/--hosts launches and the agents they start
+  std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
+  std::string program;
+  std::vector<std::string> program_args;
+
+  // --nnodes MIN:MAX with MIN < MAX: nodes may leave and join while the job runs.
+  bool elastic() const { return min_nodes < nnodes; }
+};
+
+// A duration of the options (seconds) in milliseconds.
+inline std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+}  // namespace ddprun

@@ -1,0 +1,60 @@
+// The job policy's interfaces over the Supervisor, the store and the failure summary
+// (job_adapters.hpp).
+#include "job_adapters.hpp"
+
+#include "ddp/contract/store_keys.hpp"
+#include "diagnose/summary.hpp"
+#include "supervise/error_files.hpp"
+
+namespace ddprun {
+
+void SupervisorWorkers::prepare(int attempt) {
+  if (plan_.log_root && (attempt > 0 || joins_others_)) create_log_dirs(plan_, attempt);
+}
+
+namespace {
+
+rdzv::TcpStoreOptions loopback_store(int port, const std::string& token) {
+  rdzv::TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = static_cast<uint16_t>(port);
+  o.token = token;
+  return o;
+}
+
+}  // namespace
+
+SingleNodeMembership::SingleNodeMembership(const LaunchPlan& plan, int store_port, std::string store_token)
+    : plan_(plan),
+      store_port_(store_port),
+      store_token_(std::move(store_token)),
+      exits_(loopback_store(store_port_, store_token_)) {}
+
+JobLayout SingleNodeMembership::join(int attempt) {
+  JobLayout layout;
+  layout.attempt = attempt;
+  layout.restart_count = attempt;
+  layout.world_size = plan_.nproc;
+  layout.master_addr = plan_.options.master_addr;
+  layout.master_port = plan_.master_port;
+  layout.store.addr = "127.0.0.1";
+  layout.store.port = store_port_;
+  layout.store.token = store_token_;
+  layout.store.prefix = contract::JobKeys(attempt).process_groups();
+  return layout;
+}
+
+std::string SummaryReports::failure_summary(const AttemptResult& result, int attempt) const {
+  return format_failure_summary(plan_, result, attempt);
+}
+
+std::string SummaryReports::incomplete_logs(const AttemptResult& result) const {
+  return format_incomplete_logs(result);
+}
+
+std::string SummaryReports::worker_exception(const WorkerOutcome& worker) const {
+  std::optional<WorkerError> error = read_worker_error(worker.error_file);
+  return error ? error->message : std::string();
+}
+
+}  // namespace ddprun

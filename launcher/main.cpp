@@ -1,0 +1,237 @@
+// ddprun: launch one worker per GPU/CPU slot with torchrun's environment, supervise
+// them, and exit with the root cause's status. This file parses, logs, builds the
+// plan and the job's pieces; the job policy (job_policy.hpp) runs the attempts.
+#include <signal.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string.h>
+
+#include "supervise/console.hpp"
+#include "errors.hpp"
+#include "job/job_policy.hpp"
+#include "job_adapters.hpp"
+#include "plan/launch_plan.hpp"
+#include "remote/launcher_link.hpp"
+#include "cli/options.hpp"
+#include "rdzv/token.hpp"
+#include "remote/remote_launch.hpp"
+#include "membership/rendezvous_agent.hpp"
+#include "diagnose/runtime_file.hpp"
+#include "diagnose/stall_monitor.hpp"
+#include "diagnose/status.hpp"
+#include "store/store_host.hpp"
+#include "supervise/supervisor.hpp"
+
+namespace {
+
+// ddprun's own messages go through the same console writer as the workers' lines,
+// so they keep their order and never block the supervisor.
+class ConsoleSink : public spdlog::sinks::base_sink<spdlog::details::null_mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t text;
+    formatter_->format(msg, text);
+    ddprun::Console::err().write(fmt::to_string(text));
+  }
+  void flush_() override {}
+};
+
+void set_up_logging() {
+  auto logger = std::make_shared<spdlog::logger>("ddprun", std::make_shared<ConsoleSink>());
+  logger->set_pattern("ddprun: %l: %v");
+  spdlog::set_default_logger(logger);
+}
+
+void print_plan(const ddprun::LaunchPlan& plan) {
+  const auto& o = plan.options;
+  if (o.elastic()) {
+    spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), elastic job of {} to {} nodes{}", plan.run_id,
+                 plan.hostname, plan.nproc, o.nproc_per_node, o.min_nodes, o.nnodes,
+                 o.node_rank_given ? ", order hint " + std::to_string(o.node_rank) : std::string());
+  } else {
+    spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), node {} of {}", plan.run_id, plan.hostname,
+                 plan.nproc, o.nproc_per_node, o.node_rank, o.nnodes);
+  }
+  std::string cmd;
+  for (const auto& a : plan.command.argv) cmd += (cmd.empty() ? "" : " ") + a;
+  spdlog::info("command: {} (exec {})", cmd, plan.command.path);
+  if (o.rdzv_host) {
+    spdlog::info("rendezvous: {} at {}:{}, job {}",
+                 o.remote.agent_stdin ? "the launching ddprun's store" : "ddp-rendezvous daemon", *o.rdzv_host,
+                 o.rdzv_port, plan.run_id);
+  } else if (o.nnodes > 1) {
+    spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
+  } else {
+    spdlog::info("MASTER_ADDR={} MASTER_PORT={}{}", o.master_addr, plan.master_port,
+                 o.standalone ? " (--standalone: free port)" : "");
+  }
+  if (plan.log_root) spdlog::info("logs: {}", plan.log_root->string());
+}
+
+// Where this node's ddprun finds the job: a store it hosts itself (one node, or node 0
+// without --rdzv_endpoint) and, with several nodes, the rendezvous agent.
+struct Job {
+  std::unique_ptr<ddprun::StoreHost> store_host;
+  std::unique_ptr<ddprun::RendezvousAgent> agent;
+  std::string store_token;
+};
+
+// Many nodes' agents and workers connect to a store this ddprun hosts.
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
+  const auto& o = plan.options;
+  Job job;
+  rdzv::ServerOptions server;
+  server.heartbeat_timeout = ddprun::to_ms(o.heartbeat_timeout);
+  if (o.nnodes == 1 && !o.rdzv_host) {
+    // The workers' store: this host only, with a token nobody else knows.
+    server.host = "127.0.0.1";
+    server.token = job.store_token = o.token.empty() ? rdzv::generate_token() : o.token;
+    job.store_host = std::make_unique<ddprun::StoreHost>(server);
+    return job;
+  }
+  job.store_token = o.token;
+  std::string host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
+  int port = o.rdzv_host ? o.rdzv_port : plan.master_port;
+  if (!o.rdzv_host && o.node_rank == 0) {
+    server.host = "0.0.0.0";
+    server.port = static_cast<uint16_t>(plan.master_port);
+    server.token = o.token;
+    if (o.token.empty()) {
+      spdlog::warn("the rendezvous store on port {} accepts anyone who can reach it; set DDPRUN_TOKEN (or "
+                   "--rdzv_token_file) on every node to require a shared token",
+                   plan.master_port);
+    }
+    raise_fd_limit();
+    job.store_host = std::make_unique<ddprun::StoreHost>(server);
+  }
+  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, host, port, o.token, o.rdzv_host ? plan.run_id : "",
+                                                        [&supervisor] { return supervisor.poll_stop_signal(); });
+  ddprun::set_run_id(plan, job.agent->agree_run_id(plan.run_id));
+  return job;
+}
+
+int launch(ddprun::LaunchPlan& plan) {
+  // Orphans of the workers are re-parented to ddprun, so none escapes supervision.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // A closed console must not kill ddprun (and with it the job); writes get EPIPE instead.
+  signal(SIGPIPE, SIG_IGN);
+
+  ddprun::Supervisor supervisor(plan);  // forks the orphan guard before any thread starts
+  // Only now, with the stop signals' handlers in place (and the guard forked), may the
+  // launcher's stop lines turn into signals to this process.
+  if (plan.options.remote.agent_stdin) ddprun::watch_launcher_link(plan.options);
+  Job job;
+  try {
+    job = set_up_job(plan, supervisor);
+  } catch (const ddprun::Interrupted& stop) {
+    if (plan.options.remote.agent_stdin && ddprun::launcher_lost()) {
+      spdlog::error("lost the connection to the launching ddprun while joining the rendezvous; no worker was started");
+      return ddprun::kExitLaunch;
+    }
+    spdlog::error("received SIG{} while joining the rendezvous; no worker was started", sigabbrev_np(stop.signal));
+    return 128 + stop.signal;
+  }
+  const auto& o = plan.options;
+  if (o.verbose) print_plan(plan);
+
+  ddprun::SupervisorWorkers workers(supervisor, plan, job.agent != nullptr);
+  std::unique_ptr<ddprun::Membership> membership;
+  if (job.agent) {
+    membership = std::make_unique<ddprun::AgentMembership>(*job.agent);
+  } else {
+    membership = std::make_unique<ddprun::SingleNodeMembership>(plan, job.store_host->port(), job.store_token);
+  }
+  // Beside each attempt: stall detection, and the runtime file `ddprun status` reads.
+  ddprun::StallMonitorOptions stall;
+  stall.timeout_s = o.stall_timeout;
+  stall.action = o.stall_stop ? ddprun::StallAction::Stop : ddprun::StallAction::Report;
+  stall.run_id = plan.run_id;
+  stall.hostname = plan.hostname;
+  stall.print = [](const std::string& text) { ddprun::Console::err().write(text); };
+  ddprun::StallMonitor stall_monitor(std::move(stall));
+  ddprun::RuntimeInfo runtime;
+  runtime.run_id = plan.run_id;
+  runtime.pid = getpid();
+  runtime.hostname = plan.hostname;
+  ddprun::RuntimeFile runtime_file(std::move(runtime));
+
+  ddprun::JobPolicyOptions policy;
+  policy.watches = {&runtime_file, &stall_monitor};
+  policy.node_rank = o.node_rank;
+  policy.hostname = plan.hostname;
+  policy.max_restarts = o.max_restarts;
+  policy.elastic = o.elastic();
+  policy.hosts_store = job.store_host != nullptr;
+  policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
+  if (o.remote.agent_stdin) {
+    policy.wants_summary = ddprun::agent_wants_summary;
+    policy.launcher_lost = ddprun::launcher_lost;
+  }
+  ddprun::SummaryReports reports(plan);
+  return ddprun::JobPolicy(workers, *membership, reports, std::move(policy)).run();
+}
+
+}  // namespace
+
+int run(int argc, char** argv);
+
+int main(int argc, char** argv) {
+  int status = run(argc, argv);
+  // Everything queued for the console goes out before ddprun exits, unless the console
+  // has stopped reading (nothing got out for 2 s).
+  ddprun::Console::out().flush(2000);
+  ddprun::Console::err().flush(2000);
+  return status;
+}
+
+int run(int argc, char** argv) {
+  // A mask inherited from the parent would hide SIGCHLD and the stop signals from us.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  set_up_logging();
+  // A subcommand only as the first argument: `ddprun -- status` runs a program named status.
+  if (argc > 1 && std::string_view(argv[1]) == "status") return ddprun::run_status(argc - 1, argv + 1);
+  try {
+    ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
+    if (!parsed.options) return 0;  // --help / --version
+    // What --rdzv_conf took and ignored: a launching ddprun's too.
+    for (const auto& note : parsed.options->rdzv_conf_notes) spdlog::info("{}", note);
+    if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);
+    // Started by a launching ddprun: its handoff (token, variables) comes first.
+    if (parsed.options->remote.agent_stdin) ddprun::join_launcher(*parsed.options);
+    ddprun::LaunchPlan plan = ddprun::prepare_launch(*parsed.options);
+    if (!plan.options.slurm_notes.empty()) {
+      std::string taken;
+      for (const auto& n : plan.options.slurm_notes) taken += (taken.empty() ? "" : ", ") + n;
+      spdlog::info("Slurm step: {}", taken);
+    }
+    if (plan.set_omp_num_threads) {
+      spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
+                   "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);
+    }
+    if (plan.log_root && !plan.options.log_dir) {
+      spdlog::info("--redirects/--tee without --log_dir: worker logs go to {}", plan.log_root->string());
+    }
+    return launch(plan);
+  } catch (const ddprun::UsageError& e) {
+    spdlog::error("{}", e.what());
+    return ddprun::kExitUsage;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return ddprun::kExitLaunch;
+  }
+}

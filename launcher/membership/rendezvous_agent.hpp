@@ -1,0 +1,119 @@
+// The agent's side of a multi-node launch: every node's ddprun registers in the
+// store, waits for the others, agrees on ranks, watches for failures elsewhere,
+// and passes an exit barrier. Keys live under "attempt/<k>/" so a restarted
+// group rendezvouses afresh:
+//
+//   node/<r>       "<host>\n<address>\n<nproc>"   each node, at join
+//   master_port    the free port on node 0 that becomes MASTER_PORT
+//   failure        the first failure anywhere (FailureNotice); also the will every
+//                  agent leaves, so a node that dies or is cut off fails the job
+//   done/<r>       node r's workers all succeeded (exit barrier)
+//   left/<r>       node r passed the barrier (node 0 keeps the store up until all left)
+//
+// An elastic job (--nnodes MIN:MAX) forms each attempt differently (elastic_join.hpp):
+// nodes are known by an id, an attempt's member list is agreed in the store, and <r>
+// above is then the node's group rank in the attempt it joined. A grow (a newcomer)
+// ends an attempt through its failure key; "finished" in its closing key forbids that.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "ddp/contract/job_records.hpp"
+#include "membership/elastic/elastic_join.hpp"
+#include "store/exit_publisher.hpp"
+#include "job/failure_notice.hpp"
+#include "job/job_layout.hpp"
+#include "plan/launch_plan.hpp"
+#include "rdzv/tcp_store.hpp"
+
+namespace ddprun {
+
+class RendezvousAgent {
+ public:
+  // Connects to the store (retrying until the join timeout). Throws LaunchError.
+  // `stop_signal` is asked between short waits: a non-zero signal number ends the
+  // wait (join throws Interrupted, the exit barrier returns a notice).
+  RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
+                  std::string ns, std::function<int()> stop_signal);
+  ~RendezvousAgent();
+
+  // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's; in an
+  // elastic job, the first node's.
+  std::string agree_run_id(const std::string& mine);
+
+  // Registers this node for `attempt` and waits for all nodes. Throws LaunchError
+  // naming the nodes that did not join in time. An elastic job may join a later
+  // attempt (layout.attempt) and throws JobOver when the job ended without this node
+  // (Membership::join has the whole contract).
+  JobLayout join(int attempt);
+
+  // Runs `on_failure` (on a helper thread) when a failure is published for `attempt`,
+  // or when the store cannot be reached any more.
+  void start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure);
+  void stop_watch();
+
+  // Publishes a local worker failure; the first one anywhere wins. Returns the winner.
+  FailureNotice publish_failure(int attempt, const FailureNotice& notice);
+
+  // Records a worker's exit for every rank to see (in the background: never blocks).
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) { exits_->publish(attempt, record); }
+
+  // After this node's workers succeeded: waits for every node to finish. Returns the
+  // failure that ended the job instead, if any.
+  std::optional<FailureNotice> exit_barrier(int attempt);
+
+  // Says goodbye (no will fires). The node hosting the store first waits up to
+  // `linger` for the others to leave, so their last answers get out. An elastic node
+  // first marks itself lost, so no forming attempt waits for it.
+  void leave(int attempt, std::chrono::milliseconds linger);
+
+  // Elastic jobs: the job is over (no attempt follows); nodes waiting to be admitted
+  // end with `status`. Does nothing in a fixed job.
+  void end_job(int status, const std::string& why);
+
+ private:
+  rdzv::TcpStoreOptions store_options(std::chrono::milliseconds connect_timeout) const;
+  // get/multi_get in short slices until `timeout`, checking for stop signals between them.
+  std::vector<std::string> patient_multi_get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  void heartbeat_loop();
+  static std::chrono::milliseconds silence_limit(std::chrono::milliseconds heartbeat_timeout);
+  JobLayout fixed_join(int attempt);
+  // Elastic: once a node of `attempt` finished, a lost node or failed worker ends the
+  // job (kStop) instead of re-forming it, as the store's closing key says for every
+  // node alike (elastic::settle_failure). Fixed jobs: `notice` as it is.
+  FailureNotice after_finish(rdzv::Store& store, int attempt, FailureNotice notice) const;
+  // What a node that lost the store is told.
+  std::string store_lost_message(const std::string& what) const;
+
+  const LaunchPlan& plan_;
+  std::string store_host_;
+  int store_port_;
+  std::string token_;
+  std::string ns_;
+  std::unique_ptr<rdzv::TcpStore> store_;    // registration, barrier, will
+  std::unique_ptr<rdzv::TcpStore> watcher_;  // blocks in get("failure") on its own thread
+  std::thread watch_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> failure_seen_{false};
+  std::function<int()> stop_signal_;
+  // Pings on store_ a few times per heartbeat timeout, so the server can tell this
+  // ddprun is alive (its will carries that silence limit).
+  std::thread heartbeat_thread_;
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_stop_;
+  bool heartbeat_done_ = false;
+  std::unique_ptr<ExitPublisher> exits_;  // its own connection (made on first use)
+  std::unique_ptr<ElasticRendezvous> elastic_;  // elastic jobs only
+  // The attempt this node joined last (group rank, node count): done/<r>, left/<r>.
+  JobLayout layout_;
+  int joined_attempt_ = -1;  // layout_.attempt once a join succeeded
+};
+
+}  // namespace ddprun
