@@ -258,6 +258,35 @@ void TcpStore::post_after(Millis delay, std::function<void()> task) {
   if (!link_->forked()) link_->post_after(delay, std::move(task));
 }
 
+namespace {
+// Why a connection failed, from a StoreConnectionError's text: "Connection refused".
+std::string reason_of(const StoreError& e) {
+  const std::string what = e.what();
+  const auto open = what.rfind('(');
+  if (open == std::string::npos || what.back() != ')') return what;
+  return what.substr(open + 1, what.size() - open - 2);
+}
+}  // namespace
+
+Connecting connect_waiting(TcpStoreOptions options, Waiting w,
+                           const std::function<std::string(const std::string& reason)>& describe) {
+  Connecting c;
+  w.describe = [&] { return describe(c.reason); };
+  c.end = wait_in_slices(w, [&](Millis budget) {
+    options.connect_timeout = std::max(Millis(1), budget);  // the client retries within it
+    try {
+      c.store = std::make_shared<TcpStore>(options);
+      return true;
+    } catch (const StoreAuthError&) {
+      throw;
+    } catch (const StoreConnectionError& e) {
+      c.reason = reason_of(e);
+      return false;
+    }
+  });
+  return c;
+}
+
 std::string TcpStore::local_address() const {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);

@@ -149,7 +149,7 @@ TEST_CASE("requests in flight together end each by its own deadline, in their ow
   CHECK(long_wait.get() == "bee");
 }
 
-TEST_CASE("a request the server leaves unanswered is given up alone; its late answer is dropped", "[client]") {
+TEST_CASE("a request the server leaves unanswered is given up alone and its late answer dropped", "[client]") {
   PlayedServer played;
   auto [store, conn] = played.connect(300ms);
   auto stuck = std::async(std::launch::async, [&, &store = store] { return timed([&] { store->ping(); }); });
@@ -232,7 +232,7 @@ TEST_CASE("the server going away fails every request in flight at once, and ever
   CHECK_THROWS_AS(store->ping(), rdzv::StoreConnectionError);
 }
 
-TEST_CASE("asynchronous requests complete on the link thread; a cancelled one never does", "[client]") {
+TEST_CASE("asynchronous requests complete on the link thread, a cancelled one never", "[client]") {
   ServerThread server;
   auto store = server.client();
   std::promise<std::pair<std::string, std::thread::id>> got;

@@ -44,6 +44,7 @@
 #include <optional>
 
 #include "rdzv/store.hpp"
+#include "rdzv/waiting.hpp"
 
 namespace rdzv {
 
@@ -167,5 +168,17 @@ class TcpStore : public Store {
   TcpStoreOptions options_;
   std::unique_ptr<detail::Link> link_;
 };
+
+// Connecting to a store that may not be up yet, in the one way to wait (waiting.hpp):
+// a try per slice of `w` (the slice is its connect_timeout) until w.timeout, the
+// notices saying describe(reason), the reason being why the last try failed
+// ("Connection refused"). A store that refuses our token throws StoreAuthError at once.
+struct Connecting {
+  std::shared_ptr<TcpStore> store;  // connected; null when the wait ended without
+  WaitEnd end = WaitEnd::kArrived;  // how the wait ended
+  std::string reason = "no answer";  // why the last try failed
+};
+Connecting connect_waiting(TcpStoreOptions options, Waiting w,
+                           const std::function<std::string(const std::string& reason)>& describe);
 
 }  // namespace rdzv

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ddp/contract/store_keys.hpp"
-#include "rider.hpp"
+#include "rdzv/rider.hpp"
 
 namespace ddp::detail {
 
@@ -43,7 +43,7 @@ struct ExitWatch::Watch : std::enable_shared_from_this<Watch> {
     };
   }
 
-  Rider rider;
+  rdzv::Rider rider;
   const Options options;
   const contract::JobKeys keys;
   rdzv::RequestId standing = 0;   // the get in flight for `slot`
@@ -127,7 +127,7 @@ ExitWatch::ExitWatch(std::shared_ptr<rdzv::TcpStore> store, Options options)
 }
 
 ExitWatch::~ExitWatch() {
-  if (abandoned_in_child(watch_, store_)) return;
+  if (rdzv::abandoned_in_child(watch_, store_)) return;
   watch_->rider.stop();
   store_->cancel(watch_->standing);  // no step runs any more: `standing` stays as it is
 }

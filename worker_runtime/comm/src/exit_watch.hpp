@@ -24,7 +24,7 @@ class ExitWatch {
   // Starts watching the job's store (unprefixed: job keys) through `store`.
   ExitWatch(std::shared_ptr<rdzv::TcpStore> store, Options options);
   // Stops at once (its standing get is given up). In a forked child it leaves the
-  // parent's watch and client alone (rider.hpp).
+  // parent's watch and client alone (rdzv/rider.hpp).
   ~ExitWatch();
   ExitWatch(const ExitWatch&) = delete;
   ExitWatch& operator=(const ExitWatch&) = delete;

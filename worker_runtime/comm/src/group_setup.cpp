@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "backend.hpp"
-#include "ddp/contract/waiting.hpp"
+#include "rdzv/waiting.hpp"
 #include "rdzv/prefix_store.hpp"
 
 namespace ddp::detail {
@@ -36,7 +36,7 @@ std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankK
   std::vector<size_t> waiting(keys.size());  // indexes into keys of those not read yet
   for (size_t i = 0; i < keys.size(); ++i) waiting[i] = i;
   std::vector<int> missing;  // after a slice: the global ranks still missing
-  contract::Waiting w;
+  rdzv::Waiting w;
   w.timeout = timeout;
   // With an exit watch, its news is looked at between short slices; without, only
   // the notices cut the wait.
@@ -46,7 +46,7 @@ std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankK
     return "ddp: rank " + std::to_string(peers.me) + " still waiting for rank" + (missing.size() == 1 ? "" : "s") +
            " " + rank_list(missing) + " to join the process group";
   };
-  const auto end = contract::wait_in_slices(w, [&](Millis budget) {
+  const auto end = rdzv::wait_in_slices(w, [&](Millis budget) {
     std::vector<RankKey> pending;
     std::vector<std::string> names;
     for (size_t i : waiting) {
@@ -80,7 +80,7 @@ std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankK
     }
     return false;
   });
-  if (end != contract::WaitEnd::kArrived) {
+  if (end != rdzv::WaitEnd::kArrived) {
     throw Timeout("process group: ranks " + rank_list(missing) + " did not join within " +
                   std::to_string(timeout.count()) + " ms");
   }

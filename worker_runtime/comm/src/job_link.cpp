@@ -5,51 +5,29 @@
 #include <mutex>
 
 #include "ddp/contract/store_keys.hpp"
-#include "ddp/contract/waiting.hpp"
 #include "ddp/types.hpp"
 
 namespace ddp::detail {
-namespace {
-
-long long seconds_of(Clock::duration d) { return std::chrono::round<std::chrono::seconds>(d).count(); }
-
-// Why a connection failed, from a StoreConnectionError's text: "Connection refused".
-std::string reason_of(const rdzv::StoreError& e) {
-  const std::string what = e.what();
-  const auto open = what.rfind('(');
-  if (open == std::string::npos || what.back() != ')') return what;
-  return what.substr(open + 1, what.size() - open - 2);
-}
-
-}  // namespace
-
 std::shared_ptr<rdzv::TcpStore> connect_store(rdzv::TcpStoreOptions so, int rank, Clock::time_point deadline,
                                               Millis notice_every) {
   const auto start = Clock::now();
   const std::string where = so.host + ":" + std::to_string(so.port);
-  std::shared_ptr<rdzv::TcpStore> store;
-  std::string reason = "no answer";
-  contract::Waiting w;
+  rdzv::Waiting w;
   w.timeout = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - start));
   w.notice_every = notice_every;
-  w.describe = [&] { return "ddp: rank " + std::to_string(rank) + " still waiting for the store at " + where + ": " + reason; };
-  const auto end = contract::wait_in_slices(w, [&](Millis budget) {
-    so.connect_timeout = std::max(Millis(1), budget);  // the client retries within it
-    try {
-      store = std::make_shared<rdzv::TcpStore>(so);
-      return true;
-    } catch (const rdzv::StoreConnectionError& e) {
-      reason = reason_of(e);
-      return false;
-    } catch (const rdzv::StoreError& e) {
-      throw Error("cannot reach the store at " + where + ": " + e.what());
-    }
-  });
-  if (end != contract::WaitEnd::kArrived) {
-    throw Error("cannot reach the store at " + where + " within " + std::to_string(seconds_of(Clock::now() - start)) +
-                " s (" + reason + ")");
+  rdzv::Connecting c;
+  try {
+    c = rdzv::connect_waiting(so, w, [&](const std::string& reason) {
+      return "ddp: rank " + std::to_string(rank) + " still waiting for the store at " + where + ": " + reason;
+    });
+  } catch (const rdzv::StoreError& e) {
+    throw Error("cannot reach the store at " + where + ": " + e.what());
   }
-  return store;
+  if (!c.store) {
+    const auto took = std::chrono::round<std::chrono::seconds>(Clock::now() - start).count();
+    throw Error("cannot reach the store at " + where + " within " + std::to_string(took) + " s (" + c.reason + ")");
+  }
+  return c.store;
 }
 
 std::shared_ptr<const JobLink> job_link(const contract::WorkerEnv& env, Clock::time_point deadline,

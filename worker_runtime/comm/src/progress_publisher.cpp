@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "ddp/contract/store_keys.hpp"
+#include "rdzv/rider.hpp"
 #include "ddp/progress.hpp"
 #include "flight_recorder.hpp"
-#include "rider.hpp"
 
 namespace ddp {
 namespace {
@@ -87,7 +87,7 @@ struct ProgressPublisher::Ticks : std::enable_shared_from_this<Ticks> {
     });
   }
 
-  Rider rider;
+  rdzv::Rider rider;
   const PublisherOptions options;
   bool sending = false;  // a record is on its way
   bool again = false;    // ...and another is due when it arrives
@@ -108,7 +108,7 @@ ProgressPublisher::ProgressPublisher(std::shared_ptr<rdzv::TcpStore> store, Publ
 ProgressPublisher::~ProgressPublisher() {
   // In a forked child the listener stays too: the registry's mutex may have been held
   // by another parent thread at the fork.
-  if (abandoned_in_child(ticks_, store_)) return;
+  if (rdzv::abandoned_in_child(ticks_, store_)) return;
   remove_failure_listener(listener_);
   ticks_->rider.stop();
 }

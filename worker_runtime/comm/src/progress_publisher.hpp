@@ -4,7 +4,7 @@
 //
 // It writes about once a second (a heartbeat: the record's time says how fresh it
 // is, changed or not) and at once when a recorded call of any group fails. It rides
-// on the worker's store link (rider.hpp): its ticks are tasks on the link's thread,
+// on the worker's store link (rdzv/rider.hpp): its ticks are tasks on the link's thread,
 // each record an asynchronous set, at most one in flight; it never touches the
 // training thread's work, and a failing call only posts a tick.
 #pragma once

@@ -186,6 +186,10 @@ WorkerEnv WorkerEnv::from_variables(const Variables& vars) {
   return env;
 }
 
+Millis wait_notice_every(const Variables& vars) {
+  return vars.seconds("DDP_WAIT_NOTICE_SEC").value_or(kDefaultWaitNotice);
+}
+
 CommSettings CommSettings::from_environment() { return from_variables(Variables::from_process()); }
 
 CommSettings CommSettings::from_variables(const Variables& vars) {

@@ -26,7 +26,7 @@
 #include "../backend.hpp"
 #include "../peer_watch.hpp"
 #include "ddp/contract/store_keys.hpp"
-#include "ddp/contract/waiting.hpp"
+#include "rdzv/waiting.hpp"
 #include "ddp/contract/worker_env.hpp"
 
 namespace ddp::cpu {
@@ -317,7 +317,7 @@ void Mesh::probe_cma(rdzv::Store& store, const std::vector<uint64_t>& probe_addr
 
 void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline) {
   const auto& peers = options_.peers;
-  contract::Waiting w;
+  rdzv::Waiting w;
   w.notice_every = peers.notice_every;
   const std::string me = "ddp: rank " + std::to_string(peers.me);
   int expected_accepts = 0;
@@ -343,12 +343,12 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
     w.timeout = std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
     w.retry_pause = Millis(20);
     w.describe = [&] { return me + " still waiting to connect to " + describe(r) + " at " + ep + ": " + why; };
-    const auto end = contract::wait_in_slices(w, [&](Millis budget) {
+    const auto end = rdzv::wait_in_slices(w, [&](Millis budget) {
       peers.throw_if_exited({r});
       fd = try_connect(*res, budget, why);
       return fd >= 0;
     });
-    if (end != contract::WaitEnd::kArrived) fail("cannot connect to " + describe(r) + " at " + ep + ": " + why);
+    if (end != rdzv::WaitEnd::kArrived) fail("cannot connect to " + describe(r) + " at " + ep + ": " + why);
     tune_socket(fd);
     Hello hello{kHelloMagic, rank_, group_id};
     if (!io_exact(fd, &hello, sizeof(hello), true, deadline)) {
@@ -379,7 +379,7 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
     const auto ranks = not_connected();
     return me + " still waiting for rank" + (ranks.size() == 1 ? " " : "s ") + listed(ranks) + " to connect over TCP";
   };
-  const auto end = contract::wait_in_slices(w, [&](Millis budget) {
+  const auto end = rdzv::wait_in_slices(w, [&](Millis budget) {
     pollfd p{listen_fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(budget.count(), 1000000))) > 0 &&
         accept_peer(listen_fd, group_id, deadline)) {
@@ -389,7 +389,7 @@ void Mesh::form_tcp(int listen_fd, uint64_t group_id, Clock::time_point deadline
     peers.throw_if_exited(not_connected());
     return false;
   });
-  if (end != contract::WaitEnd::kArrived) fail("ranks " + listed(not_connected()) + " did not connect in time");
+  if (end != rdzv::WaitEnd::kArrived) fail("ranks " + listed(not_connected()) + " did not connect in time");
 }
 
 bool Mesh::accept_peer(int listen_fd, uint64_t group_id, Clock::time_point deadline) {

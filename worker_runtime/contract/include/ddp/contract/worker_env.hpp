@@ -16,7 +16,6 @@
 #include <string>
 
 #include "ddp/contract/parse.hpp"
-#include "ddp/contract/waiting.hpp"
 
 namespace ddp::contract {
 
@@ -98,6 +97,14 @@ struct WorkerEnv {
   // when values contradict each other (RANK >= WORLD_SIZE).
   static WorkerEnv from_variables(const Variables& vars);
 };
+
+// How often a wait says what it still waits for when DDP_WAIT_NOTICE_SEC is not set.
+inline constexpr Millis kDefaultWaitNotice{30000};
+
+// DDP_WAIT_NOTICE_SEC (decimal seconds): how often a rank or a node that waits (for the
+// store, its peers, other nodes) says whom it waits for; else kDefaultWaitNotice.
+// Throws ContractError when it is malformed.
+Millis wait_notice_every(const Variables& vars);
 
 // The worker runtime's knobs (DDP_* variables), all read here.
 struct CommSettings {

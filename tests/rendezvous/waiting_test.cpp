@@ -1,18 +1,17 @@
-// The one way to wait (ddp/contract/waiting.hpp): slices and their budgets, notices
-// naming what is missing, the timeout after at least one try, cancellation, the pause
-// after a try that fails at once, and DDP_WAIT_NOTICE_SEC.
+// The one way to wait (rdzv/waiting.hpp): slices and their budgets, notices naming
+// what is missing, the timeout after at least one try, cancellation, and the pause
+// after a try that fails at once.
 #include <catch2/catch.hpp>
 
-#include <map>
 #include <stdexcept>
 #include <thread>
 
-#include "ddp/contract/waiting.hpp"
+#include "rdzv/waiting.hpp"
 
 using namespace std::chrono_literals;
-using ddp::contract::Millis;
-using ddp::contract::WaitEnd;
-using ddp::contract::Waiting;
+using rdzv::Millis;
+using rdzv::WaitEnd;
+using rdzv::Waiting;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -30,13 +29,13 @@ TEST_CASE("a wait ends when a try succeeds, and tries at least once with a zero 
   Waiting w;
   w.timeout = 0ms;
   int tries = 0;
-  CHECK(ddp::contract::wait_in_slices(w, [&](Millis budget) {
+  CHECK(rdzv::wait_in_slices(w, [&](Millis budget) {
           CHECK(budget == 0ms);
           return ++tries == 1;
         }) == WaitEnd::kArrived);
   w.timeout = 10s;
   tries = 0;
-  CHECK(ddp::contract::wait_in_slices(w, [&](Millis) { return ++tries == 3; }) == WaitEnd::kArrived);
+  CHECK(rdzv::wait_in_slices(w, [&](Millis) { return ++tries == 3; }) == WaitEnd::kArrived);
   CHECK(tries == 3);
 }
 
@@ -50,7 +49,7 @@ TEST_CASE("budgets are bounded by the slice, the time left and the next notice",
   w.describe = [] { return "rank 0 still waiting for rank 1"; };
   w.say = [&](const std::string& line) { said.push_back(line); };
   const auto start = Clock::now();
-  CHECK(ddp::contract::wait_in_slices(w, sleeper(budgets)) == WaitEnd::kTimedOut);
+  CHECK(rdzv::wait_in_slices(w, sleeper(budgets)) == WaitEnd::kTimedOut);
   const auto took = Clock::now() - start;
   CHECK(took >= 700ms);
   CHECK(took < 3s);
@@ -72,7 +71,7 @@ TEST_CASE("notices say what is missing when each is due, and how long so far", "
   w.say = [&](const std::string& line) { said.push_back(line); };
   std::vector<Millis> budgets;
   auto try_once = sleeper(budgets);
-  CHECK(ddp::contract::wait_in_slices(w, [&](Millis budget) {
+  CHECK(rdzv::wait_in_slices(w, [&](Millis budget) {
           try_once(budget);
           --missing;
           return false;
@@ -84,7 +83,7 @@ TEST_CASE("notices say what is missing when each is due, and how long so far", "
   said.clear();
   w.timeout = Millis::max();
   int tries = 0;
-  CHECK(ddp::contract::wait_in_slices(w, [&](Millis budget) {
+  CHECK(rdzv::wait_in_slices(w, [&](Millis budget) {
           std::this_thread::sleep_for(budget);
           return ++tries == 2;
         }) == WaitEnd::kArrived);
@@ -94,7 +93,7 @@ TEST_CASE("notices say what is missing when each is due, and how long so far", "
   w.notice_every = 0ms;
   w.timeout = 300ms;
   w.slice = 100ms;
-  CHECK(ddp::contract::wait_in_slices(w, sleeper(budgets)) == WaitEnd::kTimedOut);
+  CHECK(rdzv::wait_in_slices(w, sleeper(budgets)) == WaitEnd::kTimedOut);
   CHECK(said.empty());
 }
 
@@ -104,7 +103,7 @@ TEST_CASE("a cancelled wait ends before its next try", "[waiting]") {
   w.timeout = 10s;
   w.slice = 10ms;
   w.cancelled = [&] { return tries == 4; };
-  CHECK(ddp::contract::wait_in_slices(w, [&](Millis budget) {
+  CHECK(rdzv::wait_in_slices(w, [&](Millis budget) {
           ++tries;
           std::this_thread::sleep_for(budget);
           return false;
@@ -112,25 +111,17 @@ TEST_CASE("a cancelled wait ends before its next try", "[waiting]") {
   CHECK(tries == 4);
 }
 
-TEST_CASE("a try that fails at once is followed by the retry pause; its exception ends the wait", "[waiting]") {
+TEST_CASE("a try that fails at once is followed by the retry pause, and its exception ends the wait", "[waiting]") {
   int tries = 0;
   Waiting w;
   w.timeout = 500ms;
   w.retry_pause = 100ms;
-  CHECK(ddp::contract::wait_in_slices(w, [&](Millis) {
+  CHECK(rdzv::wait_in_slices(w, [&](Millis) {
           ++tries;
           return false;
         }) == WaitEnd::kTimedOut);
   CHECK(tries >= 2);  // without the pause: thousands
   CHECK(tries <= 6);
-  CHECK_THROWS_WITH(ddp::contract::wait_in_slices(w, [](Millis) -> bool { throw std::runtime_error("refused"); }),
+  CHECK_THROWS_WITH(rdzv::wait_in_slices(w, [](Millis) -> bool { throw std::runtime_error("refused"); }),
                     "refused");
-}
-
-TEST_CASE("DDP_WAIT_NOTICE_SEC sets the notice interval; 30 s without it", "[waiting]") {
-  using Vars = std::map<std::string, std::string>;
-  auto every = [](Vars v) { return ddp::contract::wait_notice_every(ddp::contract::Variables(std::move(v))); };
-  CHECK(every({}) == 30s);
-  CHECK(every({{"DDP_WAIT_NOTICE_SEC", "0.5"}}) == 500ms);
-  CHECK_THROWS_AS(every({{"DDP_WAIT_NOTICE_SEC", "soon"}}), ddp::contract::ContractError);
 }

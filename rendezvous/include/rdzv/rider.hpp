@@ -1,7 +1,8 @@
 // Work that rides on a store client's link thread (rdzv/tcp_store.hpp) for an owner on
-// another thread: the exit watch's standing get, the progress publisher's ticks. Each
-// step runs under the rider's mutex and only until the owner stops it, so once stop()
-// returns no step runs or touches the client again, and the owner may let go of it.
+// another thread: a worker's exit watch and progress records, a node's heartbeat and
+// exit records. Each step runs under the rider's mutex and only until the owner stops
+// it, so once stop() returns no step runs or touches the client again, and the owner
+// may let go of it.
 //
 // Steps hold the rider by shared_ptr (it lives as long as a completion or task may
 // still run); the rider holds the client by plain reference, never owning it: a step
@@ -18,11 +19,11 @@
 
 #include "rdzv/tcp_store.hpp"
 
-namespace ddp::detail {
+namespace rdzv {
 
 class Rider {
  public:
-  explicit Rider(rdzv::TcpStore& store) : store_(store) {}
+  explicit Rider(TcpStore& store) : store_(store) {}
 
   // Runs fn(store) unless stopped. Steps of one rider run one at a time.
   template <typename Fn>
@@ -39,18 +40,18 @@ class Rider {
  private:
   std::mutex mu_;
   bool stopped_ = false;
-  rdzv::TcpStore& store_;
+  TcpStore& store_;
 };
 
 // For an owner's destructor: in a forked child, leaves its rider's state and the
 // parent's client as they are, never destroyed here, and returns true (the owner does
 // nothing more). In the process that made the client: false.
 template <typename State>
-bool abandoned_in_child(std::shared_ptr<State>& state, std::shared_ptr<rdzv::TcpStore>& store) {
+bool abandoned_in_child(std::shared_ptr<State>& state, std::shared_ptr<TcpStore>& store) {
   if (!store->forked()) return false;
   (void)new std::shared_ptr<State>(std::move(state));
-  (void)new std::shared_ptr<rdzv::TcpStore>(std::move(store));
+  (void)new std::shared_ptr<TcpStore>(std::move(store));
   return true;
 }
 
-}  // namespace ddp::detail
+}  // namespace rdzv

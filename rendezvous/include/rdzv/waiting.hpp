@@ -1,29 +1,24 @@
 // One way to wait for what may take a while (peers joining a group, a store coming
-// up, nodes registering, peers connecting): in slices, each a try that blocks at most
-// its budget, until it arrives, a deadline passes or the waiter is told to stop; and
-// every so often (DDP_WAIT_NOTICE_SEC) a notice saying what is still missing, so a
-// wait that hangs says whom it waits for.
+// up, nodes registering, peers connecting), for the worker runtime and the launcher
+// alike: in slices, each a try that blocks at most its budget, until it arrives, a
+// deadline passes or the waiter is told to stop; and every so often (the workers' and
+// ddprun's DDP_WAIT_NOTICE_SEC) a notice saying what is still missing, so a wait that
+// hangs says whom it waits for.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <string>
 
-#include "ddp/contract/parse.hpp"
 
-namespace ddp::contract {
+namespace rdzv {
 
-// How often a wait says what it still waits for when DDP_WAIT_NOTICE_SEC is not set.
-inline constexpr Millis kDefaultWaitNotice{30000};
-
-// DDP_WAIT_NOTICE_SEC (decimal seconds), else kDefaultWaitNotice. Throws
-// ContractError when it is malformed.
-Millis wait_notice_every(const Variables& vars);
+using Millis = std::chrono::milliseconds;
 
 struct Waiting {
   Millis timeout = Millis::max();           // give up after this (max: never)
   Millis slice = Millis::max();             // the longest one try may block
-  Millis notice_every = kDefaultWaitNotice;  // 0: no notices
+  Millis notice_every{30000};               // 0: no notices (DDP_WAIT_NOTICE_SEC sets it)
   // A try that fails at once (a refused connection cannot be waited for) is followed
   // by a pause of the rest of this before the next try; 0: none.
   Millis retry_pause{0};
@@ -48,4 +43,4 @@ enum class WaitEnd {
 // a try ends the wait and propagates.
 WaitEnd wait_in_slices(const Waiting& w, const std::function<bool(Millis budget)>& try_once);
 
-}  // namespace ddp::contract
+}  // namespace rdzv

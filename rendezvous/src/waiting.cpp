@@ -1,11 +1,11 @@
 // wait_in_slices (waiting.hpp): the one loop that waits in slices and gives notices.
-#include "ddp/contract/waiting.hpp"
+#include "rdzv/waiting.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <thread>
 
-namespace ddp::contract {
+namespace rdzv {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -19,8 +19,6 @@ Clock::time_point after(Clock::time_point start, Millis span) {
 }
 
 }  // namespace
-
-Millis wait_notice_every(const Variables& vars) { return vars.seconds("DDP_WAIT_NOTICE_SEC").value_or(kDefaultWaitNotice); }
 
 WaitEnd wait_in_slices(const Waiting& w, const std::function<bool(Millis budget)>& try_once) {
   const auto start = Clock::now();
@@ -55,4 +53,4 @@ WaitEnd wait_in_slices(const Waiting& w, const std::function<bool(Millis budget)
   }
 }
 
-}  // namespace ddp::contract
+}  // namespace rdzv
