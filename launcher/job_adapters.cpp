@@ -12,24 +12,6 @@ void SupervisorWorkers::prepare(int attempt) {
   if (plan_.log_root && (attempt > 0 || joins_others_)) create_log_dirs(plan_, attempt);
 }
 
-namespace {
-
-rdzv::TcpStoreOptions loopback_store(int port, const std::string& token) {
-  rdzv::TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = static_cast<uint16_t>(port);
-  o.token = token;
-  return o;
-}
-
-}  // namespace
-
-SingleNodeMembership::SingleNodeMembership(const LaunchPlan& plan, int store_port, std::string store_token)
-    : plan_(plan),
-      store_port_(store_port),
-      store_token_(std::move(store_token)),
-      exits_(loopback_store(store_port_, store_token_)) {}
-
 JobLayout SingleNodeMembership::join(int attempt) {
   JobLayout layout;
   layout.attempt = attempt;
@@ -37,9 +19,9 @@ JobLayout SingleNodeMembership::join(int attempt) {
   layout.world_size = plan_.nproc;
   layout.master_addr = plan_.options.master_addr;
   layout.master_port = plan_.master_port;
-  layout.store.addr = "127.0.0.1";
-  layout.store.port = store_port_;
-  layout.store.token = store_token_;
+  layout.store.addr = link_.options().host;
+  layout.store.port = link_.options().port;
+  layout.store.token = link_.options().token;
   layout.store.prefix = contract::JobKeys(attempt).process_groups();
   return layout;
 }

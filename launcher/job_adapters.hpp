@@ -9,7 +9,7 @@
 #include "job/workers.hpp"
 #include "membership/rendezvous_agent.hpp"
 #include "plan/launch_plan.hpp"
-#include "store/exit_publisher.hpp"
+#include "store/job_link.hpp"
 #include "supervise/supervisor.hpp"
 
 namespace ddprun {
@@ -62,23 +62,22 @@ class AgentMembership : public Membership {
 // tell; worker exits go to that store for the workers to see.
 class SingleNodeMembership : public Membership {
  public:
-  SingleNodeMembership(const LaunchPlan& plan, int store_port, std::string store_token);
+  // `link`: this ddprun's link to the store it hosts; it must outlive this.
+  SingleNodeMembership(const LaunchPlan& plan, JobLink& link) : plan_(plan), link_(link) {}
 
   JobLayout join(int attempt) override;
   void start_watch(int, std::function<void(const FailureNotice&)>) override {}
   void stop_watch() override {}
   std::optional<FailureNotice> publish_failure(int, const FailureNotice&) override { return std::nullopt; }
   void publish_exit(int attempt, const ddp::contract::ExitRecord& record) override {
-    exits_.publish(attempt, record);
+    link_.exits().publish(attempt, record);
   }
   std::optional<FailureNotice> exit_barrier(int) override { return std::nullopt; }
   void leave(int, std::chrono::milliseconds) override {}
 
  private:
   const LaunchPlan& plan_;
-  int store_port_;
-  std::string store_token_;
-  ExitPublisher exits_;
+  JobLink& link_;
 };
 
 // The failure summary of diagnose/summary.hpp and the workers' error files

@@ -24,6 +24,7 @@
 #include "diagnose/runtime_file.hpp"
 #include "diagnose/stall_monitor.hpp"
 #include "diagnose/status.hpp"
+#include "store/job_link.hpp"
 #include "store/store_host.hpp"
 #include "supervise/supervisor.hpp"
 
@@ -74,11 +75,12 @@ void print_plan(const ddprun::LaunchPlan& plan) {
 }
 
 // Where this node's ddprun finds the job: a store it hosts itself (one node, or node 0
-// without --rdzv_endpoint) and, with several nodes, the rendezvous agent.
+// without --rdzv_endpoint), its one link to the job's store and, with several nodes,
+// the rendezvous agent. Destroyed in reverse: the agent, the link, then the store.
 struct Job {
   std::unique_ptr<ddprun::StoreHost> store_host;
+  std::unique_ptr<ddprun::JobLink> link;
   std::unique_ptr<ddprun::RendezvousAgent> agent;
-  std::string store_token;
 };
 
 // Many nodes' agents and workers connect to a store this ddprun hosts.
@@ -95,16 +97,18 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   Job job;
   rdzv::ServerOptions server;
   server.heartbeat_timeout = ddprun::to_ms(o.heartbeat_timeout);
+  ddprun::JobLinkOptions link;
+  link.heartbeat_timeout = ddprun::to_ms(o.heartbeat_timeout);
   if (o.nnodes == 1 && !o.rdzv_host) {
     // The workers' store: this host only, with a token nobody else knows.
     server.host = "127.0.0.1";
-    server.token = job.store_token = o.token.empty() ? rdzv::generate_token() : o.token;
+    server.token = link.token = o.token.empty() ? rdzv::generate_token() : o.token;
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
+    link.host = "127.0.0.1";
+    link.port = job.store_host->port();
+    job.link = std::make_unique<ddprun::JobLink>(link);
     return job;
   }
-  job.store_token = o.token;
-  std::string host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
-  int port = o.rdzv_host ? o.rdzv_port : plan.master_port;
   if (!o.rdzv_host && o.node_rank == 0) {
     server.host = "0.0.0.0";
     server.port = static_cast<uint16_t>(plan.master_port);
@@ -117,7 +121,15 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     raise_fd_limit();
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
   }
-  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, host, port, o.token, o.rdzv_host ? plan.run_id : "",
+  link.host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
+  link.port = o.rdzv_host ? o.rdzv_port : plan.master_port;
+  link.token = o.token;
+  link.ns = o.rdzv_host ? plan.run_id : "";
+  link.connect_timeout = ddprun::to_ms(o.join_timeout);  // node 0 may come later
+  link.notice_every = o.wait_notice_every;
+  link.stop_signal = [&supervisor] { return supervisor.poll_stop_signal(); };
+  job.link = std::make_unique<ddprun::JobLink>(link);
+  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, *job.link,
                                                         [&supervisor] { return supervisor.poll_stop_signal(); });
   ddprun::set_run_id(plan, job.agent->agree_run_id(plan.run_id));
   return job;
@@ -152,7 +164,7 @@ int launch(ddprun::LaunchPlan& plan) {
   if (job.agent) {
     membership = std::make_unique<ddprun::AgentMembership>(*job.agent);
   } else {
-    membership = std::make_unique<ddprun::SingleNodeMembership>(plan, job.store_host->port(), job.store_token);
+    membership = std::make_unique<ddprun::SingleNodeMembership>(plan, *job.link);
   }
   // Beside each attempt: stall detection, and the runtime file `ddprun status` reads.
   ddprun::StallMonitorOptions stall;
@@ -161,6 +173,7 @@ int launch(ddprun::LaunchPlan& plan) {
   stall.run_id = plan.run_id;
   stall.hostname = plan.hostname;
   stall.print = [](const std::string& text) { ddprun::Console::err().write(text); };
+  stall.store = job.link->client();
   ddprun::StallMonitor stall_monitor(std::move(stall));
   ddprun::RuntimeInfo runtime;
   runtime.run_id = plan.run_id;

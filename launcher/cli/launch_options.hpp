@@ -46,6 +46,9 @@ struct LaunchOptions {
   double exit_barrier_timeout = 300.0;    // seconds a finished node waits for the others
   double stall_timeout = 300.0;           // seconds without a completed call before a stall report; 0: off
   bool stall_stop = false;                // --stall_action=stop: a stall ends the job
+  // DDP_WAIT_NOTICE_SEC: how often a node that waits for the store or for other nodes
+  // says whom it waits for (the workers read it too).
+  std::chrono::milliseconds wait_notice_every{30000};
   bool verbose = false;
   std::optional<std::string> local_addr;  // --local_addr: the address this node advertises to the others
   RemoteOptions remote;                   // --hostfile/--hosts launches and the agents they start

@@ -11,6 +11,7 @@
 #include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
 #include "rdzv/store.hpp"
+#include "ddp/contract/worker_env.hpp"
 #include "rdzv/token.hpp"
 
 namespace ddprun {
@@ -410,6 +411,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     invalid("--stall_action", raw.stall_action, "expected report or stop");
   }
   opts.stall_stop = raw.stall_action == "stop";
+  try {
+    opts.wait_notice_every = ddp::contract::wait_notice_every(ddp::contract::Variables::from_process());
+  } catch (const ddp::contract::ContractError& e) {
+    throw UsageError(e.what());
+  }
 
   NodeFlagsGiven node_flags;
   node_flags.nnodes = app.count("--nnodes") > 0;

@@ -57,11 +57,9 @@ void StallMonitor::ended(int) {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    if (store_) store_->abort();
   }
   wake_.notify_all();
-  thread_.join();
-  store_.reset();
+  thread_.join();  // a store call in flight is short (nothing here blocks in the store)
 }
 
 bool StallMonitor::sleep_for(Millis d) {
@@ -71,11 +69,7 @@ bool StallMonitor::sleep_for(Millis d) {
 }
 
 ProgressRecords StallMonitor::read_records() {
-  std::shared_ptr<rdzv::TcpStore> store;
-  {
-    std::lock_guard lock(mutex_);
-    store = store_;
-  }
+  rdzv::TcpStore* store = options_.store.get();
   contract::JobKeys keys(attempt_);
   std::vector<std::string> wanted;
   std::vector<int> ranks;
@@ -126,23 +120,8 @@ std::vector<WorkerProcess> StallMonitor::local_workers(const ProgressRecords& re
 }
 
 void StallMonitor::run() {
-  try {
-    rdzv::TcpStoreOptions o;
-    o.host = layout_.store.addr;
-    o.port = static_cast<uint16_t>(layout_.store.port);
-    o.token = layout_.store.token;
-    o.ns = layout_.store.ns;
-    o.connect_timeout = Millis(10000);
-    o.io_timeout = Millis(10000);
-    o.heartbeat_timeout = Millis(0);
-    auto store = std::make_shared<rdzv::TcpStore>(o);
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_) return;
-      store_ = store;
-    }
-  } catch (const std::exception& e) {
-    spdlog::warn("stall detection is off for this attempt: cannot reach the job's store ({})", e.what());
+  if (!options_.store) {
+    spdlog::warn("stall detection is off for this attempt: no store to read the workers' progress from");
     return;
   }
   const auto timeout_ms = static_cast<int64_t>(options_.timeout_s * 1000);
@@ -212,11 +191,7 @@ void StallMonitor::run() {
 }
 
 std::string StallMonitor::gather_other_nodes(uint64_t episode) {
-  std::shared_ptr<rdzv::TcpStore> store;
-  {
-    std::lock_guard lock(mutex_);
-    store = store_;
-  }
+  rdzv::TcpStore* store = options_.store.get();
   const std::string tag = "episode " + std::to_string(episode) + "\n";
   std::vector<std::string> parts(static_cast<size_t>(layout_.nnodes));
   auto deadline = std::chrono::steady_clock::now() + options_.process.stack_timeout + Millis(5000);
@@ -260,11 +235,7 @@ void StallMonitor::report(const ProgressRecords& records, const std::string& wha
                  stop ? " and stops the job" : "");
   }
   std::string processes = describe_processes(options_.hostname, local_workers(records), options_.process);
-  std::shared_ptr<rdzv::TcpStore> store;
-  {
-    std::lock_guard lock(mutex_);
-    store = store_;
-  }
+  rdzv::TcpStore* store = options_.store.get();
   try {
     // Node 0 reads the other nodes' parts; `ddprun status` reads any to call ranks stalled.
     store->set(contract::JobKeys(attempt_).stall_report(layout_.node_rank),

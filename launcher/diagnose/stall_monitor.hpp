@@ -1,5 +1,6 @@
 // Stall detection: each node's ddprun reads every rank's ProgressRecord from the
-// job's store (its own connection) four times a second and reports a stall
+// job's store (through the node's one store link) four times a second, on a thread
+// of its own while an attempt runs, and reports a stall
 // once per episode:
 //   - no rank completed a call in any group for --stall_timeout seconds while some
 //     rank waits in one and this node's workers are alive, or
@@ -52,6 +53,8 @@ struct StallMonitorOptions {
   ProcessReportOptions process;
   // Where the report goes (ddprun: the console's stderr).
   std::function<void(const std::string&)> print;
+  // The job's store (unprefixed: job keys), shared with the rest of the node.
+  std::shared_ptr<rdzv::TcpStore> store;
 };
 
 class StallMonitor : public AttemptWatch {
@@ -86,7 +89,6 @@ class StallMonitor : public AttemptWatch {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  std::shared_ptr<rdzv::TcpStore> store_;  // under mutex_: ended() aborts a call in progress
   std::thread thread_;
 };
 

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <sstream>
 
 #include "ddp/contract/store_keys.hpp"
@@ -12,28 +14,29 @@
 #include "errors.hpp"
 #include "plan/ports.hpp"
 #include "store/exit_records.hpp"
+#include "rdzv/waiting.hpp"
 
 namespace ddprun {
 
 using Millis = std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------
 // RendezvousAgent
 // ---------------------------------------------------------------------------
 
-RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
-                                 std::string ns, std::function<int()> stop_signal)
-    : plan_(plan), store_host_(std::move(store_host)), store_port_(store_port), token_(std::move(token)),
-      ns_(std::move(ns)), stop_signal_(std::move(stop_signal)) {
-  try {
-    store_ = std::make_unique<rdzv::TcpStore>(store_options(to_ms(plan_.options.join_timeout)));
-  } catch (const rdzv::StoreError& e) {
-    throw LaunchError(std::string("rendezvous: ") + e.what());
-  }
+// What the watch's thread shares with stop_watch() and with the completions of its
+// requests (which run on the link thread): the stop flag, and a wake-up for either.
+struct RendezvousAgent::Watch {
+  std::mutex mu;
+  std::condition_variable wake;
+  bool stopping = false;
+};
+
+RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, JobLink& link, std::function<int()> stop_signal)
+    : plan_(plan), link_(link), store_(link.store()), stop_signal_(std::move(stop_signal)) {
   if (plan_.options.elastic()) {
     try {
-      elastic_ = std::make_unique<ElasticRendezvous>(*store_, plan_, stop_signal_,
+      elastic_ = std::make_unique<ElasticRendezvous>(store_, plan_, stop_signal_,
                                                      silence_limit(to_ms(plan_.options.heartbeat_timeout)));
     } catch (const rdzv::StoreError& e) {
       throw LaunchError(std::string("rendezvous: ") + e.what());
@@ -41,19 +44,12 @@ RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, std::string store_host,
   }
   layout_.node_rank = plan_.options.node_rank;
   layout_.nnodes = plan_.options.nnodes;
-  heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
-  exits_ = std::make_unique<ExitPublisher>(store_options(to_ms(plan_.options.join_timeout)));
+  // A few pings per heartbeat timeout, so the server can tell this ddprun is alive
+  // (its will carries that silence limit).
+  link_.keep_alive(std::max(Millis(250), to_ms(plan_.options.heartbeat_timeout) / 4));
 }
 
-RendezvousAgent::~RendezvousAgent() {
-  stop_watch();
-  {
-    std::lock_guard lock(heartbeat_mutex_);
-    heartbeat_done_ = true;
-  }
-  heartbeat_stop_.notify_all();
-  heartbeat_thread_.join();
-}
+RendezvousAgent::~RendezvousAgent() { stop_watch(); }
 
 // The promise to users is end to end: the job has stopped within --heartbeat_timeout of a
 // node going silent. So the store declares a node dead a little sooner, keeping a reserve for
@@ -63,55 +59,52 @@ Millis RendezvousAgent::silence_limit(Millis heartbeat_timeout) {
   return heartbeat_timeout - std::min(heartbeat_timeout / 10, Millis(500));
 }
 
-void RendezvousAgent::heartbeat_loop() {
-  const Millis every = std::max(Millis(250), to_ms(plan_.options.heartbeat_timeout) / 4);
-  std::unique_lock lock(heartbeat_mutex_);
-  while (!heartbeat_stop_.wait_for(lock, every, [this] { return heartbeat_done_; })) {
-    try {
-      store_->ping();
-    } catch (const rdzv::StoreError&) {
-      return;  // the store is gone or we left; the watcher reports what matters
-    }
-  }
+std::string RendezvousAgent::store_address() const {
+  return link_.options().host + ":" + std::to_string(link_.options().port);
 }
 
-std::vector<std::string> RendezvousAgent::patient_multi_get(const std::vector<std::string>& keys, Millis timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (true) {
-    if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) throw Interrupted{sig};
-    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+std::vector<std::string> RendezvousAgent::patient_multi_get(
+    const std::vector<std::string>& keys, Millis timeout,
+    const std::function<std::string(const std::vector<std::string>& missing)>& missing) {
+  std::vector<std::string> values;
+  std::optional<rdzv::StoreTimeout> last;
+  int signal = 0;
+  rdzv::Waiting w;
+  w.timeout = timeout;
+  w.slice = Millis(500);
+  w.notice_every = missing ? plan_.options.wait_notice_every : Millis(0);
+  w.describe = [&] { return missing(last ? last->missing_keys() : keys); };
+  w.say = [](const std::string& line) { spdlog::info("{}", line); };
+  w.cancelled = [&] { return (signal = stop_signal_ ? stop_signal_() : 0) != 0; };
+  const auto end = rdzv::wait_in_slices(w, [&](Millis budget) {
     try {
-      return store_->multi_get(keys, std::clamp(left, Millis(0), Millis(500)));
-    } catch (const rdzv::StoreTimeout&) {
-      if (Clock::now() >= deadline) throw;
+      values = store_.multi_get(keys, budget);
+      return true;
+    } catch (const rdzv::StoreTimeout& e) {
+      last = e;
+      return false;
     }
-  }
-}
-
-rdzv::TcpStoreOptions RendezvousAgent::store_options(Millis connect_timeout) const {
-  rdzv::TcpStoreOptions o;
-  o.host = store_host_;
-  o.port = static_cast<uint16_t>(store_port_);
-  o.token = token_;
-  o.ns = ns_;
-  o.connect_timeout = connect_timeout;
-  o.io_timeout = to_ms(plan_.options.heartbeat_timeout);
-  o.heartbeat_timeout = to_ms(plan_.options.heartbeat_timeout);
-  return o;
+  });
+  if (end == rdzv::WaitEnd::kCancelled) throw Interrupted{signal};
+  if (end == rdzv::WaitEnd::kTimedOut) throw *last;
+  return values;
 }
 
 std::string RendezvousAgent::agree_run_id(const std::string& mine) {
   try {
     // An elastic job may have no node 0 (a daemon hosts the store): the first comes first.
-    std::string agreed = plan_.options.node_rank == 0 || elastic_ ? store_->compare_set(contract::JobKeys::run_id(), "", mine)
-                                                       : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout))[0];
+    std::string agreed = plan_.options.node_rank == 0 || elastic_ ? store_.compare_set(contract::JobKeys::run_id(), "", mine)
+                                                       : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout),
+                                                                           [&](const std::vector<std::string>&) {
+                                                                             return "still waiting for node 0 to join at " + store_address();
+                                                                           })[0];
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
     }
     return agreed;
   } catch (const rdzv::StoreTimeout&) {
     throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(plan_.options.join_timeout)) +
-                      " s waiting for node rank(s) 0 to join at " + store_host_ + ":" + std::to_string(store_port_));
+                      " s waiting for node rank(s) 0 to join at " + store_address());
   } catch (const rdzv::StoreError& e) {
     throw LaunchError(std::string("rendezvous: ") + e.what());
   }
@@ -130,17 +123,17 @@ JobLayout RendezvousAgent::join(int attempt) {
   } else {
     layout = fixed_join(attempt);
   }
-  layout.store.addr = store_host_;
-  layout.store.port = store_port_;
-  layout.store.token = token_;
-  layout.store.ns = ns_;
+  layout.store.addr = link_.options().host;
+  layout.store.port = link_.options().port;
+  layout.store.token = link_.options().token;
+  layout.store.ns = link_.options().ns;
   layout_ = layout;
   joined_attempt_ = layout.attempt;
   return layout;
 }
 
 std::string RendezvousAgent::store_lost_message(const std::string& what) const {
-  std::string text = "the rendezvous store at " + store_host_ + ":" + std::to_string(store_port_) +
+  std::string text = "the rendezvous store at " + store_address() +
                      " is gone (its host died or this node is cut off): " + what;
   if (elastic_ && !plan_.options.rdzv_host) {
     text += "; node 0 hosted the store, so the job cannot go on without it: to survive losing any node, run a "
@@ -167,38 +160,44 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
     FailureNotice will{me, -1, 1, plan_.hostname,
                        "ddprun was lost (killed, crashed or cut off from the store) while the job ran",
                        NoticeKind::kNodeLost};
-    store_->set_will(contract::JobKeys(attempt).failure(), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
+    store_.set_will(contract::JobKeys(attempt).failure(), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
 
     // What the other nodes (and as MASTER_ADDR the workers) reach this node at:
     // --local_addr, else the address this node reaches the store from.
-    std::string address = o.local_addr.value_or(store_->local_address());
-    store_->set(contract::JobKeys(attempt).node(me),
+    std::string address = o.local_addr.value_or(store_.local_address());
+    store_.set(contract::JobKeys(attempt).node(me),
                 plan_.hostname + "\n" + address + "\n" + std::to_string(plan_.nproc));
-    if (me == 0) store_->set(contract::JobKeys(attempt).master_port(), std::to_string(pick_free_port()));
+    if (me == 0) store_.set(contract::JobKeys(attempt).master_port(), std::to_string(pick_free_port()));
 
     std::vector<std::string> keys;
     for (int r = 0; r < o.nnodes; ++r) keys.push_back(contract::JobKeys(attempt).node(r));
     keys.push_back(contract::JobKeys(attempt).master_port());
     std::vector<std::string> values;
-    try {
-      values = patient_multi_get(keys, to_ms(o.join_timeout));
-    } catch (const rdzv::StoreTimeout& e) {
-      // The timeout names the keys still missing: take the node ranks from it rather than
-      // asking again (node 0 may already be gone with its store).
+    // The timeout names the keys still missing: take the node ranks from it rather than
+    // asking again (node 0 may already be gone with its store).
+    auto missing_nodes = [&](const std::vector<std::string>& missing_keys) {
       std::string missing;
-      for (const auto& key : e.missing_keys()) {
+      for (const auto& key : missing_keys) {
         if (int r = contract::JobKeys(attempt).node_rank_of(key); r >= 0) {
           missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         }
       }
-      if (missing.empty()) missing = "?";
+      return missing.empty() ? std::string("?") : missing;
+    };
+    try {
+      values = patient_multi_get(keys, to_ms(o.join_timeout), [&](const std::vector<std::string>& missing_keys) {
+        return "still waiting for node rank(s) " + missing_nodes(missing_keys) + " of " + std::to_string(o.nnodes) +
+               " to join at " + store_address();
+      });
+    } catch (const rdzv::StoreTimeout& e) {
+      const std::string missing = missing_nodes(e.missing_keys());
       // Let the nodes that did join read their own timeout before node 0 takes the store away.
       try {
-        store_->set(contract::JobKeys(attempt).left(me), "1");
+        store_.set(contract::JobKeys(attempt).left(me), "1");
         if (me == 0 && !o.rdzv_host) {
           std::vector<std::string> joined;
           for (int r = 1; r < o.nnodes; ++r) {
-            if (store_->check({keys[r]})) joined.push_back(contract::JobKeys(attempt).left(r));
+            if (store_.check({keys[r]})) joined.push_back(contract::JobKeys(attempt).left(r));
           }
           patient_multi_get(joined, std::min(to_ms(o.join_timeout), Millis(5000)));
         }
@@ -209,7 +208,7 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
       }
       throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(o.join_timeout)) +
                         " s waiting for node rank(s) " + missing + " of " + std::to_string(o.nnodes) +
-                        " to join at " + store_host_ + ":" + std::to_string(store_port_));
+                        " to join at " + store_address());
     }
 
     JobLayout layout;
@@ -237,7 +236,7 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
     layout.store.prefix = contract::JobKeys(attempt).process_groups();
     return layout;
   } catch (const rdzv::StoreConnectionError& e) {
-    throw LaunchError("rendezvous: the store at " + store_host_ + ":" + std::to_string(store_port_) +
+    throw LaunchError("rendezvous: the store at " + store_address() +
                       " went away while this node waited for the others (node 0 gave up or died): " + e.what());
   } catch (const rdzv::StoreError& e) {
     throw LaunchError(std::string("rendezvous: ") + e.what());
@@ -246,57 +245,92 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
 
 void RendezvousAgent::start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure) {
   stop_watch();
-  stopping_ = false;
   failure_seen_ = false;
-  try {
-    watcher_ = std::make_unique<rdzv::TcpStore>(store_options(to_ms(plan_.options.heartbeat_timeout)));
-  } catch (const rdzv::StoreError& e) {
-    throw LaunchError(std::string("rendezvous: ") + e.what());
-  }
   // An elastic attempt may lose a member in a gap its failure will does not cover
-  // (between the closing and the will, or a newcomer dying mid-grow): the watcher looks
+  // (between the closing and the will, or a newcomer dying mid-grow): the watch looks
   // for that every quarter heartbeat timeout and ends the attempt for it.
   std::vector<int64_t> members;
   if (elastic_ && layout_.attempt == attempt) members = elastic_->members();
-  const Millis slice =
-      elastic_ ? std::max(Millis(100), to_ms(plan_.options.heartbeat_timeout) / 4) : Millis(3600 * 1000);
-  watch_thread_ = std::thread([this, attempt, members, slice, on_failure = std::move(on_failure)] {
-    const std::string failure_key = contract::JobKeys(attempt).failure();
-    while (!stopping_) {
-      try {
-        if (elastic_) {
-          elastic::report_lost_member(*watcher_, attempt, members);
-          elastic::finish_grow(*watcher_, attempt);
-        }
-        std::string text = watcher_->get(failure_key, slice);
-        failure_seen_ = true;
-        on_failure(after_finish(*watcher_, attempt, FailureNotice::decode(text)));
-        return;
-      } catch (const rdzv::StoreTimeout&) {
-        continue;  // no news: look again
-      } catch (const rdzv::StoreError& e) {
-        if (stopping_) return;
-        failure_seen_ = true;
-        FailureNotice lost{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
-        on_failure(lost);
-        return;
-      }
-    }
+  watch_ = std::make_shared<Watch>();
+  watch_thread_ = std::thread([this, w = watch_, attempt, members, on_failure = std::move(on_failure)] {
+    watch(w, attempt, members, on_failure);
   });
+}
+
+void RendezvousAgent::watch(const std::shared_ptr<Watch>& w, int attempt, const std::vector<int64_t>& members,
+                            const std::function<void(const FailureNotice&)>& on_failure) {
+  const std::string failure_key = contract::JobKeys(attempt).failure();
+  rdzv::Waiting waiting;
+  // A fixed job only waits for the failure key; in slices all the same, so a get given
+  // up at stop_watch() stays parked in the store a minute at most.
+  waiting.slice = elastic_ ? std::max(Millis(100), to_ms(plan_.options.heartbeat_timeout) / 4) : Millis(60000);
+  waiting.cancelled = [&] {
+    std::lock_guard lock(w->mu);
+    return w->stopping;
+  };
+  std::optional<FailureNotice> news;
+  try {
+    rdzv::wait_in_slices(waiting, [&](Millis budget) {
+      if (elastic_) {
+        elastic::report_lost_member(store_, attempt, members);
+        elastic::finish_grow(store_, attempt);
+      }
+      const auto text = watched_get(w, failure_key, budget);
+      if (!text) return false;  // no news (or stopping: the next look ends the wait)
+      failure_seen_ = true;
+      news = after_finish(store_, attempt, FailureNotice::decode(*text));
+      return true;
+    });
+  } catch (const rdzv::StoreError& e) {
+    if (waiting.cancelled()) return;
+    failure_seen_ = true;
+    news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
+  }
+  if (news) on_failure(*news);
+}
+
+std::optional<std::string> RendezvousAgent::watched_get(const std::shared_ptr<Watch>& w, const std::string& key,
+                                                        Millis budget) {
+  auto answer = std::make_shared<std::optional<rdzv::Outcome<std::string>>>();
+  const rdzv::RequestId id = store_.get_async(key, budget, [w, answer](rdzv::Outcome<std::string> got) {
+    std::lock_guard lock(w->mu);
+    *answer = std::move(got);
+    w->wake.notify_all();
+  });
+  std::unique_lock lock(w->mu);
+  // The link ends the request by its deadline (budget + the I/O timeout); the bound is
+  // only a guard.
+  w->wake.wait_for(lock, budget + to_ms(plan_.options.heartbeat_timeout) + Millis(1000),
+                   [&] { return answer->has_value() || w->stopping; });
+  if (!answer->has_value()) {
+    lock.unlock();
+    store_.cancel(id);
+    return std::nullopt;
+  }
+  rdzv::Outcome<std::string> got = std::move(**answer);
+  lock.unlock();
+  try {
+    return got.get();
+  } catch (const rdzv::StoreTimeout&) {
+    return std::nullopt;
+  }
 }
 
 void RendezvousAgent::stop_watch() {
   if (!watch_thread_.joinable()) return;
-  stopping_ = true;
-  watcher_->abort();
+  {
+    std::lock_guard lock(watch_->mu);
+    watch_->stopping = true;
+  }
+  watch_->wake.notify_all();
   watch_thread_.join();
-  watcher_.reset();
+  watch_.reset();
 }
 
 FailureNotice RendezvousAgent::publish_failure(int attempt, const FailureNotice& notice) {
   try {
-    return after_finish(*store_, attempt,
-                        FailureNotice::decode(store_->compare_set(contract::JobKeys(attempt).failure(), "", notice.encode())));
+    return after_finish(store_, attempt,
+                        FailureNotice::decode(store_.compare_set(contract::JobKeys(attempt).failure(), "", notice.encode())));
   } catch (const rdzv::StoreError& e) {
     spdlog::error("could not publish the failure to the store: {}", e.what());
     return notice;
@@ -321,7 +355,6 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
   const int me = layout_.node_rank;
   std::vector<std::string> done;
   for (int r = 0; r < layout_.nnodes; ++r) done.push_back(contract::JobKeys(attempt).done(r));
-  auto deadline = Clock::now() + to_ms(o.exit_barrier_timeout);
   try {
     if (elastic_) {
       // A finishing job is never re-formed: take the closing key before a newcomer does.
@@ -329,53 +362,75 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
       // The newcomer may have died between its two compare_sets: the grow notice is
       // then written here, in the store, so every node re-forms (none waits for it).
       if (elastic_->claim_finish(attempt) != "finished") {
-        if (auto grow = elastic::finish_grow(*store_, attempt)) return grow;
+        if (auto grow = elastic::finish_grow(store_, attempt)) return grow;
       }
     }
-    store_->set(done[me], "1");
+    store_.set(done[me], "1");
     // Done: this node's part of the job is over, so losing it now (frozen or killed
     // while it waits here) must not fail the others. Withdrawn after the done key, so a
     // loss in between is still a failure rather than a wait for a node that never finishes.
     if (elastic_) {
       elastic_->withdraw_failure_will();
     } else {
-      store_->set_wills({}, silence_limit(to_ms(o.heartbeat_timeout)));
+      store_.set_wills({}, silence_limit(to_ms(o.heartbeat_timeout)));
     }
-    // Short waits, so a failure published meanwhile (the watcher sees it) ends the wait.
-    while (true) {
-      if (failure_seen_ || store_->check({contract::JobKeys(attempt).failure()})) {
-        FailureNotice notice = FailureNotice::decode(store_->get(contract::JobKeys(attempt).failure(), Millis(1000)));
+    // Short waits, so a failure published meanwhile (the watch sees it) ends the wait.
+    auto missing_nodes = [&](const std::vector<std::string>& missing_keys) {
+      std::string missing;
+      for (int r = 0; r < layout_.nnodes; ++r) {
+        if (std::find(missing_keys.begin(), missing_keys.end(), done[r]) != missing_keys.end()) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      return missing;
+    };
+    std::vector<std::string> missing_keys = done;
+    std::optional<std::optional<FailureNotice>> outcome;  // set when the wait decided
+    rdzv::Waiting w;
+    w.timeout = to_ms(o.exit_barrier_timeout);
+    w.slice = Millis(500);
+    w.notice_every = o.wait_notice_every;
+    w.describe = [&] { return "still waiting for node rank(s) " + missing_nodes(missing_keys) + " to finish"; };
+    w.say = [](const std::string& line) { spdlog::info("{}", line); };
+    const auto end = rdzv::wait_in_slices(w, [&](Millis budget) {
+      if (failure_seen_ || store_.check({contract::JobKeys(attempt).failure()})) {
+        FailureNotice notice = FailureNotice::decode(store_.get(contract::JobKeys(attempt).failure(), Millis(1000)));
         // A node lost after every worker of the attempt had exited with status 0 (frozen or
         // killed in its own exit barrier) took nothing from the job: it succeeded. Every
         // node reads the same published exits, so all come to the same verdict.
-        if (notice.kind == NoticeKind::kNodeLost && every_worker_succeeded(*store_, attempt, layout_.world_size)) {
+        if (notice.kind == NoticeKind::kNodeLost && every_worker_succeeded(store_, attempt, layout_.world_size)) {
           spdlog::info("{}, after every worker of the job had finished with status 0: the job succeeded",
                        notice.describe());
-          return std::nullopt;
+          outcome.emplace(std::nullopt);
+        } else {
+          outcome.emplace(after_finish(store_, attempt, notice));
         }
-        return after_finish(*store_, attempt, notice);
+        return true;
       }
       if (int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
-        return publish_failure(attempt, {me, -1, 128 + sig, plan_.hostname,
-                                         std::string("ddprun received SIG") + sigabbrev_np(sig) +
-                                             " while waiting for the other nodes to finish"});
+        outcome.emplace(publish_failure(attempt, {me, -1, 128 + sig, plan_.hostname,
+                                                  std::string("ddprun received SIG") + sigabbrev_np(sig) +
+                                                      " while waiting for the other nodes to finish"}));
+        return true;
       }
       try {
-        store_->wait(done, Millis(500));
-        return std::nullopt;
-      } catch (const rdzv::StoreTimeout&) {
-        if (Clock::now() >= deadline) {
-          std::string missing;
-          for (int r = 0; r < layout_.nnodes; ++r) {
-            if (!store_->check({done[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-          }
-          // Published, so the nodes still running learn the job is over.
-          return publish_failure(attempt, {me, -1, 1, plan_.hostname,
-                                           "exit barrier: node rank(s) " + missing + " did not finish within " +
-                                               std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"});
-        }
+        store_.wait(done, budget);
+        outcome.emplace(std::nullopt);
+        return true;
+      } catch (const rdzv::StoreTimeout& e) {
+        if (!e.missing_keys().empty()) missing_keys = e.missing_keys();
+        return false;
       }
+    });
+    if (end == rdzv::WaitEnd::kArrived) return *outcome;
+    std::string missing;
+    for (int r = 0; r < layout_.nnodes; ++r) {
+      if (!store_.check({done[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
+    // Published, so the nodes still running learn the job is over.
+    return publish_failure(attempt, {me, -1, 1, plan_.hostname,
+                                     "exit barrier: node rank(s) " + missing + " did not finish within " +
+                                         std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"});
   } catch (const rdzv::StoreError& e) {
     return FailureNotice{0, -1, 1, "", "exit barrier: " + store_lost_message(e.what()), NoticeKind::kStoreLost};
   }
@@ -386,7 +441,7 @@ void RendezvousAgent::leave(int attempt, Millis linger) {
     std::vector<std::string> left;
     if (elastic_) elastic_->mark_lost();
     if (!elastic_ || joined_attempt_ == attempt) {
-      store_->set(contract::JobKeys(attempt).left(layout_.node_rank), "1");
+      store_.set(contract::JobKeys(attempt).left(layout_.node_rank), "1");
       for (int r = 0; r < layout_.nnodes; ++r) left.push_back(contract::JobKeys(attempt).left(r));
     } else {
       // Never a member of `attempt` (its join ended early): no group rank there to
@@ -395,12 +450,12 @@ void RendezvousAgent::leave(int attempt, Millis linger) {
     }
     if (linger.count() > 0 && !left.empty()) {
       try {
-        patient_multi_get(left, linger);  // short slices: the heartbeat keeps going meanwhile
+        patient_multi_get(left, linger);  // in slices: a stop signal ends it
       } catch (const rdzv::StoreTimeout&) {
         // Someone is slow to leave; their answers were sent already.
       }
     }
-    store_->close();
+    store_.close();
   } catch (const rdzv::StoreError&) {
     // Leaving anyway.
   } catch (const Interrupted&) {

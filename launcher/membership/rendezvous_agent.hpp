@@ -17,8 +17,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,7 +25,7 @@
 
 #include "ddp/contract/job_records.hpp"
 #include "membership/elastic/elastic_join.hpp"
-#include "store/exit_publisher.hpp"
+#include "store/job_link.hpp"
 #include "job/failure_notice.hpp"
 #include "job/job_layout.hpp"
 #include "plan/launch_plan.hpp"
@@ -37,11 +35,11 @@ namespace ddprun {
 
 class RendezvousAgent {
  public:
-  // Connects to the store (retrying until the join timeout). Throws LaunchError.
-  // `stop_signal` is asked between short waits: a non-zero signal number ends the
-  // wait (join throws Interrupted, the exit barrier returns a notice).
-  RendezvousAgent(const LaunchPlan& plan, std::string store_host, int store_port, std::string token,
-                  std::string ns, std::function<int()> stop_signal);
+  // Works through `link`, this node's one link to the job's store (connected, and
+  // outliving the agent). `stop_signal` is asked between short waits: a non-zero
+  // signal number ends the wait (join throws Interrupted, the exit barrier returns a
+  // notice). Throws LaunchError.
+  RendezvousAgent(const LaunchPlan& plan, JobLink& link, std::function<int()> stop_signal);
   ~RendezvousAgent();
 
   // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's; in an
@@ -54,8 +52,9 @@ class RendezvousAgent {
   // (Membership::join has the whole contract).
   JobLayout join(int attempt);
 
-  // Runs `on_failure` (on a helper thread) when a failure is published for `attempt`,
-  // or when the store cannot be reached any more.
+  // Runs `on_failure` (on the watch's thread) when a failure is published for
+  // `attempt`, or when the store cannot be reached any more. stop_watch() ends the
+  // watch at once.
   void start_watch(int attempt, std::function<void(const FailureNotice&)> on_failure);
   void stop_watch();
 
@@ -63,7 +62,7 @@ class RendezvousAgent {
   FailureNotice publish_failure(int attempt, const FailureNotice& notice);
 
   // Records a worker's exit for every rank to see (in the background: never blocks).
-  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) { exits_->publish(attempt, record); }
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) { link_.exits().publish(attempt, record); }
 
   // After this node's workers succeeded: waits for every node to finish. Returns the
   // failure that ended the job instead, if any.
@@ -79,10 +78,22 @@ class RendezvousAgent {
   void end_job(int status, const std::string& why);
 
  private:
-  rdzv::TcpStoreOptions store_options(std::chrono::milliseconds connect_timeout) const;
-  // get/multi_get in short slices until `timeout`, checking for stop signals between them.
-  std::vector<std::string> patient_multi_get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
-  void heartbeat_loop();
+  struct Watch;
+  // multi_get of `keys` in short slices until `timeout`: a stop signal ends it
+  // (Interrupted); when `missing` is given, every DDP_WAIT_NOTICE_SEC a line says what
+  // it makes of the keys still missing. Throws the last slice's StoreTimeout when time is up.
+  std::vector<std::string> patient_multi_get(
+      const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+      const std::function<std::string(const std::vector<std::string>& missing)>& missing = {});
+  // The watch's thread: waits for a failure of `attempt` in slices (elastic: looking
+  // for lost members between them) until one comes or stop_watch().
+  void watch(const std::shared_ptr<Watch>& w, int attempt, const std::vector<int64_t>& members,
+             const std::function<void(const FailureNotice&)>& on_failure);
+  // get(key) for up to `budget` that stop_watch() cuts short (nothing then, and
+  // nothing when the key is still missing).
+  std::optional<std::string> watched_get(const std::shared_ptr<Watch>& w, const std::string& key,
+                                         std::chrono::milliseconds budget);
+  std::string store_address() const;
   static std::chrono::milliseconds silence_limit(std::chrono::milliseconds heartbeat_timeout);
   JobLayout fixed_join(int attempt);
   // Elastic: once a node of `attempt` finished, a lost node or failed worker ends the
@@ -93,23 +104,12 @@ class RendezvousAgent {
   std::string store_lost_message(const std::string& what) const;
 
   const LaunchPlan& plan_;
-  std::string store_host_;
-  int store_port_;
-  std::string token_;
-  std::string ns_;
-  std::unique_ptr<rdzv::TcpStore> store_;    // registration, barrier, will
-  std::unique_ptr<rdzv::TcpStore> watcher_;  // blocks in get("failure") on its own thread
+  JobLink& link_;
+  rdzv::TcpStore& store_;  // the link's client: registration, barrier, wills, the watch
+  std::shared_ptr<Watch> watch_;  // the running watch: its stop flag, its requests' answers
   std::thread watch_thread_;
-  std::atomic<bool> stopping_{false};
   std::atomic<bool> failure_seen_{false};
   std::function<int()> stop_signal_;
-  // Pings on store_ a few times per heartbeat timeout, so the server can tell this
-  // ddprun is alive (its will carries that silence limit).
-  std::thread heartbeat_thread_;
-  std::mutex heartbeat_mutex_;
-  std::condition_variable heartbeat_stop_;
-  bool heartbeat_done_ = false;
-  std::unique_ptr<ExitPublisher> exits_;  // its own connection (made on first use)
   std::unique_ptr<ElasticRendezvous> elastic_;  // elastic jobs only
   // The attempt this node joined last (group rank, node count): done/<r>, left/<r>.
   JobLayout layout_;

@@ -2,20 +2,16 @@
 // ddp/contract/store_keys.hpp), so the worker runtime of every other rank learns at
 // once that a peer is gone. exit_records.hpp reads them back.
 //
-// publish() only queues: a thread of its own, with its own store connection, writes
-// the records, so ddprun's event loop never waits for the store. Every store call is
-// bounded; a record that cannot be written after a retry on a fresh connection is
-// dropped with a warning (once per run of failures). Later records try again.
-// The destructor gives the queue a short while to drain, then gives up.
+// publish() only queues: the records are written from the store client's link thread
+// (rdzv/rider.hpp), one after another, each an add() for its slot and a set() into it,
+// so ddprun's event loop never waits for the store. A record whose write fails is
+// tried once more (same slot); after that it is dropped with a warning (once per run
+// of failures), and later records try again. Once the connection is lost, every
+// record is dropped: the client does not reconnect (rdzv/tcp_store.hpp).
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <utility>
 
 #include "ddp/contract/job_records.hpp"
 #include "rdzv/tcp_store.hpp"
@@ -24,9 +20,9 @@ namespace ddprun {
 
 class ExitPublisher {
  public:
-  // `store`: where the job's keys live (unprefixed: the job's namespace). Nothing
-  // connects until the first record is published.
-  explicit ExitPublisher(rdzv::TcpStoreOptions store);
+  // `store`: the job's store (unprefixed: the job's keys).
+  explicit ExitPublisher(std::shared_ptr<rdzv::TcpStore> store);
+  // Gives the queue a short while (2 s) to drain, then gives up on what is left.
   ~ExitPublisher();
   ExitPublisher(const ExitPublisher&) = delete;
   ExitPublisher& operator=(const ExitPublisher&) = delete;
@@ -39,20 +35,9 @@ class ExitPublisher {
   bool flush(std::chrono::milliseconds timeout);
 
  private:
-  void loop();
-  void write(int attempt, const ddp::contract::ExitRecord& record);
-
-  rdzv::TcpStoreOptions options_;
-  std::unique_ptr<rdzv::TcpStore> store_;  // the thread's own; made on use, dropped on failure (mu_ to change)
-  bool failing_ = false;                   // the last record was dropped (and warned about)
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<int, ddp::contract::ExitRecord>> queue_;
-  bool busy_ = false;   // the thread is writing a record it took off the queue
-  bool stopping_ = false;
-  bool busy_aborted_ = false;  // the destructor cut the write in flight short: no more tries
-  std::thread thread_;
+  struct Queue;  // exit_publisher.cpp: what the link thread's steps share
+  std::shared_ptr<Queue> queue_;
+  std::shared_ptr<rdzv::TcpStore> store_;
 };
 
 }  // namespace ddprun

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "ddp/contract/store_keys.hpp"
+#include "rdzv/waiting.hpp"
 #include "membership/elastic/elastic_ending.hpp"
 #include "errors.hpp"
 #include "job/failure_notice.hpp"
@@ -170,13 +171,24 @@ elastic::MemberList ElasticRendezvous::wait_round(int attempt, Clock::time_point
   const JobKeys keys(attempt);
   register_for(attempt);
   elastic::RoundTimers timers(Clock::now());
-  while (true) {
+  std::optional<elastic::MemberList> agreed;
+  int present = 0;
+  rdzv::Waiting w;
+  w.slice = kPollSlice;
+  w.notice_every = o.wait_notice_every;
+  w.describe = [&] {
+    return "still waiting for attempt " + std::to_string(attempt) + " to form: " + std::to_string(present) +
+           " node(s) present, " + std::to_string(o.min_nodes) + " to " + std::to_string(o.nnodes) + " wanted";
+  };
+  w.say = [](const std::string& line) { spdlog::info("{}", line); };
+  rdzv::wait_in_slices(w, [&](Millis budget) {
     check_stop_and_end();
-    if (auto closed = read_members(attempt)) return *closed;
+    if ((agreed = read_members(attempt))) return true;
     std::optional<elastic::MemberList> previous = attempt > 0 ? read_members(attempt - 1) : std::nullopt;
     elastic::RoundView view = view_of(attempt, previous);
     const auto now = Clock::now();
     elastic::RoundDecision d = elastic::decide_round(view, timers, now);
+    present = d.present;
     if (previous && !view.previous_running) check_previous_ended(attempt, *previous);
     if (view.previous_running && now - start >= to_ms(o.join_timeout)) {
       throw LaunchError("rendezvous: not admitted within " + std::to_string(static_cast<int>(o.join_timeout)) +
@@ -187,12 +199,13 @@ elastic::MemberList ElasticRendezvous::wait_round(int attempt, Clock::time_point
       elastic::MemberList list;
       list.restart_count = restart_count_after(attempt, previous);
       for (const auto& c : d.members) list.ids.push_back(c.id);
-      std::string agreed = store_.compare_set(keys.members(), "", list.encode());
+      std::string text = store_.compare_set(keys.members(), "", list.encode());
       try {
-        return elastic::MemberList::decode(agreed);
+        agreed = elastic::MemberList::decode(text);
       } catch (const std::invalid_argument& e) {
         bad_record(keys.members(), e);
       }
+      return true;
     }
     if (d.action == elastic::RoundAction::kGiveUp) {
       std::string hosts;
@@ -209,11 +222,13 @@ elastic::MemberList ElasticRendezvous::wait_round(int attempt, Clock::time_point
       throw LaunchError(why);
     }
     try {
-      store_.wait({keys.members()}, kPollSlice);  // wakes at once when someone closes it
+      store_.wait({keys.members()}, budget);  // wakes at once when someone closes it
     } catch (const rdzv::StoreTimeout&) {
       // Look again.
     }
-  }
+    return false;
+  });
+  return *agreed;
 }
 
 JobLayout ElasticRendezvous::layout_of(int attempt, const elastic::MemberList& members) {

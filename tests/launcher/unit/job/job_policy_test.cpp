@@ -5,6 +5,7 @@
 
 #include "job_adapters.hpp"
 #include "job_policy_fakes.hpp"
+#include "server_fixture.hpp"
 
 using namespace policy_fakes;
 
@@ -123,7 +124,12 @@ TEST_CASE("a stop signal during the attempt ends the job without a restart", "[j
 TEST_CASE("on one node a stop signal is no remote root cause", "[job_policy]") {
   Job job;
   job.workers.attempts = {stopped_by(SIGTERM)};
-  ddprun::SingleNodeMembership alone(job.plan, 29500, "token");
+  testing::ServerThread store;  // the store a single node hosts for its workers
+  ddprun::JobLinkOptions link_options;
+  link_options.host = "127.0.0.1";
+  link_options.port = store.port();
+  ddprun::JobLink link(link_options);
+  ddprun::SingleNodeMembership alone(job.plan, link);
   CHECK(ddprun::JobPolicy(job.workers, alone, job.reports, job.options(3)).run() == 128 + SIGTERM);
   REQUIRE(job.summaries.size() == 1);
   CHECK_THAT(job.summaries[0], Catch::Contains("stopped by SIGTERM") && !Catch::Contains("Root cause") &&

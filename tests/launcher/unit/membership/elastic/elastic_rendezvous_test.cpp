@@ -38,6 +38,7 @@ struct NodeSpec {
 struct Node {
   ddprun::LaunchPlan plan;
   std::atomic<int> stop{0};
+  std::unique_ptr<ddprun::JobLink> link;
   std::unique_ptr<ddprun::RendezvousAgent> agent;
 
   Node(const testing::ServerThread& server, const std::string& host, const NodeSpec& s) {
@@ -52,8 +53,12 @@ struct Node {
     plan.options.exit_barrier_timeout = 10;
     plan.hostname = host;
     plan.nproc = 2;
-    agent = std::make_unique<ddprun::RendezvousAgent>(plan, "127.0.0.1", server.port(), "", "",
-                                                      [this] { return stop.load(); });
+    ddprun::JobLinkOptions o;
+    o.host = "127.0.0.1";
+    o.port = server.port();
+    o.heartbeat_timeout = ddprun::to_ms(plan.options.heartbeat_timeout);
+    link = std::make_unique<ddprun::JobLink>(o);
+    agent = std::make_unique<ddprun::RendezvousAgent>(plan, *link, [this] { return stop.load(); });
   }
   std::future<JobLayout> join(int attempt) {
     return std::async(std::launch::async, [this, attempt] { return agent->join(attempt); });
