@@ -70,7 +70,7 @@ class SingleNodeMembership : public Membership {
   void stop_watch() override {}
   std::optional<FailureNotice> publish_failure(int, const FailureNotice&) override { return std::nullopt; }
   void publish_exit(int attempt, const ddp::contract::ExitRecord& record) override {
-    link_.exits().publish(attempt, record);
+    link_.publish_exit(attempt, record);
   }
   std::optional<FailureNotice> exit_barrier(int) override { return std::nullopt; }
   void leave(int, std::chrono::milliseconds) override {}

@@ -106,6 +106,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
     link.host = "127.0.0.1";
     link.port = job.store_host->port();
+    link.connect_in_background = true;
     job.link = std::make_unique<ddprun::JobLink>(link);
     return job;
   }
@@ -173,7 +174,7 @@ int launch(ddprun::LaunchPlan& plan) {
   stall.run_id = plan.run_id;
   stall.hostname = plan.hostname;
   stall.print = [](const std::string& text) { ddprun::Console::err().write(text); };
-  stall.store = job.link->client();
+  stall.store = [&link = *job.link] { return link.client(); };
   ddprun::StallMonitor stall_monitor(std::move(stall));
   ddprun::RuntimeInfo runtime;
   runtime.run_id = plan.run_id;

@@ -60,6 +60,7 @@ void StallMonitor::ended(int) {
   }
   wake_.notify_all();
   thread_.join();  // a store call in flight is short (nothing here blocks in the store)
+  store_.reset();
 }
 
 bool StallMonitor::sleep_for(Millis d) {
@@ -69,7 +70,7 @@ bool StallMonitor::sleep_for(Millis d) {
 }
 
 ProgressRecords StallMonitor::read_records() {
-  rdzv::TcpStore* store = options_.store.get();
+  rdzv::TcpStore* store = store_.get();
   contract::JobKeys keys(attempt_);
   std::vector<std::string> wanted;
   std::vector<int> ranks;
@@ -120,7 +121,13 @@ std::vector<WorkerProcess> StallMonitor::local_workers(const ProgressRecords& re
 }
 
 void StallMonitor::run() {
-  if (!options_.store) {
+  try {
+    if (options_.store) store_ = options_.store();
+  } catch (const std::exception& e) {
+    spdlog::warn("stall detection is off for this attempt: cannot reach the job's store ({})", e.what());
+    return;
+  }
+  if (!store_) {
     spdlog::warn("stall detection is off for this attempt: no store to read the workers' progress from");
     return;
   }
@@ -191,7 +198,7 @@ void StallMonitor::run() {
 }
 
 std::string StallMonitor::gather_other_nodes(uint64_t episode) {
-  rdzv::TcpStore* store = options_.store.get();
+  rdzv::TcpStore* store = store_.get();
   const std::string tag = "episode " + std::to_string(episode) + "\n";
   std::vector<std::string> parts(static_cast<size_t>(layout_.nnodes));
   auto deadline = std::chrono::steady_clock::now() + options_.process.stack_timeout + Millis(5000);
@@ -235,7 +242,7 @@ void StallMonitor::report(const ProgressRecords& records, const std::string& wha
                  stop ? " and stops the job" : "");
   }
   std::string processes = describe_processes(options_.hostname, local_workers(records), options_.process);
-  rdzv::TcpStore* store = options_.store.get();
+  rdzv::TcpStore* store = store_.get();
   try {
     // Node 0 reads the other nodes' parts; `ddprun status` reads any to call ranks stalled.
     store->set(contract::JobKeys(attempt_).stall_report(layout_.node_rank),

@@ -53,8 +53,9 @@ struct StallMonitorOptions {
   ProcessReportOptions process;
   // Where the report goes (ddprun: the console's stderr).
   std::function<void(const std::string&)> print;
-  // The job's store (unprefixed: job keys), shared with the rest of the node.
-  std::shared_ptr<rdzv::TcpStore> store;
+  // The job's store (unprefixed: job keys), shared with the rest of the node; asked
+  // for on the monitor's thread (it may wait for the node's link to connect).
+  std::function<std::shared_ptr<rdzv::TcpStore>()> store;
 };
 
 class StallMonitor : public AttemptWatch {
@@ -89,6 +90,7 @@ class StallMonitor : public AttemptWatch {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  std::shared_ptr<rdzv::TcpStore> store_;  // the monitor thread's, while it runs
   std::thread thread_;
 };
 

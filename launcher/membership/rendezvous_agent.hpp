@@ -62,7 +62,7 @@ class RendezvousAgent {
   FailureNotice publish_failure(int attempt, const FailureNotice& notice);
 
   // Records a worker's exit for every rank to see (in the background: never blocks).
-  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) { link_.exits().publish(attempt, record); }
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record) { link_.publish_exit(attempt, record); }
 
   // After this node's workers succeeded: waits for every node to finish. Returns the
   // failure that ended the job instead, if any.

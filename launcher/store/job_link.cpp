@@ -76,18 +76,45 @@ struct JobLink::Heartbeat : std::enable_shared_from_this<Heartbeat> {
   const Millis every;
 };
 
-JobLink::JobLink(JobLinkOptions options) : options_(std::move(options)), client_(connect(options_)) {
-  exits_ = std::make_unique<ExitPublisher>(client_);
+JobLink::JobLink(JobLinkOptions options) : options_(std::move(options)) {
+  if (options_.connect_in_background) {
+    client_ = std::async(std::launch::async, [o = options_] { return connect(o); }).share();
+  } else {
+    std::promise<std::shared_ptr<rdzv::TcpStore>> connected;
+    connected.set_value(connect(options_));
+    client_ = connected.get_future().share();
+  }
 }
 
 JobLink::~JobLink() {
-  exits_.reset();  // gives the queued records a short while
-  if (heartbeat_ && !rdzv::abandoned_in_child(heartbeat_, client_)) heartbeat_->rider.stop();
+  {
+    std::lock_guard lock(exits_mu_);
+    exits_.reset();  // gives the queued records a short while
+  }
+  if (heartbeat_) {
+    std::shared_ptr<rdzv::TcpStore> link = client();
+    if (!rdzv::abandoned_in_child(heartbeat_, link)) heartbeat_->rider.stop();
+  }
+  client_.wait();  // a connection still being made is waited for (bounded by its timeout)
+}
+
+void JobLink::publish_exit(int attempt, const ddp::contract::ExitRecord& record) {
+  std::lock_guard lock(exits_mu_);
+  if (!exits_ && !exits_failed_) {
+    try {
+      exits_ = std::make_unique<ExitPublisher>(client());
+    } catch (const std::exception& e) {
+      exits_failed_ = true;
+      spdlog::warn("cannot publish worker exits to the store ({}); other ranks will not hear of them at once",
+                   e.what());
+    }
+  }
+  if (exits_) exits_->publish(attempt, record);
 }
 
 void JobLink::keep_alive(Millis every) {
   if (heartbeat_) return;
-  heartbeat_ = std::make_shared<Heartbeat>(*client_, every);
+  heartbeat_ = std::make_shared<Heartbeat>(store(), every);
   heartbeat_->rider.ride([&](rdzv::TcpStore& s) { heartbeat_->schedule(s); });
 }
 

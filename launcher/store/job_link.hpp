@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "rdzv/tcp_store.hpp"
@@ -28,12 +30,16 @@ struct JobLinkOptions {
   // (its number, or 0) that ends the wait.
   std::chrono::milliseconds notice_every{0};
   std::function<int()> stop_signal;
+  // Connect on a thread of its own, the first use waiting for it: a single node needs
+  // nothing from its own store before its workers run, so they start without waiting.
+  bool connect_in_background = false;
 };
 
 class JobLink {
  public:
-  // Connects. Throws LaunchError when the store cannot be reached in time or refuses
-  // us, Interrupted when a stop signal came first.
+  // Connects (or starts to, in the background). Throws LaunchError when the store
+  // cannot be reached in time or refuses us, Interrupted when a stop signal came first;
+  // in the background, the first use throws that instead.
   explicit JobLink(JobLinkOptions options);
   // Gives the exit records queued a short while to go out, stops the heartbeat and
   // closes without GOODBYE (a will fires): JobLink::close() first to leave cleanly.
@@ -41,23 +47,26 @@ class JobLink {
   JobLink(const JobLink&) = delete;
   JobLink& operator=(const JobLink&) = delete;
 
-  rdzv::TcpStore& store() const { return *client_; }
-  const std::shared_ptr<rdzv::TcpStore>& client() const { return client_; }
+  rdzv::TcpStore& store() const { return *client(); }
+  const std::shared_ptr<rdzv::TcpStore>& client() const { return client_.get(); }
   const JobLinkOptions& options() const { return options_; }
 
   // Pings the store every `every` from the link thread from now on, so a will's
   // silence limit tells a live node from a frozen or lost one.
   void keep_alive(std::chrono::milliseconds every);
 
-  // This node's worker exits, written to the store in the background.
-  ExitPublisher& exits() { return *exits_; }
+  // Records a worker's exit for every rank to see, in the background (exit_publisher.hpp).
+  // Never blocks on the store nor throws: without a link, records are dropped (warned once).
+  void publish_exit(int attempt, const ddp::contract::ExitRecord& record);
 
  private:
   struct Heartbeat;
 
   JobLinkOptions options_;
-  std::shared_ptr<rdzv::TcpStore> client_;
-  std::unique_ptr<ExitPublisher> exits_;
+  std::shared_future<std::shared_ptr<rdzv::TcpStore>> client_;
+  std::mutex exits_mu_;                    // publish_exit() may come from any thread
+  std::unique_ptr<ExitPublisher> exits_;   // made on first use
+  bool exits_failed_ = false;              // no link for them: warned
   std::shared_ptr<Heartbeat> heartbeat_;
 };
 
