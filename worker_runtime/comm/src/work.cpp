@@ -18,7 +18,7 @@ void Work::State::complete(std::exception_ptr e) {
   cv.notify_all();
 }
 
-void Work::State::attach(const Op& call, bool keep_recorder_alive) {
+void Work::State::attach(const detail::Op& call, bool keep_recorder_alive) {
   if (!call.recorder) return;
   recorder = call.recorder;
   record = call.record;

@@ -15,7 +15,7 @@
 #include <memory>
 #include <mutex>
 
-#include "ddp/process_group.hpp"
+#include "backend.hpp"
 #include "ddp/work.hpp"
 
 namespace ddp {
@@ -30,7 +30,7 @@ struct Work::State {
   // backend that may complete it after the group is gone (one that observes
   // completion, as NCCL) asks to keep the recorder alive; the others complete every
   // Work before their group ends and save the reference count.
-  void attach(const Op& call, bool keep_recorder_alive = false);
+  void attach(const detail::Op& call, bool keep_recorder_alive = false);
   // The backend began the call at `t`.
   void mark_started(std::chrono::steady_clock::time_point t);
 

@@ -1,4 +1,4 @@
-// The CPU process group: collectives over shared memory and TCP (see transport.hpp
+// The CPU backend: collectives over shared memory and TCP (see transport.hpp
 // and algorithms.hpp), run one at a time in issue order.
 //
 // Execution: a blocking call runs on the caller's thread when nothing is queued
@@ -33,7 +33,7 @@
 #include "../group_memory.hpp"
 #include "algorithms.hpp"
 #include "stamp.hpp"
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "transport.hpp"
 #include "work_state.hpp"
 
@@ -43,17 +43,17 @@ namespace {
 using cpu::Clock;
 constexpr Millis kExitRecordWait{500};  // for ddprun to publish an exit the transport saw first
 
-class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this<CpuProcessGroup> {
+class CpuBackend final : public Backend {
  public:
-  CpuProcessGroup(const GroupSetup& setup, const cpu::TransportOptions& topts)
-      : ProcessGroup(setup.rank, setup.size, Reach::Host),
+  CpuBackend(const GroupSetup& setup, const cpu::TransportOptions& topts)
+      : Backend(setup.rank, setup.size, Reach::Host),
         setup_(setup),
         transport_options_(topts),
         transport_(*setup.store, setup.rank, setup.size, topts) {
     for (int r = 0; r < setup.size; ++r) all_.push_back(r);
   }
 
-  ~CpuProcessGroup() override {
+  ~CpuBackend() override {
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -62,7 +62,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     if (thread_.joinable()) thread_.join();
   }
 
-  std::string backend() const override { return "cpu"; }
+  std::string kind() const override { return "cpu"; }
 
   void abort(const std::string& reason) override {
     std::exception_ptr e = std::make_exception_ptr(Error("process group aborted: " + reason));
@@ -77,7 +77,6 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     cv_.notify_all();
   }
 
- protected:
   Work run(const Op& op) override {
     return submit(
         op_kind_name(op.kind), op.options,
@@ -104,7 +103,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     return memory;
   }
 
-  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
+  std::unique_ptr<Backend> make_subgroup(const std::vector<int>& ranks) override {
     const int id = next_subgroup_++;  // counted on every rank, members or not
     const auto it = std::find(ranks.begin(), ranks.end(), rank());
     if (it == ranks.end()) return nullptr;
@@ -115,7 +114,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     sub.peers = setup_.peers.narrow(ranks);
     cpu::TransportOptions topts = transport_options_;
     topts.peers = sub.peers;
-    return std::make_shared<CpuProcessGroup>(sub, topts);
+    return std::make_unique<CpuBackend>(sub, topts);
   }
 
  private:
@@ -248,14 +247,14 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     std::string a = "rank " + std::to_string(peers.global(rank())) + ": " + cpu::describe(transport_.progress().call());
     std::string b = "rank " + std::to_string(peers.global(m.peer)) + ": " + cpu::describe(m.theirs);
     if (m.peer < rank()) std::swap(a, b);
-    return "mismatched calls in group " + name() + ": " + a + "; " + b;
+    return "mismatched calls in group " + group_name() + ": " + a + "; " + b;
   }
 
   // How errors name a task: "all_reduce #57 of group 0" (built only when one fails).
   std::string label(const Task& task) const {
     std::string out = task.name;
     if (task.seq > 0) out += " #" + std::to_string(task.seq);
-    return out + " of group " + name();
+    return out + " of group " + group_name();
   }
 
   // How `peer`, gone while this rank waited for it in `during`, exited, as ddprun
@@ -346,13 +345,13 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup) {
+std::unique_ptr<Backend> make_cpu_backend(const GroupSetup& setup) {
   cpu::TransportOptions topts;
   topts.advertise_host = setup.advertise_host;
   topts.bind_host = setup.bind_host;
   topts.connect_timeout = setup.connect_timeout;
   topts.peers = setup.peers;
-  return std::make_shared<CpuProcessGroup>(setup, topts);
+  return std::make_unique<CpuBackend>(setup, topts);
 }
 
 }  // namespace ddp::detail
