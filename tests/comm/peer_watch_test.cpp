@@ -46,7 +46,7 @@ TEST_CASE("peer watch: a peer on this host that dies is named at once", "[peer_w
   const auto killed = std::chrono::steady_clock::now();
   REQUIRE(kill(peer.pid(), SIGKILL) == 0);
   CHECK(wait_for_dead(w, 2000ms) == 1);
-  // The issue's bound for naming a dead peer is 2 s; a pidfd fires within milliseconds.
+  // A dead peer must be named within 2 s; a pidfd fires within milliseconds.
   CHECK(std::chrono::steady_clock::now() - killed < 2s);
   CHECK(store.get("watch/0", 0ms) == PeerWatch::record_of(getpid()));
 }

@@ -356,7 +356,7 @@ void memory(const std::shared_ptr<ddp::ProcessGroup>& pg) {
   check(m.optimizer == 2 * m.params, "AdamW state == 2 * params");
   check(m.transient_peak > 0 && m.transient_peak <= bound, "transient_peak <= (1+prefetch)*max_unit*4 + 2*max_unit*4");
   check(m.comm == 0, "f32 and no accumulation: no staging or temp buffers");
-  // 1/N of DDP's bytes, with 5% of slack for padding: the 0.55 at N = 2.
+  // 1/N of DDP's bytes, with 5% of slack for padding: 0.55 of DDP's at N = 2.
   check(static_cast<double>(m.held()) <= (1.0 / static_cast<double>(n) + 0.05) * static_cast<double>(ddp_held),
         "held <= (1/N + 0.05) * DDP's held");
 }

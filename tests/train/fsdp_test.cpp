@@ -26,7 +26,7 @@ void run_checks(int nproc) {
     for (auto& l : lines) {
       if (!std::regex_match(l, m, diff)) continue;
       ++compared;
-      // The bound; the equivalence runs check inside that they are exact.
+      // The promised bound; the equivalence runs check inside that they are exact.
       CHECK(std::stod(m[1]) <= 1e-6);
     }
     CHECK(compared == kCompared);

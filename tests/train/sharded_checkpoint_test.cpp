@@ -1,4 +1,4 @@
-// Checkpoints across strategies and world sizes (issue 16): examples/fashion_mnist under
+// Checkpoints across strategies and world sizes: examples/fashion_mnist under
 // the real ddprun saves one full file whatever its strategy (DDP, ZeRO-1, FSDP) and
 // world, and every strategy at any world resumes from it. From the same state, each
 // strategy writes the same bytes: a file is loaded under another strategy and world

@@ -1,4 +1,4 @@
-// Elastic jobs end to end (issue 14): `ddprun --nnodes 2:3`, one ddprun per network
+// Elastic jobs end to end: `ddprun --nnodes 2:3`, one ddprun per network
 // namespace, training the real Fashion-MNIST with examples/fashion_mnist, which
 // resumes from its checkpoint (a file every node sees, as on a shared filesystem)
 // each time the job re-forms. Nodes are lost in every way a host can be lost
@@ -27,7 +27,7 @@ namespace {
 
 const std::string kRendezvousBin = RENDEZVOUS_BIN;
 const std::string kFashion = FASHION_MNIST_BIN;
-constexpr double kTargetAccuracy = 0.885;  // issue 14's end-to-end target
+constexpr double kTargetAccuracy = 0.885;  // test accuracy a re-formed job must still reach
 constexpr int kDaemonPort = 29400;
 
 struct JobOptions {

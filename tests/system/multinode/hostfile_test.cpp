@@ -1,7 +1,7 @@
-// `ddprun --hostfile` end to end (issue 15): one command on a login node starts the
+// `ddprun --hostfile` end to end: one command on a login node starts the
 // whole job over real ssh. Three network-namespace hosts each run Debian's sshd with
 // the test's own keys (ssh_hosts.hpp); the launcher runs in a fourth namespace that
-// runs no workers. Each test checks one promise of the issue: ranks and node order,
+// runs no workers. Each test checks one promise of --hostfile: ranks and node order,
 // the GPUs --include picks, the variables sent and the token kept off every command
 // line; a failure on one host ending all; Ctrl-C; a host that cannot be reached; a
 // launcher SIGKILLed; Fashion-MNIST trained over the three hosts.
