@@ -4,10 +4,11 @@
 // Contract shared by every collective:
 //  - Every rank of the group calls the same collectives in the same order, with the
 //    same counts, dtypes, ops and roots (and a recv matches its peer's send in count
-//    and dtype). On the CPU backend, calls that differ fail on every rank with
-//    Mismatch naming both sides, before any wrong data is used, and break the group;
-//    a skipped call of the same shape as the next one waits until the timeout. On
-//    NCCL a mismatch hangs until the timeout.
+//    and dtype). The CPU backend pairs each rank's k-th call with the others' and
+//    fails paired calls that differ on every rank with Mismatch naming both sides,
+//    before any wrong data is used (the group is broken then); a skipped call whose
+//    neighbours have the same shape leaves a rank waiting until the timeout. NCCL
+//    hangs on a mismatch until the timeout.
 //  - Blocking by default; with CollectiveOptions::async_op the call returns a Work at
 //    once and the operation runs on the group's progress thread. Operations of one
 //    group run one at a time in the order they were issued, sync and async alike.
