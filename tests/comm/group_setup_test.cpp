@@ -1,10 +1,10 @@
-// The all-ranks exchange that every group's formation goes through (backend.hpp).
+// The all-ranks exchange that every group's formation goes through (group_setup.hpp).
 #include <catch2/catch.hpp>
 
 #include <mutex>
 #include <thread>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "ddp/types.hpp"
 #include "rdzv/memory_store.hpp"
 #include "rdzv/prefix_store.hpp"
