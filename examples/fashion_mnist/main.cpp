@@ -35,13 +35,13 @@
 #include <vector>
 
 #include "ddp/checkpoint.hpp"       // load_optimizer_state
-#include "ddp/fashion_mnist.hpp"    // load_fashion_mnist
 #include "ddp/init.hpp"             // ddp::init: the process group from the launcher's environment
 #include "ddp/lr_schedule.hpp"      // WarmupCosine, scaled_lr
 #include "ddp/nn.hpp"               // make_mlp, softmax_cross_entropy
 #include "ddp/optim.hpp"            // AdamW, SGD
 #include "ddp/sampler.hpp"          // DistributedSampler
 #include "ddp/trace.hpp"            // --trace timeline
+#include "dataset.hpp"              // fashion_mnist::load_bytes: the IDX files
 #include "resume.hpp"               // resume_from_checkpoint: this run's own checkpoint, or --resume
 #include "strategy.hpp"             // Strategy: ddp, zero1, fsdp
 
@@ -62,7 +62,7 @@ struct Args {
   std::string hidden = "256,128";
   bool wide = false;         // --hidden 2048,2048,2048
   uint64_t seed = 0;
-  std::string data = ddp::kFashionMnistDir;
+  std::string data = fashion_mnist::kDataDir;
   std::string checkpoint;    // written by rank 0 after every epoch
   bool resume = false;       // continue from --checkpoint even when another run wrote it
   std::string trace;         // Chrome trace-event JSON of the whole run
@@ -155,7 +155,7 @@ Footprint footprint(fashion_mnist::Strategy& strategy, ddp::ProcessGroup& pg, do
 // Test-set accuracy and loss, each rank on its share, summed over ranks. Every rank
 // runs the same number of forwards (FSDP's forward is collective): a rank whose share
 // ran out repeats its last chunk and does not count it.
-std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const ddp::ByteImageDataset& test,
+std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const fashion_mnist::ByteImageDataset& test,
                                    ddp::ProcessGroup& pg, ddp::Device device) {
   const size_t world = static_cast<size_t>(pg.size());
   std::vector<size_t> mine;
@@ -171,7 +171,7 @@ std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const ddp:
     const size_t from = counted ? off : (mine.size() - 1) / kChunk * kChunk;
     const size_t n = std::min(kChunk, mine.size() - from);
     std::span<const size_t> idx(mine.data() + from, n);
-    ddp::gather_rows(test, idx, kPixelValues, x);
+    fashion_mnist::gather_rows(test, idx, kPixelValues, x);
     y.resize(n);
     for (size_t i = 0; i < n; ++i) y[i] = test.labels[idx[i]];
     const auto& logits = strategy.forward(x);
@@ -213,8 +213,8 @@ int train(const Args& a) {
 
   // Data: every rank loads both splits (the sampler picks its share) as bytes, converted
   // a batch at a time (kPixelValues); --limit-train keeps only the images it uses.
-  const ddp::ByteImageDataset train_set = ddp::load_fashion_mnist_bytes(a.data, "train", a.limit_train);
-  const ddp::ByteImageDataset test_set = ddp::load_fashion_mnist_bytes(a.data, "t10k");
+  const fashion_mnist::ByteImageDataset train_set = fashion_mnist::load_bytes(a.data, "train", a.limit_train);
+  const fashion_mnist::ByteImageDataset test_set = fashion_mnist::load_bytes(a.data, "t10k");
 
   // Model (the strategy copies rank 0's values everywhere), resumed values, strategy,
   // then the optimizer's resumed state (the strategy built the optimizer); schedule.
@@ -312,7 +312,7 @@ int train(const Args& a) {
       for (size_t m = 0; m < k_micro; ++m) {
         const size_t mb = begin + m * micro, me = std::min(end, mb + micro);
         std::span<const size_t> idx(order.data() + mb, me - mb);
-        ddp::gather_rows(train_set, idx, kPixelValues, x);
+        fashion_mnist::gather_rows(train_set, idx, kPixelValues, x);
         y.resize(idx.size());
         for (size_t i = 0; i < idx.size(); ++i) y[i] = train_set.labels[idx[i]];
         float loss;

@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "forked_group.hpp"
+#include "recording_backend.hpp"
 
 using namespace std::chrono_literals;
 using ddp::Buffer;
@@ -21,27 +22,19 @@ namespace {
 
 constexpr int kRanks = 2;
 
-// Records the name of every operation it is asked to run.
-class RecordingGroup final : public ddp::ProcessGroup {
- public:
-  RecordingGroup(int rank, int size, ddp::Reach reach) : ProcessGroup(rank, size, reach) {}
-  std::vector<std::string> calls;
+using Calls = std::vector<std::string>;
+using ddp::detail::Reach;
 
-  std::string backend() const override { return "recording"; }
-  void abort(const std::string&) override { calls.push_back("abort"); }
-
- protected:
-  ddp::Work run(const ddp::Op& op) override {
-    calls.push_back(ddp::op_kind_name(op.kind));
-    return {};
-  }
-  std::shared_ptr<ddp::ProcessGroup> make_subgroup(const std::vector<int>&) override {
-    calls.push_back("new_group");
-    return nullptr;
-  }
-  std::unique_ptr<ddp::GroupMemory> allocate_memory(size_t bytes) override {
-    calls.push_back("allocate");
-    return ProcessGroup::allocate_memory(bytes);
+// A routed group over recording members for host and GPU memory, and their logs.
+struct Routed {
+  std::shared_ptr<Calls> host, gpu;
+  std::shared_ptr<ddp::ProcessGroup> pg;
+  explicit Routed(int rank) {
+    auto h = testing::recording("recording", rank, kRanks, Reach::Host);
+    auto g = testing::recording("recording", rank, kRanks, Reach::Gpu);
+    host = h.calls;
+    gpu = g.calls;
+    pg = std::make_shared<ddp::ProcessGroup>(ddp::detail::make_routed_backend(std::move(h.backend), std::move(g.backend)));
   }
 };
 
@@ -128,9 +121,7 @@ TEST_CASE("every refused argument reaches the user alike from the cpu backend an
     INFO("rank " << rank);
     const auto cpu = lines(payloads[static_cast<size_t>(rank)]);
 
-    auto host = std::make_shared<RecordingGroup>(rank, kRanks, ddp::Reach::Host);
-    auto gpu = std::make_shared<RecordingGroup>(rank, kRanks, ddp::Reach::Gpu);
-    auto routed = ddp::detail::make_routed_group(host, gpu);
+    auto [host, gpu, routed] = Routed(rank);
     const auto via_router = lines(transcript(*routed));
 
     REQUIRE(cpu.size() == via_router.size() + 1);
@@ -140,8 +131,8 @@ TEST_CASE("every refused argument reaches the user alike from the cpu backend an
       CHECK(cpu[i].find(" -> InvalidArgument: ") != std::string::npos);
     }
     CHECK(cpu.back() == "after: 3.000000");
-    CHECK(host->calls.empty());
-    CHECK(gpu->calls.empty());
+    CHECK(host->empty());
+    CHECK(gpu->empty());
 
     // The messages say what was wrong.
     CHECK(via_router[5] == "all_gather output size -> InvalidArgument: all_gather: output holds 7 elements, expected 2 x 4");
@@ -159,25 +150,24 @@ TEST_CASE("every refused argument reaches the user alike from the cpu backend an
 
 TEST_CASE("memory a backend cannot reach is refused by name while the router reaches both", "[args]") {
   Buffer gpu_buf{reinterpret_cast<void*>(0x1000), 4, DType::F32, Device::Cuda};
-  RecordingGroup host_only(0, 2, ddp::Reach::Host);
-  CHECK_THROWS_WITH(host_only.all_reduce(gpu_buf),
+  std::shared_ptr<Calls> host_calls, gpu_calls;
+  auto host_only = testing::recording_group("recording", 0, 2, Reach::Host, &host_calls);
+  CHECK_THROWS_WITH(host_only->all_reduce(gpu_buf),
                     "all_reduce: buf is GPU memory; the recording backend needs host memory");
-  RecordingGroup gpu_only(0, 2, ddp::Reach::Gpu);
-  CHECK_THROWS_WITH(gpu_only.all_gather(gpu_buf, f32(8)),
+  auto gpu_only = testing::recording_group("recording", 0, 2, Reach::Gpu, &gpu_calls);
+  CHECK_THROWS_WITH(gpu_only->all_gather(gpu_buf, f32(8)),
                     "all_gather: output is host memory; the recording backend needs GPU memory (Device::Cuda)");
   // Empty buffers are never touched: any memory will do (a non-root's Buffer{}).
-  gpu_only.gather(gpu_buf, Buffer{}, 1);
-  gpu_only.all_reduce(f32(0));
-  CHECK(gpu_only.calls == std::vector<std::string>{"gather", "all_reduce"});
-  CHECK(host_only.calls.empty());
+  gpu_only->gather(gpu_buf, Buffer{}, 1);
+  gpu_only->all_reduce(f32(0));
+  CHECK(*gpu_calls == Calls{"gather", "all_reduce"});
+  CHECK(host_calls->empty());
 
-  auto host = std::make_shared<RecordingGroup>(0, 2, ddp::Reach::Host);
-  auto gpu = std::make_shared<RecordingGroup>(0, 2, ddp::Reach::Gpu);
-  auto routed = ddp::detail::make_routed_group(host, gpu);
+  auto [host, gpu, routed] = Routed(0);
   CHECK_THROWS_WITH(routed->all_to_all(gpu_buf, f32(4)),
                     "all_to_all: input and output must both be host memory or both GPU memory");
   routed->all_reduce(gpu_buf);
   routed->all_reduce(f32(4));
-  CHECK(gpu->calls == std::vector<std::string>{"all_reduce"});
-  CHECK(host->calls == std::vector<std::string>{"all_reduce"});
+  CHECK(*gpu == Calls{"all_reduce"});
+  CHECK(*host == Calls{"all_reduce"});
 }

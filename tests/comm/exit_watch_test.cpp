@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "exit_fixture.hpp"
 #include "forked.hpp"

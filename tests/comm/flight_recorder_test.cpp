@@ -10,7 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
+#include "recording_backend.hpp"
 #include "ddp/progress.hpp"
 #include "flight_recorder.hpp"
 #include "rdzv/memory_store.hpp"
@@ -25,8 +26,8 @@ namespace {
 float data[64];
 ddp::Buffer floats(size_t n) { return ddp::Buffer{data, n, ddp::DType::F32, ddp::Device::Cpu}; }
 
-ddp::Op call(ddp::OpKind kind, uint64_t seq, size_t n = 4, int peer = -1) {
-  ddp::Op op;
+ddp::detail::Op call(ddp::detail::OpKind kind, uint64_t seq, size_t n = 4, int peer = -1) {
+  ddp::detail::Op op;
   op.kind = kind;
   op.input = op.output = floats(n);
   op.peer = peer;
@@ -35,26 +36,12 @@ ddp::Op call(ddp::OpKind kind, uint64_t seq, size_t n = 4, int peer = -1) {
 }
 
 // A group whose calls all succeed at once without a Work (as a test stand-in or a
-// backend that keeps no handle would): issue() itself must settle them.
-class InstantGroup final : public ddp::ProcessGroup {
- public:
-  InstantGroup(int rank = 0, int size = 2) : ProcessGroup(rank, size, ddp::Reach::HostAndGpu) {}
-  std::string backend() const override { return "instant"; }
-  void abort(const std::string&) override {}
-  int runs = 0;
-
- protected:
-  ddp::Work run(const ddp::Op&) override {
-    ++runs;
-    return {};
-  }
-  std::shared_ptr<ddp::ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] == rank()) return std::make_shared<InstantGroup>(static_cast<int>(i), static_cast<int>(ranks.size()));
-    }
-    return nullptr;
-  }
-};
+// backend that keeps no handle would): issue() itself must settle them. `calls`
+// (when given) receives what reached its backend.
+std::shared_ptr<ddp::ProcessGroup> instant_group(int rank = 0, int size = 2,
+                                                 std::shared_ptr<std::vector<std::string>>* calls = nullptr) {
+  return testing::recording_group("instant", rank, size, ddp::detail::Reach::HostAndGpu, calls);
+}
 
 // The recorder of the live group named `name` (exactly one expected).
 std::shared_ptr<FlightRecorder> recorder_named(const std::string& name) {
@@ -78,7 +65,7 @@ std::shared_ptr<ddp::ProcessGroup> one_rank_cpu_group() {
   setup.store = std::make_shared<rdzv::MemoryStore>();
   setup.timeout = 5000ms;
   setup.connect_timeout = 5000ms;
-  return ddp::detail::make_cpu_group(setup);
+  return std::make_shared<ddp::ProcessGroup>(ddp::detail::make_cpu_backend(setup));
 }
 
 struct ScopedEnv {
@@ -92,7 +79,7 @@ struct ScopedEnv {
 TEST_CASE("flight recorder: a ring keeps the last N calls, oldest first", "[recorder]") {
   auto r = FlightRecorder::create(3, 0, 2);
   const auto t = RecorderClock::now();
-  for (uint64_t seq = 1; seq <= 5; ++seq) r->queued(call(ddp::OpKind::AllReduce, seq, seq), t);
+  for (uint64_t seq = 1; seq <= 5; ++seq) r->queued(call(ddp::detail::OpKind::AllReduce, seq, seq), t);
   const auto calls = r->calls();
   REQUIRE(calls.size() == 3);
   CHECK(calls[0].id == 3);
@@ -109,7 +96,7 @@ TEST_CASE("flight recorder: a call goes queued, started, then completed or faile
   auto r = FlightRecorder::create(8, 1, 4);
   r->set_name("0.3");
   const auto t0 = RecorderClock::now();
-  const uint64_t a = r->queued(call(ddp::OpKind::Broadcast, 1, 10, 2), t0);
+  const uint64_t a = r->queued(call(ddp::detail::OpKind::Broadcast, 1, 10, 2), t0);
   CHECK(r->calls().back().state == CallState::Queued);
   auto g = r->progress();
   CHECK(g.group == "0.3");
@@ -140,7 +127,7 @@ TEST_CASE("flight recorder: a call goes queued, started, then completed or faile
 
   int heard = 0;
   const int handle = ddp::detail::add_failure_listener([&] { ++heard; });
-  const uint64_t b = r->queued(call(ddp::OpKind::Barrier, 2, 0), t0);
+  const uint64_t b = r->queued(call(ddp::detail::OpKind::Barrier, 2, 0), t0);
   r->started(b, t0);
   r->ended(b, false, t0);
   ddp::detail::remove_failure_listener(handle);
@@ -155,12 +142,12 @@ TEST_CASE("flight recorder: a call goes queued, started, then completed or faile
 
 TEST_CASE("flight recorder: sends and recvs are in the ring but numbered per peer, apart from collectives",
           "[recorder]") {
-  InstantGroup pg(0, 3);
-  pg.send(floats(4), 1);
-  pg.all_reduce(floats(4), ddp::ReduceOp::Max);
-  pg.send(floats(4), 1);
-  pg.send(floats(2), 2);
-  pg.recv(floats(4), 1);
+  auto pg = instant_group(0, 3);
+  pg->send(floats(4), 1);
+  pg->all_reduce(floats(4), ddp::ReduceOp::Max);
+  pg->send(floats(4), 1);
+  pg->send(floats(2), 2);
+  pg->recv(floats(4), 1);
   auto r = recorder_named("0");
   const auto calls = r->calls();
   REQUIRE(calls.size() == 5);
@@ -180,10 +167,10 @@ TEST_CASE("flight recorder: sends and recvs are in the ring but numbered per pee
 }
 
 TEST_CASE("flight recorder: subgroups are named 0.k and record their own calls", "[recorder]") {
-  InstantGroup pg(1, 4);
-  auto outside = pg.new_group({0, 2});  // subgroup 0: this rank is not in it
+  auto pg = instant_group(1, 4);
+  auto outside = pg->new_group({0, 2});  // subgroup 0: this rank is not in it
   CHECK(outside == nullptr);
-  auto sub = pg.new_group({3, 1});  // subgroup 1
+  auto sub = pg->new_group({3, 1});  // subgroup 1
   REQUIRE(sub);
   auto subsub = sub->new_group({0, 1});
   REQUIRE(subsub);
@@ -205,17 +192,18 @@ TEST_CASE("flight recorder: DDP_FLIGHT_RECORDER=0 records nothing", "[recorder]"
   const size_t before = ddp::detail::all_recorders().size();
   ScopedEnv off("DDP_FLIGHT_RECORDER", "0");
   CHECK(ddp::detail::configured_recorder_entries() == 0);
-  InstantGroup pg;
-  pg.all_reduce(floats(4));
-  CHECK(pg.runs == 1);
-  CHECK(pg.issued() == 1);  // still numbered
+  std::shared_ptr<std::vector<std::string>> calls;
+  auto pg = instant_group(0, 2, &calls);
+  pg->all_reduce(floats(4));
+  CHECK(calls->size() == 1);
+  CHECK(pg->issued() == 1);  // still numbered
   CHECK(ddp::detail::all_recorders().size() == before);
 }
 
 TEST_CASE("flight recorder: DDP_FLIGHT_RECORDER sets the ring's size", "[recorder]") {
   ScopedEnv five("DDP_FLIGHT_RECORDER", "5");
-  InstantGroup pg;
-  for (int i = 0; i < 12; ++i) pg.barrier();
+  auto pg = instant_group();
+  for (int i = 0; i < 12; ++i) pg->barrier();
   const auto calls = recorder_named("0")->calls();
   REQUIRE(calls.size() == 5);
   CHECK(calls.front().seq == 8);
@@ -223,14 +211,16 @@ TEST_CASE("flight recorder: DDP_FLIGHT_RECORDER sets the ring's size", "[recorde
 }
 
 TEST_CASE("flight recorder: a group made of groups records each call once", "[recorder]") {
-  auto host = std::make_shared<InstantGroup>();
-  auto gpu = std::make_shared<InstantGroup>();
+  auto host = testing::recording("instant", 0, 2, ddp::detail::Reach::HostAndGpu);
+  auto gpu = testing::recording("instant", 0, 2, ddp::detail::Reach::HostAndGpu);
+  const auto host_calls = host.calls;
   const size_t before = ddp::detail::all_recorders().size();
-  auto pg = ddp::detail::make_routed_group(host, gpu);
-  CHECK(ddp::detail::all_recorders().size() == before - 1);  // two members out, the routed group in
+  auto pg = std::make_shared<ddp::ProcessGroup>(
+      ddp::detail::make_routed_backend(std::move(host.backend), std::move(gpu.backend)));
+  CHECK(ddp::detail::all_recorders().size() == before + 1);  // the group's; its members record nothing
   pg->all_reduce(floats(4));
   pg->barrier();
-  CHECK(host->runs == 2);
+  CHECK(host_calls->size() == 2);
   const auto calls = recorder_named("0")->calls();
   REQUIRE(calls.size() == 2);
   CHECK(calls[1].state == CallState::Completed);
@@ -266,7 +256,7 @@ TEST_CASE("flight recorder: marking a call whose slot a newer call took leaves t
           "[recorder]") {
   auto r = FlightRecorder::create(2, 0, 1);
   const auto t = RecorderClock::now();
-  for (uint64_t seq = 1; seq <= 3; ++seq) r->queued(call(ddp::OpKind::AllReduce, seq), t);
+  for (uint64_t seq = 1; seq <= 3; ++seq) r->queued(call(ddp::detail::OpKind::AllReduce, seq), t);
   r->started(1, t + 1ms);  // call 3 holds call 1's slot now
   r->ended(1, true, t + 2ms);
   const auto calls = r->calls();
@@ -294,7 +284,7 @@ TEST_CASE("flight recorder: marking a call whose slot a newer call took leaves t
   });
   uint64_t stale = 0;
   for (uint64_t seq = 1; seq <= kCalls; ++seq) {
-    queued_upto.store(ring->queued(call(ddp::OpKind::AllReduce, seq), RecorderClock::now()),
+    queued_upto.store(ring->queued(call(ddp::detail::OpKind::AllReduce, seq), RecorderClock::now()),
                       std::memory_order_release);
     if (seq % 16 != 0) continue;
     const auto snapshot = ring->calls();

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "forked.hpp"
 #include "rdzv/tcp_store.hpp"
 #include "server_fixture.hpp"
@@ -33,7 +33,8 @@ inline std::vector<std::string> on_ranks(int n, const std::function<std::string(
       setup.local_size = n;
       setup.timeout = 30s;
       setup.connect_timeout = 30s;
-      return body(*ddp::detail::make_cpu_group(setup));
+      ddp::ProcessGroup group(ddp::detail::make_cpu_backend(setup));
+      return body(group);
     });
   }
   std::vector<std::string> out;

@@ -1,5 +1,5 @@
-// The all-ranks exchange that every group's formation goes through (backend.hpp), and
-// what the TCP mesh says while it waits for peers on other hosts (cpu/mesh.hpp).
+// The all-ranks exchange that every group's formation goes through (group_setup.hpp),
+// and what the TCP mesh says while it waits for peers on other hosts (cpu/mesh.hpp).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "backend.hpp"
 #include "cpu/mesh.hpp"
 #include "ddp/contract/store_keys.hpp"
+#include "group_setup.hpp"
 #include "ddp/types.hpp"
 #include "rdzv/memory_store.hpp"
 #include "rdzv/prefix_store.hpp"

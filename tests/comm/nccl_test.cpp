@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "forked.hpp"
 #include "rdzv/memory_store.hpp"
 #include "server_fixture.hpp"
@@ -172,7 +172,7 @@ TEST_CASE("nccl all_reduce sums over every GPU of this machine", "[nccl][gpu]") 
   std::vector<std::vector<float>> results(n);
   std::vector<std::vector<int32_t>> gathered(n);
   auto errors = run_ranks(n, [&](int rank) {
-    auto pg = ddp::detail::make_nccl_group(setup_for(store, rank, n));
+    auto pg = std::make_shared<ddp::ProcessGroup>(ddp::detail::make_nccl_backend(setup_for(store, rank, n)));
     if (pg->backend() != "nccl" || pg->rank() != rank || pg->size() != n) throw std::runtime_error("bad group");
 
     DeviceArray<float> buf(1000);
@@ -203,7 +203,7 @@ TEST_CASE("nccl collectives refuse host buffers and bad roots and fail after abo
   SKIP_WITHOUT_GPU(devices);
   (void)devices;
   auto store = std::make_shared<rdzv::MemoryStore>();
-  auto pg = ddp::detail::make_nccl_group(setup_for(store, 0, 1));
+  auto pg = std::make_shared<ddp::ProcessGroup>(ddp::detail::make_nccl_backend(setup_for(store, 0, 1)));
 
   std::vector<float> host(4, 1.0f);
   CHECK_THROWS_AS(pg->all_reduce(ddp::view(host)), ddp::InvalidArgument);
@@ -230,7 +230,7 @@ TEST_CASE("nccl new_group splits off a subgroup and the other ranks get nullptr"
   std::vector<int> sub_rank(n, -2);
   std::vector<float> sums(n, 0);
   auto errors = run_ranks(n, [&](int rank) {
-    auto pg = ddp::detail::make_nccl_group(setup_for(store, rank, n));
+    auto pg = std::make_shared<ddp::ProcessGroup>(ddp::detail::make_nccl_backend(setup_for(store, rank, n)));
     // Ranks {1, 0}: the subgroup's rank 0 is the parent's rank 1.
     auto sub = pg->new_group({1, 0});
     if (!sub) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "forked_group.hpp"
+#include "recording_backend.hpp"
 
 using namespace std::chrono_literals;
 using ddp::Buffer;
@@ -97,22 +98,6 @@ std::string all_right() {
   return out;
 }
 
-// A group that records what reaches its backend (nothing should, when refused).
-class RecordingGroup final : public ddp::ProcessGroup {
- public:
-  RecordingGroup(int size, ddp::Reach reach) : ProcessGroup(0, size, reach) {}
-  int calls = 0;
-  std::string backend() const override { return "recording"; }
-  void abort(const std::string&) override {}
-
- protected:
-  ddp::Work run(const ddp::Op&) override {
-    ++calls;
-    return {};
-  }
-  std::shared_ptr<ddp::ProcessGroup> make_subgroup(const std::vector<int>&) override { return nullptr; }
-};
-
 }  // namespace
 
 TEST_CASE("widening reduce_scatter, 3 ranks: the rank-order f32 sum of the 16-bit inputs, bit for bit", "[widening]") {
@@ -149,10 +134,13 @@ TEST_CASE("only bf16 or f16 input with f32 output and sum or avg may mix dtypes"
   std::vector<double> d(4);
   const Buffer bf16{half.data(), 8, DType::BF16, Device::Cpu}, f16{half.data(), 8, DType::F16, Device::Cpu};
   const Buffer f32_out{f.data(), 4, DType::F32, Device::Cpu}, f64_out{d.data(), 4, DType::F64, Device::Cpu};
-  RecordingGroup host(2, ddp::Reach::Host);
+  // Groups whose backend records what reaches it (nothing should, when refused).
+  std::shared_ptr<std::vector<std::string>> host_calls, gpu_calls;
+  auto host_group = testing::recording_group("recording", 0, 2, ddp::detail::Reach::Host, &host_calls);
+  auto& host = *host_group;
   host.reduce_scatter(bf16, f32_out, ddp::ReduceOp::Avg);
   host.reduce_scatter(f16, f32_out, ddp::ReduceOp::Sum);
-  CHECK(host.calls == 2);
+  CHECK(host_calls->size() == 2);
   CHECK_THROWS_WITH(host.reduce_scatter(bf16, f64_out),
                     "reduce_scatter: input is bf16 but output is f64 (only bf16 or f16 input with f32 output may differ)");
   CHECK_THROWS_WITH(host.reduce_scatter(Buffer{f.data(), 8, DType::F32, Device::Cpu}, Buffer{half.data(), 4, DType::BF16, Device::Cpu}),
@@ -164,18 +152,19 @@ TEST_CASE("only bf16 or f16 input with f32 output and sum or avg may mix dtypes"
   // Other collectives never mix dtypes.
   CHECK_THROWS_WITH(host.all_gather(Buffer{half.data(), 4, DType::BF16, Device::Cpu}, f32_out),
                     "all_gather: input is bf16 but output is f32");
-  CHECK(host.calls == 2);
+  CHECK(host_calls->size() == 2);
   // GPU groups (NCCL) have no widening reduce-scatter: named, whatever the memory.
-  RecordingGroup gpu(2, ddp::Reach::Gpu);
+  auto gpu_group = testing::recording_group("recording", 0, 2, ddp::detail::Reach::Gpu, &gpu_calls);
+  auto& gpu = *gpu_group;
   CHECK_THROWS_WITH(gpu.reduce_scatter(bf16, f32_out), "reduce_scatter: bf16\u2192f32 reduce_scatter: host buffers only");
   CHECK_THROWS_WITH(gpu.reduce_scatter(Buffer{half.data(), 8, DType::BF16, Device::Cuda},
                                        Buffer{f.data(), 4, DType::F32, Device::Cuda}),
                     "reduce_scatter: bf16\u2192f32 reduce_scatter: host buffers only");
-  CHECK(gpu.calls == 0);
+  CHECK(gpu_calls->empty());
   // The description names both dtypes.
-  ddp::Op op{ddp::OpKind::ReduceScatter, Buffer{nullptr, 1024, DType::BF16}, Buffer{nullptr, 512, DType::F32}, -1,
-             ddp::ReduceOp::Avg, {}};
-  CHECK(ddp::describe_op(op) == "reduce_scatter 1024\u00d7bf16\u2192f32 avg");
+  ddp::detail::Op op{ddp::detail::OpKind::ReduceScatter, Buffer{nullptr, 1024, DType::BF16},
+                     Buffer{nullptr, 512, DType::F32}, -1, ddp::ReduceOp::Avg, {}};
+  CHECK(ddp::detail::describe_op(op) == "reduce_scatter 1024\u00d7bf16\u2192f32 avg");
 }
 
 TEST_CASE("ranks passing f32 against bf16 to reduce_scatter are a mismatch naming both", "[widening][failure]") {

@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string kFashion = FASHION_MNIST_BIN;
-constexpr double kTargetAccuracy = 0.885;  // the test accuracy a whole training run must reach
+constexpr double kTargetAccuracy = 0.885;  // test accuracy a resumed run must still reach
 
 // ddprun --nproc_per_node=N --rdzv_id RUN fashion_mnist ARGS..., which must succeed.
 RunResult train(int nproc, const std::string& run_id, std::vector<std::string> args) {

@@ -11,27 +11,23 @@
 #include "ddp/nn.hpp"
 #include "ddp/random.hpp"
 #include "ddp/zero_redundancy_optimizer.hpp"
+#include "recording_backend.hpp"
 
 namespace {
 
 // A group of `size` ranks seen from `rank` that can only run collectives alone: with one
 // rank they are copies (gather, all-gather) or nothing (all-reduce); with more it throws.
-class LoneGroup : public ddp::ProcessGroup {
- public:
-  LoneGroup(int rank, int size) : ProcessGroup(rank, size, ddp::Reach::Host) {}
-  std::string backend() const override { return "lone"; }
-  void abort(const std::string&) override {}
-
- protected:
-  ddp::Work run(const ddp::Op& op) override {
-    if (size() != 1) throw ddp::Error("LoneGroup: a collective needs peers");
-    if ((op.kind == ddp::OpKind::Gather || op.kind == ddp::OpKind::AllGather) && op.input.data != op.output.data) {
+std::shared_ptr<ddp::ProcessGroup> lone_group(int rank, int size) {
+  return testing::recording_group("lone", rank, size, ddp::detail::Reach::Host, nullptr,
+                                  [](const ddp::detail::Op& op, const ddp::detail::Backend& b) {
+    if (b.size() != 1) throw ddp::Error("lone group: a collective needs peers");
+    const bool gathers = op.kind == ddp::detail::OpKind::Gather || op.kind == ddp::detail::OpKind::AllGather;
+    if (gathers && op.input.data != op.output.data) {
       std::memmove(op.output.data, op.input.data, op.input.count * ddp::dtype_size(op.input.dtype));
     }
     return ddp::Work();
-  }
-  std::shared_ptr<ddp::ProcessGroup> make_subgroup(const std::vector<int>&) override { return nullptr; }
-};
+  });
+}
 
 // A model's parameters laid out in flat groups with one 1 × shard parameter per group
 // holding rank `rank`'s slice of the values and grads.
@@ -91,7 +87,7 @@ void matches_unsharded(const ddp::OptimizerFactory& make) {
   auto ref = ddp::make_mlp({.sizes = {13, 37, 29, 5}, .seed = 4});
   auto model = ddp::make_mlp({.sizes = {13, 37, 29, 5}, .seed = 4});
   auto plain = make(ref->parameters());
-  auto pg = std::make_shared<LoneGroup>(0, 1);
+  auto pg = lone_group(0, 1);
   Sharded flat(model->parameters(), 1, 0);
   REQUIRE(flat.groups.size() > 1);  // the caps split the model
   ddp::ShardedOptimizer sharded(flat.groups, flat.pointers(), pg, make);
@@ -176,7 +172,7 @@ TEST_CASE("ShardedOptimizer load_state keeps this rank's slice of each parameter
   ddp::write_optimizer_state(saved, full);
   for (int rank = 0; rank < 3; ++rank) {
     Sharded flat(params, 3, rank);
-    ddp::ShardedOptimizer opt(flat.groups, flat.pointers(), std::make_shared<LoneGroup>(rank, 3), kAdamW);
+    ddp::ShardedOptimizer opt(flat.groups, flat.pointers(), lone_group(rank, 3), kAdamW);
     std::istringstream in(saved.str());
     opt.load_state(in);
     CHECK(opt.steps() == 7);
@@ -201,9 +197,9 @@ TEST_CASE("ShardedOptimizer load_state keeps this rank's slice of each parameter
 TEST_CASE("ShardedOptimizer refuses a layout that does not match its shards or group", "[train][sharding]") {
   auto model = ddp::make_mlp({.sizes = {13, 37, 29, 5}, .seed = 1});
   Sharded flat(model->parameters(), 2, 0);
-  auto pg = std::make_shared<LoneGroup>(0, 2);
+  auto pg = lone_group(0, 2);
   // Laid out for 2 ranks, the group has 3.
-  CHECK_THROWS_AS(ddp::ShardedOptimizer(flat.groups, flat.pointers(), std::make_shared<LoneGroup>(0, 3), kAdamW),
+  CHECK_THROWS_AS(ddp::ShardedOptimizer(flat.groups, flat.pointers(), lone_group(0, 3), kAdamW),
                   ddp::InvalidArgument);
   auto fewer = flat.pointers();
   fewer.pop_back();

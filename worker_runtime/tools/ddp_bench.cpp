@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
         wrong_total += w;
         if (root) {
           const double algbw = static_cast<double>(bytes) / sec / 1e9;
-          std::printf("  %-14s %12zu %12.2f %10.3f %10.3f %7d\n", op.c_str(), bytes, sec * 1e6, algbw,
+          std::printf("  %-14s %12zu %12.3f %10.3f %10.3f %7d\n", op.c_str(), bytes, sec * 1e6, algbw,
                       algbw * busbw_factor(op, n), w);
           std::fflush(stdout);
         }

@@ -141,7 +141,7 @@ TEST_CASE("SIGKILL of ddprun leaves no worker or grandchild alive", "[e2e][super
   while (any_alive() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
   CHECK_FALSE(any_alive());
   // The setsid'd grandchildren escaped every process group ddprun knew of; clean them up here
-  // (a known limit, see README: only a cgroup can follow those after ddprun is SIGKILLed).
+  // (a known limit, see launcher/README.md: only a cgroup can follow those after ddprun is SIGKILLed).
   for (size_t i = 2; i < pids.size(); i += 3) kill(pids[i], SIGKILL);
 }
 

@@ -224,7 +224,7 @@ TEST_CASE("elastic srun ddprun --nnodes=2:3 in a --no-kill allocation drops a fa
   // A node fails as a host does: its link goes down. Slurm declares it DOWN after
   // SlurmdTimeout (10 s here); ddprun re-forms on the two others within its heartbeat
   // timeout, long before. What Slurm must be told so that it does not end the job
-  // itself (found by trying, Slurm 22.05; see the README's Slurm section):
+  // itself (found by trying, Slurm 22.05; see launcher/README.md, "Elastic jobs under Slurm"):
   //   sbatch/salloc --no-kill      else the whole job is cancelled (and requeued) when
   //                                the node is declared DOWN;
   //   srun --no-kill               else the step's other tasks are killed then;

@@ -1,63 +1,106 @@
-// How init() and new_group() build a backend (internal).
+// What a backend implements (internal): ProcessGroup checks every call against its
+// contract (process_group.hpp), numbers and records it, and hands it to its Backend
+// as an Op. Backends: cpu (cpu/cpu_backend.cpp), nccl (nccl/nccl_backend.cpp) and the
+// routed pair of backend "auto" (routed_backend.cpp); group_setup.hpp builds them.
+//
+// Calls that do not match across ranks. Every rank must make the same calls in the
+// same order; what a backend does when they do not:
+//  - cpu: calls pair up by their place in each rank's order (the k-th with the k-th);
+//    every message carries its sender's call (cpu/stamp.hpp), so paired calls that
+//    differ in op, count, dtype, reduce op or root fail on every rank at once with
+//    Mismatch naming both sides, before any wrong data is used, and break the group.
+//    A rank whose part only sends (a root's broadcast, a send) may complete it and
+//    fails at its next call. A skipped call is caught only where the calls it brings
+//    together differ; when they have the same shape they run together, and the rank
+//    left with an extra call waits in it until the group's timeout (the stall report
+//    shows each rank's call). A count-0 call moves no message: paired with a
+//    non-empty one it is caught only at the empty rank's next call with that peer
+//    (waiting until the timeout if none comes).
+//  - nccl: a mismatch hangs until the timeout.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ddp/process_group.hpp"
-#include "group_peers.hpp"
-#include "rdzv/store.hpp"
 
 namespace ddp::detail {
 
-// Everything a backend needs to form a group.
-struct GroupSetup {
-  std::shared_ptr<rdzv::Store> store;  // private to this group (already under its own key prefix)
-  int rank = 0;                        // rank in the group
-  int size = 1;                        // ranks in the group
-  int local_rank = 0;                  // rank on this node: the GPU a NCCL rank uses
-  int local_size = 1;                  // ranks on this node
-  std::string advertise_host = "127.0.0.1";  // this host's address as peers on other hosts reach it
-  std::string bind_host;               // the TCP mesh listens here only (DDP_SOCKET_IFNAME); empty: everywhere
-  Millis timeout{600000};              // limit of every collective
-  Millis connect_timeout{300000};      // limit of forming the group
-  GroupPeers peers;                    // who the ranks are in the job; their exits
-};
+class FlightRecorder;
 
-// Shared memory within a host, TCP across hosts.
-std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup);
-
-// NCCL on GPU local_rank, or on the only visible GPU when this node runs one rank.
-// Throws Error when NCCL was not built in.
-std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup);
-// True when the NCCL backend was built in and every one of `local_size` ranks on
-// this node can have a visible CUDA device of its own.
-bool nccl_usable(int local_size);
-// One group over two of the same ranks: collectives on GPU buffers (Device::Cuda) go
-// to `gpu`, all others, barrier and allocate to `host` (backend "auto" on a GPU host).
-std::shared_ptr<ProcessGroup> make_routed_group(std::shared_ptr<ProcessGroup> host, std::shared_ptr<ProcessGroup> gpu);
-// One key a wait needs, and the group rank that sets it.
-struct RankKey {
-  int rank;
-  std::string key;
+// The collectives and point-to-point operations a backend runs.
+enum class OpKind : uint8_t {
+  AllReduce, Broadcast, Reduce, AllGather, Gather, Scatter, ReduceScatter, AllToAll, Barrier, Send, Recv
 };
-// Waits until every key exists and returns their values, in order. Waits in short
-// slices: a rank still missing whose exit is published fails it at once (PeerError
-// naming how it exited); every peers.notice_every a line on stderr says who is
-// still missing. Throws Timeout naming the ranks still missing after `timeout`.
-std::vector<std::string> await_ranks(rdzv::Store& store, const std::vector<RankKey>& keys, Millis timeout,
-                                     const GroupPeers& peers);
-// Every rank of a group sets `<prefix><rank>` to `mine` and returns all ranks'
-// values, in rank order (waiting as await_ranks does).
-std::vector<std::string> exchange_all(rdzv::Store& store, const std::string& prefix, int rank, int size,
-                                      const std::string& mine, Millis timeout, const GroupPeers& peers = {});
-// `setup` with its store narrowed to the keys under `prefix` (kept alive by the view).
-GroupSetup with_store_prefix(const GroupSetup& setup, const std::string& prefix);
-// Rank 0 creates a ncclUniqueId and publishes it under `key`; every rank returns
-// the same 128 raw bytes. Throws Error when NCCL was not built in.
-// Fails at once when rank 0's exit is published (PeerError).
-std::string exchange_nccl_unique_id(rdzv::Store& store, const std::string& key, int rank, Millis timeout,
-                                    const GroupPeers& peers = {});
+const char* op_kind_name(OpKind k);  // "all_reduce", "broadcast", ...
+inline bool is_point_to_point(OpKind k) { return k == OpKind::Send || k == OpKind::Recv; }
+
+// One call of a ProcessGroup operation as its backend receives it, after the checks.
+// `input` is what the call reads and `output` what it writes: both are the one buffer
+// of all_reduce, broadcast, reduce, send and recv; the side a rank does not use (a
+// non-root's gather output or scatter input) may be empty. `peer` is the root, dst
+// or src (-1 where there is none).
+struct Op {
+  OpKind kind = OpKind::Barrier;
+  Buffer input;
+  Buffer output;
+  int peer = -1;
+  ReduceOp reduce = ReduceOp::Sum;
+  CollectiveOptions options;
+  // Set as the call is issued: a collective's number in its group's collectives, or a
+  // send's (recv's) number among this rank's sends to (recvs from) that peer; from 1.
+  // Ranks that make the same calls give them the same numbers.
+  uint64_t seq = 0;
+  // Set as the call is issued: its entry in the issuing group's flight recorder
+  // (recorder null where the group records nothing). A backend hands it to the Work
+  // it returns (Work::State::attach), which marks the call started and ended.
+  FlightRecorder* recorder = nullptr;
+  uint64_t record = 0;
+};
+// How reports name a call, without its number: "all_reduce 262144×f32 sum",
+// "broadcast 10×i64 root 0", "send 4×f32 to 1", "barrier".
+std::string describe_op(const Op& op);
+
+// The memory a backend's collectives can reach.
+enum class Reach : uint8_t { Host, Gpu, HostAndGpu };
+
+class Backend {
+ public:
+  Backend(int rank, int size, Reach reach) : rank_(rank), size_(size), reach_(reach) {}
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Reach reach() const { return reach_; }
+  // The group's name in reports (ProcessGroup::name()).
+  const std::string& group_name() const { return group_name_; }
+  // new_group names a subgroup once made; a backend made of others names them too.
+  virtual void set_group_name(const std::string& name) { group_name_ = name; }
+
+  // Each is called only with arguments that passed ProcessGroup's checks, so a
+  // backend checks nothing the contract states.
+  // "cpu", "nccl" or "cpu+nccl": ProcessGroup::backend().
+  virtual std::string kind() const = 0;
+  // Runs (or queues, with op.options.async_op) one operation.
+  virtual Work run(const Op& op) = 0;
+  // new_group for a member (`ranks` valid and holding rank()) or, with nullptr as
+  // the answer, for a rank outside `ranks` (which must still take part).
+  virtual std::unique_ptr<Backend> make_subgroup(const std::vector<int>& ranks) = 0;
+  // ProcessGroup::allocate (`bytes` already known to be mappable); by default plain
+  // private pages.
+  virtual std::unique_ptr<GroupMemory> allocate_memory(size_t bytes);
+  // ProcessGroup::abort.
+  virtual void abort(const std::string& reason) = 0;
+
+ private:
+  int rank_;
+  int size_;
+  Reach reach_;
+  std::string group_name_ = "0";
+};
 
 }  // namespace ddp::detail

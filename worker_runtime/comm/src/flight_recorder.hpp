@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "ddp/contract/job_records.hpp"
-#include "ddp/process_group.hpp"
+#include "backend.hpp"
 
 namespace ddp::detail {
 

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "backend.hpp"
+
 namespace ddp {
 namespace detail {
 
@@ -28,12 +30,11 @@ MappedMemory::~MappedMemory() {
   ::munmap(data(), mapped_bytes_);
 }
 
-}  // namespace detail
-
 // Backends without memory of their own to offer hand out plain pages.
-std::unique_ptr<GroupMemory> ProcessGroup::allocate_memory(size_t bytes) {
-  const size_t mapped = detail::page_rounded(bytes);
-  return std::make_unique<detail::MappedMemory>(detail::map_private(mapped), mapped, bytes, false);
+std::unique_ptr<GroupMemory> Backend::allocate_memory(size_t bytes) {
+  const size_t mapped = page_rounded(bytes);
+  return std::make_unique<MappedMemory>(map_private(mapped), mapped, bytes, false);
 }
 
+}  // namespace detail
 }  // namespace ddp

@@ -1,10 +1,10 @@
-// Helpers for forming groups (backend.hpp): waiting for the ranks' keys (watching
+// Helpers for forming groups (group_setup.hpp): waiting for the ranks' keys (watching
 // for exits, saying who is missing), the all-ranks exchange through the store, and
 // narrowing a group's store to a key prefix.
 #include <algorithm>
 #include <unordered_set>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "rdzv/waiting.hpp"
 #include "rdzv/prefix_store.hpp"
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "cpu/interfaces.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "hosted_store.hpp"
@@ -108,13 +108,13 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
       // with fewer than its ranks, makes the whole job cpu only).
       const bool nccl = agree_all(setup, contract::group_keys::exchange(contract::group_keys::kAutoNccl),
                                   detail::nccl_usable(setup.local_size));
-      auto host = detail::make_cpu_group(detail::with_store_prefix(setup, contract::group_keys::backend("cpu")));
-      if (!nccl) return host;
-      auto gpu = detail::make_nccl_group(detail::with_store_prefix(setup, contract::group_keys::backend("nccl")));
-      return detail::make_routed_group(std::move(host), std::move(gpu));
+      auto host = detail::make_cpu_backend(detail::with_store_prefix(setup, contract::group_keys::backend("cpu")));
+      if (!nccl) return std::make_shared<ProcessGroup>(std::move(host));
+      auto gpu = detail::make_nccl_backend(detail::with_store_prefix(setup, contract::group_keys::backend("nccl")));
+      return std::make_shared<ProcessGroup>(detail::make_routed_backend(std::move(host), std::move(gpu)));
     }
-    if (backend == "cpu") return detail::make_cpu_group(setup);
-    if (backend == "nccl") return detail::make_nccl_group(setup);
+    if (backend == "cpu") return std::make_shared<ProcessGroup>(detail::make_cpu_backend(setup));
+    if (backend == "nccl") return std::make_shared<ProcessGroup>(detail::make_nccl_backend(setup));
   } catch (const rdzv::StoreError& e) {
     throw Error(std::string("process group: ") + e.what());
   }

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "ddp/contract/store_keys.hpp"
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "ddp/types.hpp"
 
 namespace ddp::detail {

@@ -6,22 +6,32 @@
 // (a sequence number, a record of it, comparing it across ranks) belongs in issue().
 #include <string>
 
-#include "ddp/process_group.hpp"
+#include "backend.hpp"
 #include "flight_recorder.hpp"
 #include "group_memory.hpp"
 #include "work_state.hpp"
 
 namespace ddp {
 
-ProcessGroup::ProcessGroup(int rank, int size, Reach reach) : rank_(rank), size_(size), reach_(reach) {
+using detail::Op;
+using detail::OpKind;
+using detail::Reach;
+
+ProcessGroup::ProcessGroup(std::unique_ptr<detail::Backend> backend)
+    : rank_(backend->rank()), size_(backend->size()), backend_(std::move(backend)) {
   if (const size_t entries = detail::configured_recorder_entries(); entries > 0) {
-    recorder_ = detail::FlightRecorder::create(entries, rank, size);
+    recorder_ = detail::FlightRecorder::create(entries, rank_, size_);
+    recorder_->set_name(backend_->group_name());
   }
 }
 
 ProcessGroup::~ProcessGroup() = default;
 
-void ProcessGroup::leave_recording_to_outer(ProcessGroup& member) { member.recorder_.reset(); }
+std::string ProcessGroup::backend() const { return backend_->kind(); }
+const std::string& ProcessGroup::name() const { return backend_->group_name(); }
+void ProcessGroup::abort(const std::string& reason) { backend_->abort(reason); }
+
+namespace detail {
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
@@ -39,6 +49,8 @@ const char* op_kind_name(OpKind k) {
   }
   return "?";
 }
+
+}  // namespace detail
 
 Work ProcessGroup::all_reduce(Buffer buf, ReduceOp op, CollectiveOptions o) {
   return issue(Op{OpKind::AllReduce, buf, buf, -1, op, o});
@@ -72,7 +84,7 @@ Work ProcessGroup::recv(Buffer buf, int src, CollectiveOptions o) {
   return issue(Op{OpKind::Recv, buf, buf, src, ReduceOp::Sum, o});
 }
 
-std::string describe_op(const Op& op) {
+std::string detail::describe_op(const Op& op) {
   std::string out = op_kind_name(op.kind);
   if (op.kind == OpKind::Barrier) return out;
   // The buffer that says how much this rank moves: the output where the input is a
@@ -101,31 +113,34 @@ std::string describe_op(const Op& op) {
   return out;
 }
 
-Work ProcessGroup::issue(const Op& op) {
-  check(op);
-  Op numbered = op;
-  if (is_point_to_point(op.kind)) {
+namespace {
+void check(const Op& op, int rank, int size, const detail::Backend& backend);
+}  // namespace
+
+Work ProcessGroup::issue(Op&& op) {
+  check(op, rank_, size_, *backend_);
+  if (detail::is_point_to_point(op.kind)) {
     auto& count = op.kind == OpKind::Send ? sends_ : recvs_;
     if (count.empty()) count.assign(static_cast<size_t>(size_), 0);
-    numbered.seq = ++count[static_cast<size_t>(op.peer)];
+    op.seq = ++count[static_cast<size_t>(op.peer)];
   } else {
-    numbered.seq = ++issued_;
+    op.seq = ++issued_;
   }
-  if (!recorder_) return run(numbered);
-  numbered.recorder = recorder_.get();
-  numbered.record = recorder_->queued(numbered, detail::coarse_now());
+  if (!recorder_) return backend_->run(op);
+  op.recorder = recorder_.get();
+  op.record = recorder_->queued(op, detail::coarse_now());
   // The backend marks the call through its Work; what it could not mark (a call
   // refused before it had a Work, a backend without one) is settled here.
   try {
-    Work w = run(numbered);
-    if (!numbered.options.async_op) {
-      recorder_->ended(numbered.record, true);
+    Work w = backend_->run(op);
+    if (!op.options.async_op) {
+      recorder_->ended(op.record, true);
     } else if (w.is_completed()) {
-      recorder_->ended(numbered.record, w.exception() == nullptr);
+      recorder_->ended(op.record, w.exception() == nullptr);
     }
     return w;
   } catch (...) {
-    recorder_->ended(numbered.record, false);
+    recorder_->ended(op.record, false);
     throw;
   }
 }
@@ -142,17 +157,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
     seen[static_cast<size_t>(r)] = true;
   }
   const int k = subgroups_made_++;  // every rank counts, members or not
-  auto group = make_subgroup(ranks);
-  if (group) {
-    group->name_ = name_ + "." + std::to_string(k);
-    if (group->recorder_) group->recorder_->set_name(group->name_);
-  }
-  return group;
+  std::unique_ptr<detail::Backend> member = backend_->make_subgroup(ranks);
+  if (!member) return nullptr;
+  member->set_group_name(name() + "." + std::to_string(k));
+  return std::make_shared<ProcessGroup>(std::move(member));
 }
 
 std::unique_ptr<GroupMemory> ProcessGroup::allocate(size_t bytes) {
   detail::page_rounded(bytes);  // a size no system could map is refused here, not in the group
-  return allocate_memory(bytes);
+  return backend_->allocate_memory(bytes);
 }
 
 // ---- the argument check ---------------------------------------------------------
@@ -175,7 +188,7 @@ struct Checker {
   int rank;
   int size;
   Reach reach;
-  const ProcessGroup& group;  // for backend(), on the error path only
+  const detail::Backend& backend;  // for kind(), on the error path only
 
   [[noreturn]] void fail(const std::string& text) const { throw InvalidArgument(std::string(what) + ": " + text); }
 
@@ -191,7 +204,7 @@ struct Checker {
     if (b.count == 0) return;
     if (b.data == nullptr) fail(std::string(name) + " is a null buffer of " + std::to_string(b.count) + " elements");
     if (!reaches(reach, b.device)) {
-      fail(std::string(name) + " is " + memory_name(b.device) + "; the " + group.backend() + " backend needs " +
+      fail(std::string(name) + " is " + memory_name(b.device) + "; the " + backend.kind() + " backend needs " +
            memory_name(b.device == Device::Cuda ? Device::Cpu : Device::Cuda) +
            (b.device == Device::Cuda ? "" : " (Device::Cuda)"));
     }
@@ -250,10 +263,8 @@ struct Checker {
   }
 };
 
-}  // namespace
-
-void ProcessGroup::check(const Op& op) const {
-  const Checker c{op_kind_name(op.kind), rank_, size_, reach_, *this};
+void check(const Op& op, int rank, int size, const detail::Backend& backend) {
+  const Checker c{op_kind_name(op.kind), rank, size, backend.reach(), backend};
   const Buffer& in = op.input;
   const Buffer& out = op.output;
   switch (op.kind) {
@@ -276,13 +287,13 @@ void ProcessGroup::check(const Op& op) const {
       return;
     case OpKind::Gather:  // only the root's output is written
       c.member(op.peer, "root");
-      if (rank_ != op.peer) return c.buffer(in, "input");
+      if (rank != op.peer) return c.buffer(in, "input");
       c.pair(in, out);
       c.blocks(out.count, in.count, "the root's output");
       return;
     case OpKind::Scatter:  // only the root's input is read
       c.member(op.peer, "root");
-      if (rank_ != op.peer) return c.buffer(out, "output");
+      if (rank != op.peer) return c.buffer(out, "output");
       c.pair(in, out);
       c.blocks(in.count, out.count, "the root's input");
       return;
@@ -293,8 +304,8 @@ void ProcessGroup::check(const Op& op) const {
       return;
     case OpKind::AllToAll:
       c.pair(in, out);
-      if (in.count != out.count || in.count % static_cast<size_t>(size_) != 0) {
-        c.fail("input and output need the same count, a multiple of " + std::to_string(size_) + " (got " +
+      if (in.count != out.count || in.count % static_cast<size_t>(size) != 0) {
+        c.fail("input and output need the same count, a multiple of " + std::to_string(size) + " (got " +
                std::to_string(in.count) + " and " + std::to_string(out.count) + ")");
       }
       return;
@@ -310,5 +321,7 @@ void ProcessGroup::check(const Op& op) const {
   }
   c.fail("unknown operation");
 }
+
+}  // namespace
 
 }  // namespace ddp

@@ -6,10 +6,11 @@
 
 namespace ddp {
 
-void Work::State::complete(std::exception_ptr e) {
+void Work::State::complete(std::exception_ptr e, const Work::Timing& ran) {
   {
     std::lock_guard lock(mu);
     if (done) return;
+    if (ran.known) timing = ran;
     // Recorded before any waiter wakes: a call that returned shows as ended.
     if (recorder) recorder->ended(record, e == nullptr, timing.known ? timing.end : detail::RecorderClock::time_point{});
     done = true;
@@ -18,11 +19,20 @@ void Work::State::complete(std::exception_ptr e) {
   cv.notify_all();
 }
 
-void Work::State::attach(const Op& call, bool keep_recorder_alive) {
+void Work::State::attach(const detail::Op& call, bool keep_recorder_alive) {
   if (!call.recorder) return;
   recorder = call.recorder;
   record = call.record;
   if (keep_recorder_alive) recorder_owner = call.recorder->shared_from_this();
+}
+
+void Work::State::reset() {
+  done = false;
+  error = nullptr;
+  timing = {};
+  recorder = nullptr;
+  record = 0;
+  recorder_owner.reset();
 }
 
 void Work::State::mark_started(std::chrono::steady_clock::time_point t) {

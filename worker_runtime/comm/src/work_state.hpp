@@ -15,7 +15,7 @@
 #include <memory>
 #include <mutex>
 
-#include "ddp/process_group.hpp"
+#include "backend.hpp"
 #include "ddp/work.hpp"
 
 namespace ddp {
@@ -23,16 +23,20 @@ namespace ddp {
 struct Work::State {
   virtual ~State() = default;
 
-  // Marks the operation finished (error: nullptr on success) and wakes waiters.
-  void complete(std::exception_ptr error = nullptr);
+  // Marks the operation finished (error: nullptr on success) and wakes waiters;
+  // `ran`, where known, is when it ran (timing).
+  void complete(std::exception_ptr error = nullptr, const Work::Timing& ran = {});
 
   // This State is the Work of `call` (no-op where its group records nothing). A
   // backend that may complete it after the group is gone (one that observes
   // completion, as NCCL) asks to keep the recorder alive; the others complete every
   // Work before their group ends and save the reference count.
-  void attach(const Op& call, bool keep_recorder_alive = false);
+  void attach(const detail::Op& call, bool keep_recorder_alive = false);
   // The backend began the call at `t`.
   void mark_started(std::chrono::steady_clock::time_point t);
+  // Makes a State that nobody else holds any more ready for another call, as if new
+  // (a backend reuses its last State instead of allocating one per call).
+  void reset();
 
   // Waits until finished or `timeout` passed; returns whether finished.
   virtual bool wait_for(Millis timeout);

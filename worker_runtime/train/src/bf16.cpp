@@ -1,4 +1,4 @@
-// round_to_bf16: f32 gradients rounded to bf16 for the wire (issue 16), bit for bit
+// round_to_bf16: f32 gradients rounded to bf16 for the wire, bit for bit
 // what ddp::to_bfloat16 gives, written branch-free so the compiler vectorises it (a
 // 16.8 MB bucket is rounded on the training thread as soon as it is complete).
 #include "ddp/bf16.hpp"

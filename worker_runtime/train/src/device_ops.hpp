@@ -12,7 +12,7 @@
 //    that hand a value or host memory back (copy, sum_squares, softmax_xent,
 //    count_correct, synchronize) wait for the work queued before them. The NCCL
 //    backend orders each collective after this stream's work the same way (see
-//    src/nccl/nccl_process_group.cpp), which is what lets DDP overlap them.
+//    src/nccl/nccl_backend.cpp), which is what lets DDP overlap them.
 //  - A failed CUDA call throws ddp::Error naming it; an asynchronous kernel fault
 //    surfaces at the next call that waits.
 //  - Counts are elements (floats unless said otherwise).

@@ -1,5 +1,27 @@
+// DistributedDataParallel (see the header): buckets, their reductions, and the
+// timing of each backward.
+//
+// Gradients live in flat buckets: parameters are assigned in reverse registration
+// order (backward produces them in that order), the first bucket up to
+// first_bucket_bytes, the rest up to bucket_cap_bytes. Each parameter's grad is a
+// view into its bucket, so backward writes straight into the buffer that is
+// reduced. The moment the last gradient of a bucket is final (the model's
+// grad-ready hook), that bucket's all-reduce (average) starts asynchronously and
+// runs while backward continues with earlier layers (the last bucket, filled when
+// backward has nothing left to do, runs on the calling thread). Buckets start in the
+// same order on every rank; backward() returns once all of them are reduced, so every
+// rank then holds bit-identical gradients. Host buckets come from
+// ProcessGroup::allocate: memory the group's collectives reach without copying.
+//
+// On the GPU the buckets are device memory, which the group's NCCL member reduces.
+// Kernels and cuBLAS run on the default stream and NCCL on its own stream, ordered
+// after the work queued when the bucket was launched: a bucket's all-reduce runs on
+// the GPU while the kernels of earlier layers still compute. backward()'s times are
+// then host times of launching that work, and comm_wait includes the compute still
+// queued when backward returned.
 #include "ddp/distributed_data_parallel.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -17,8 +39,55 @@ namespace {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
-DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg,
-                                                 const DdpOptions& options)
+struct DistributedDataParallel::Impl {
+  struct Bucket {
+    std::unique_ptr<GroupMemory> memory;  // host: from the group, peers reach it without copies
+    Tensor device_memory;                 // GPU: device memory (the NCCL member reduces it)
+    Tensor grads;                         // 1 × n view of the flat gradients, in one of the two
+    Buffer buffer() const {
+      return Buffer{const_cast<float*>(grads.data()), grads.size(), DType::F32, grads.device()};
+    }
+    FlatGroup group;                    // layout: slots in bucket order, padding
+    std::vector<Parameter*> params;     // in bucket order (reverse registration order)
+    size_t pending = 0;                 // gradients not yet final in this backward
+    Work work;                          // the running reduction (all_reduce or reduce_scatter)
+    Work gather;                        // bf16 + AllReduce: the all_gather chained after `work`
+    Clock::time_point launched;
+    // ReduceScatter mode, world > 1: this rank's reduced shard, 1 x group.shard()
+    // (kept between steps; at world 1 the shard is the bucket itself).
+    Tensor shard;
+    // grad_dtype BF16: the bucket rounded for the wire, 1 x padded (from the group).
+    std::unique_ptr<GroupMemory> staging;
+  };
+
+  Impl(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options);
+  ~Impl();
+  void backward(const Tensor& dy);
+  void on_grad_ready(Parameter& p);
+  void launch_ready_buckets();
+  void reduce_bucket(Bucket& b, bool async);
+  void settle() noexcept;
+  Tensor shard_grads(size_t i);
+  MemoryStats memory() const;
+  float clip_grad_norm(float max_norm);
+
+  Module& model_;
+  std::shared_ptr<ProcessGroup> pg_;
+  DdpOptions options_;
+  Device device_ = Device::Cpu;  // where every parameter, and so every bucket, lives
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const Parameter*, size_t> bucket_of_;
+  std::vector<Parameter*> params_;
+  size_t next_to_launch_ = 0;  // buckets start strictly in index order
+  Clock::time_point backward_start_;
+  Clock::time_point last_ready_;  // the latest grad-ready hook of this backward
+  Clock::duration inline_comm_{};  // the last bucket's all-reduce, run inside backward
+  bool sync_ = true;               // false while a NoSync guard lives
+  uint64_t backwards_ = 0;
+  BackwardStats stats_;
+};
+
+DistributedDataParallel::Impl::Impl(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options)
     : model_(model), pg_(std::move(pg)), options_(options) {
   params_ = model_.parameters();
   if (params_.empty()) throw InvalidArgument("DistributedDataParallel: the model has no parameters");
@@ -97,25 +166,21 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   }
 }
 
-Buffer DistributedDataParallel::Bucket::buffer() const {
-  return Buffer{const_cast<float*>(grads.data()), grads.size(), DType::F32, grads.device()};
-}
-
-DistributedDataParallel::~DistributedDataParallel() {
+DistributedDataParallel::Impl::~Impl() {
   // Never leave an all-reduce writing into buckets that are about to go away.
   for (auto& b : buckets_) wait_all_noexcept({&b.work, &b.gather});
 }
 
 std::vector<std::vector<std::string>> DistributedDataParallel::bucket_layout() const {
   std::vector<std::vector<std::string>> out;
-  for (const auto& b : buckets_) {
+  for (const auto& b : impl_->buckets_) {
     out.emplace_back();
     for (const Parameter* p : b.params) out.back().push_back(p->name);
   }
   return out;
 }
 
-void DistributedDataParallel::on_grad_ready(Parameter& p) {
+void DistributedDataParallel::Impl::on_grad_ready(Parameter& p) {
   auto it = bucket_of_.find(&p);
   if (it == bucket_of_.end()) throw Error("DistributedDataParallel: '" + p.name + "' is not a parameter of the model");
   Bucket& b = buckets_[it->second];
@@ -128,7 +193,7 @@ void DistributedDataParallel::on_grad_ready(Parameter& p) {
 }
 
 // Starts, in bucket order, every bucket whose gradients are all final.
-void DistributedDataParallel::launch_ready_buckets() {
+void DistributedDataParallel::Impl::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_to_launch_++];
     b.launched = Clock::now();
@@ -152,7 +217,7 @@ void DistributedDataParallel::launch_ready_buckets() {
 //                       are issued back to back: the group runs them in issue order, so no
 //                       host wait in between, and every rank ends with copies of the same
 //                       f32 shards (bit-identical).
-void DistributedDataParallel::reduce_bucket(Bucket& b, bool async) {
+void DistributedDataParallel::Impl::reduce_bucket(Bucket& b, bool async) {
   const CollectiveOptions o{.async_op = async};
   const bool scatter = options_.reduce == GradReduce::ReduceScatter;
   const size_t shard = b.group.shard();
@@ -175,13 +240,13 @@ void DistributedDataParallel::reduce_bucket(Bucket& b, bool async) {
 // no reduction of this rank may still write into a bucket when backward() leaves or
 // starts over. (After a failure, a live peer's share may still land in a shared
 // bucket: memory-safe, and the gradients of a failed step are undefined anyway.)
-void DistributedDataParallel::settle() noexcept {
+void DistributedDataParallel::Impl::settle() noexcept {
   for (size_t i = 0; i < next_to_launch_ && i < buckets_.size(); ++i) {
     wait_all_noexcept({&buckets_[i].work, &buckets_[i].gather});
   }
 }
 
-void DistributedDataParallel::backward(const Tensor& dy) {
+void DistributedDataParallel::Impl::backward(const Tensor& dy) {
   settle();  // after an earlier backward that threw
   ++backwards_;
   const bool reduce = sync_ && options_.all_reduce && pg_->size() > 1;
@@ -243,7 +308,7 @@ void DistributedDataParallel::backward(const Tensor& dy) {
   report_step();  // gradients are final on every rank: the optimizer step follows
 }
 
-Tensor DistributedDataParallel::shard_grads(size_t i) {
+Tensor DistributedDataParallel::Impl::shard_grads(size_t i) {
   if (options_.reduce != GradReduce::ReduceScatter) {
     throw InvalidArgument("DistributedDataParallel::shard_grads: the buckets are all-reduced (GradReduce::AllReduce)");
   }
@@ -255,7 +320,7 @@ Tensor DistributedDataParallel::shard_grads(size_t i) {
   return Tensor::view(s.data(), 1, s.size(), device_);
 }
 
-MemoryStats DistributedDataParallel::memory() const {
+MemoryStats DistributedDataParallel::Impl::memory() const {
   MemoryStats m;
   for (const Parameter* p : params_) m.params += p->numel() * sizeof(float);
   for (const auto& b : buckets_) {
@@ -266,7 +331,7 @@ MemoryStats DistributedDataParallel::memory() const {
   return m;
 }
 
-float DistributedDataParallel::clip_grad_norm(float max_norm) {
+float DistributedDataParallel::Impl::clip_grad_norm(float max_norm) {
   if (options_.reduce == GradReduce::ReduceScatter) {
     // Only this rank's shard is reduced: the norm needs every rank's shard.
     throw InvalidArgument(
@@ -289,8 +354,36 @@ float DistributedDataParallel::clip_grad_norm(float max_norm) {
   return norm;
 }
 
-void DistributedDataParallel::zero_grad() {
-  for (auto& b : buckets_) b.grads.zero();
+// ---- the public face ------------------------------------------------------------
+
+DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg,
+                                                 const DdpOptions& options)
+    : impl_(std::make_unique<Impl>(model, std::move(pg), options)) {}
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+const Tensor& DistributedDataParallel::forward(const Tensor& x) { return impl_->model_.forward(x); }
+void DistributedDataParallel::backward(const Tensor& dy) { impl_->backward(dy); }
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& d) : d_(&d) { d.impl_->sync_ = false; }
+DistributedDataParallel::NoSync::~NoSync() {
+  if (d_) d_->impl_->sync_ = true;
 }
+float DistributedDataParallel::clip_grad_norm(float max_norm) { return impl_->clip_grad_norm(max_norm); }
+void DistributedDataParallel::zero_grad() {
+  for (auto& b : impl_->buckets_) b.grads.zero();
+}
+std::vector<Parameter*> DistributedDataParallel::parameters() { return impl_->model_.parameters(); }
+Module& DistributedDataParallel::module() { return impl_->model_; }
+ProcessGroup& DistributedDataParallel::process_group() { return *impl_->pg_; }
+const BackwardStats& DistributedDataParallel::last_backward() const { return impl_->stats_; }
+uint64_t DistributedDataParallel::backwards() const { return impl_->backwards_; }
+size_t DistributedDataParallel::num_buckets() const { return impl_->buckets_.size(); }
+const FlatGroup& DistributedDataParallel::bucket_group(size_t i) const { return impl_->buckets_.at(i).group; }
+Tensor DistributedDataParallel::bucket_grads(size_t i) {
+  Tensor& grads = impl_->buckets_.at(i).grads;
+  return Tensor::view(grads.data(), 1, grads.size(), impl_->device_);
+}
+Tensor DistributedDataParallel::shard_grads(size_t i) { return impl_->shard_grads(i); }
+MemoryStats DistributedDataParallel::memory() const { return impl_->memory(); }
+const DdpOptions& DistributedDataParallel::options() const { return impl_->options_; }
 
 }  // namespace ddp

@@ -4,18 +4,11 @@
 // Contract shared by every collective:
 //  - Every rank of the group calls the same collectives in the same order, with the
 //    same counts, dtypes, ops and roots (and a recv matches its peer's send in count
-//    and dtype). On the CPU backend calls pair up by their place in each rank's
-//    order (the k-th with the k-th); when paired calls differ in op, count, dtype,
-//    reduce op or root, the call fails on every rank at once with Mismatch naming
-//    both sides, before any wrong data is used, and breaks the group; a rank whose
-//    part only sends (a root's broadcast, a send) may complete it and fails at its
-//    next call. A skipped call is caught so only where the calls it brings together
-//    differ; when they have the same shape they run together, and the rank left
-//    with an extra call waits in it until the group's timeout (the stall report
-//    shows each rank's call). A count-0 call moves no message: paired with a
-//    non-empty one it is caught only at the empty rank's next call with that peer
-//    (waiting until the timeout if none comes). On NCCL mismatches hang until the
-//    timeout.
+//    and dtype). The CPU backend pairs each rank's k-th call with the others' and
+//    fails paired calls that differ on every rank with Mismatch naming both sides,
+//    before any wrong data is used (the group is broken then); a skipped call whose
+//    neighbours have the same shape leaves a rank waiting until the timeout. NCCL
+//    hangs on a mismatch until the timeout.
 //  - Blocking by default; with CollectiveOptions::async_op the call returns a Work at
 //    once and the operation runs on the group's progress thread. Operations of one
 //    group run one at a time in the order they were issued, sync and async alike.
@@ -39,8 +32,10 @@
 namespace ddp {
 
 namespace detail {
+class Backend;  // what runs the calls (internal)
 class FlightRecorder;
-}
+struct Op;
+}  // namespace detail
 
 // Memory from ProcessGroup::allocate: page-aligned, zero-filled, freed with this object.
 class GroupMemory {
@@ -68,52 +63,21 @@ struct CollectiveOptions {
   Millis timeout{0};      // 0: the group's timeout (InitOptions::timeout)
 };
 
-// The collectives and point-to-point operations a backend runs.
-enum class OpKind : uint8_t {
-  AllReduce, Broadcast, Reduce, AllGather, Gather, Scatter, ReduceScatter, AllToAll, Barrier, Send, Recv
-};
-const char* op_kind_name(OpKind k);  // "all_reduce", "broadcast", ...
-
-// One call of a ProcessGroup operation as its backend receives it, after the checks.
-// `input` is what the call reads and `output` what it writes: both are the one buffer
-// of all_reduce, broadcast, reduce, send and recv; the side a rank does not use (a
-// non-root's gather output or scatter input) may be empty. `peer` is the root, dst
-// or src (-1 where there is none).
-struct Op {
-  OpKind kind = OpKind::Barrier;
-  Buffer input;
-  Buffer output;
-  int peer = -1;
-  ReduceOp reduce = ReduceOp::Sum;
-  CollectiveOptions options;
-  // Set as the call is issued: a collective's number in its group's collectives, or a
-  // send's (recv's) number among this rank's sends to (recvs from) that peer; from 1.
-  // Ranks that make the same calls give them the same numbers.
-  uint64_t seq = 0;
-  // Set as the call is issued: its entry in the issuing group's flight recorder
-  // (recorder null where the group records nothing). A backend hands it to the Work
-  // it returns (Work::State::attach), which marks the call started and ended.
-  detail::FlightRecorder* recorder = nullptr;
-  uint64_t record = 0;
-};
-inline bool is_point_to_point(OpKind k) { return k == OpKind::Send || k == OpKind::Recv; }
-// How reports name a call, without its number: "all_reduce 262144×f32 sum",
-// "broadcast 10×i64 root 0", "send 4×f32 to 1", "barrier".
-std::string describe_op(const Op& op);
-
-// The memory a backend's collectives can reach.
-enum class Reach : uint8_t { Host, Gpu, HostAndGpu };
-
 class ProcessGroup {
  public:
-  virtual ~ProcessGroup();
+  // Made by init() and new_group(). Records its calls in a flight recorder of
+  // DDP_FLIGHT_RECORDER entries (none at 0).
+  explicit ProcessGroup(std::unique_ptr<detail::Backend> backend);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return rank_; }        // this process's rank in the group
-  int size() const { return size_; }        // number of ranks in the group
-  virtual std::string backend() const = 0;  // "cpu", "nccl" or "cpu+nccl" (see InitOptions)
+  int rank() const { return rank_; }  // this process's rank in the group
+  int size() const { return size_; }  // number of ranks in the group
+  std::string backend() const;        // "cpu", "nccl" or "cpu+nccl" (see InitOptions)
   // The group's name in reports: "0" for init()'s group, "<parent>.<k>" for the group
   // its parent's k-th new_group call made (k from 0, counted on every rank alike).
-  const std::string& name() const { return name_; }
+  const std::string& name() const;
   // Collectives issued on this group so far (the last one's sequence number; sends
   // and recvs are numbered per peer and not counted here).
   uint64_t issued() const { return issued_; }
@@ -138,8 +102,8 @@ class ProcessGroup {
   Work scatter(Buffer input, Buffer output, int root, CollectiveOptions o = {});
   // input holds size() blocks of output.count elements; rank r's output = op over
   // every rank's block r.
-  // Widening (issue 16, bf16 gradient communication): input BF16 or F16 with output
-  // F32, op Sum or Avg only. Each rank's block r is converted exactly to f32 and summed
+  // Widening, for 16-bit gradient communication: input BF16 or F16 with output F32,
+  // op Sum or Avg only. Each rank's block r is converted exactly to f32 and summed
   // in f32 in rank order 0..size()-1 (then divided by size() for Avg), so the result is
   // the same bits on every rank and in every run; the wire carries the 16-bit blocks.
   // Host buffers only.
@@ -173,47 +137,21 @@ class ProcessGroup {
 
   // Fails every pending operation with `reason` and breaks the group (idempotent;
   // safe from any thread).
-  virtual void abort(const std::string& reason) = 0;
-
- protected:
-  // Records its calls in a flight recorder of DDP_FLIGHT_RECORDER entries (none at 0).
-  ProcessGroup(int rank, int size, Reach reach);
-
-  // What a backend implements. Each is called only with arguments that passed the
-  // checks, so a backend checks nothing the contract above states.
-  // Runs (or queues, with op.options.async_op) one operation.
-  virtual Work run(const Op& op) = 0;
-  // new_group for a member (`ranks` valid and holding rank()) or, with nullptr as
-  // the answer, for a rank outside `ranks` (which must still take part).
-  virtual std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) = 0;
-  // allocate; by default plain private pages.
-  virtual std::unique_ptr<GroupMemory> allocate_memory(size_t bytes);
-
-  // For groups made of other groups: hands a checked call to `member` as is.
-  static Work run_on(ProcessGroup& member, const Op& op) { return member.run(op); }
-  static std::shared_ptr<ProcessGroup> make_subgroup_on(ProcessGroup& member, const std::vector<int>& ranks) {
-    return member.make_subgroup(ranks);
-  }
-  static std::unique_ptr<GroupMemory> allocate_memory_on(ProcessGroup& member, size_t bytes) {
-    return member.allocate_memory(bytes);
-  }
-  // `member` only runs calls this group issued and recorded: it records nothing itself.
-  static void leave_recording_to_outer(ProcessGroup& member);
+  void abort(const std::string& reason);
 
  private:
-  // Every operation passes here: the argument check, then the backend.
-  Work issue(const Op& op);
-  void check(const Op& op) const;
+  // Every operation passes here: the argument check, its number, its record, then
+  // the backend.
+  Work issue(detail::Op&& op);
 
   int rank_;
   int size_;
-  Reach reach_;
-  std::string name_ = "0";
   uint64_t issued_ = 0;
   std::vector<uint64_t> sends_;  // per peer: sends issued to it
   std::vector<uint64_t> recvs_;  // per peer: recvs issued from it
   int subgroups_made_ = 0;
   std::shared_ptr<detail::FlightRecorder> recorder_;  // null: records nothing
+  std::unique_ptr<detail::Backend> backend_;          // after recorder_: it goes first
 };
 
 }  // namespace ddp

@@ -51,19 +51,22 @@ void ring_all_gather(Team& t, Buffer buf, const std::vector<size_t>& off) {
 void all_reduce_exchange(Team& t, Buffer buf, ReduceOp op) {
   const int n = t.size();
   const size_t bytes = buf.bytes();
-  std::vector<Xfer> xs;
   if (n == 2 && op != ReduceOp::Min && op != ReduceOp::Max) {
     // Sum and product of two operands commute exactly: fold the peer's straight out
     // of the channel. (std::min/max do not with NaN or signed zeros: rank order below.)
-    xs = {Xfer::send(t.peer(t.me + 1), buf.data, bytes),
-          Xfer::recv_reduce(t.peer(t.me + 1), buf.data, buf.count, buf.dtype, op)};
-    // The send must read buf before the fold writes it: the fold can only start
-    // once the peer sent, but a shm send copies in pieces, so stage our copy.
-    Bytes mine = t.scratch_bytes(bytes);
-    std::memcpy(mine, buf.data, bytes);
-    xs[0].src = mine;
+    Xfer xs[] = {Xfer::send(t.peer(t.me + 1), buf.data, bytes),
+                 Xfer::recv_reduce(t.peer(t.me + 1), buf.data, buf.count, buf.dtype, op)};
+    // The send must read buf before the fold writes it. It goes whole at once where
+    // the channel has room (small messages nearly always); otherwise what is left of
+    // it is sent from a copy.
+    if (!t.progress.try_complete(xs[0])) {
+      Bytes rest = t.scratch_bytes(bytes);
+      std::memcpy(rest + xs[0].done, static_cast<Bytes>(buf.data) + xs[0].done, bytes - xs[0].done);
+      xs[0].src = rest;
+    }
     run(t, xs);
   } else {
+    std::vector<Xfer> xs;
     Bytes slots = t.scratch_bytes(bytes * static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       if (i == t.me) continue;

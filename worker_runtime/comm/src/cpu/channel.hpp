@@ -78,7 +78,7 @@ struct alignas(64) RingControl {
 // Bumps a rank's doorbell and wakes it if it sleeps.
 void ring_doorbell(SegmentHeader* h);
 
-class ShmChannel : public Channel {
+class ShmChannel final : public Channel {
  public:
   // send_ring/send_data: my ring in the peer's segment; recv_*: the peer's ring in mine.
   ShmChannel(int peer, int peer_pid_fd, SegmentHeader* peer_header, RingControl* send_ring, std::byte* send_data,
@@ -114,7 +114,7 @@ class ShmChannel : public Channel {
 // TCP
 // ---------------------------------------------------------------------------
 
-class TcpChannel : public Channel {
+class TcpChannel final : public Channel {
  public:
   TcpChannel(int peer, int fd);  // takes the connected socket
   ~TcpChannel() override;

@@ -22,7 +22,7 @@ inline std::vector<size_t> split(size_t count, int n) {
   return off;
 }
 
-inline void run(Team& t, std::vector<Xfer>& xs) { t.progress.run(std::span<Xfer>(xs), t.deadline); }
+inline void run(Team& t, std::span<Xfer> xs) { t.progress.run(xs, t.deadline); }
 
 inline void divide_chunk(Buffer buf, size_t from, size_t to, int n) {
   if (to > from) divide(buf.dtype, at(buf, from), to - from, n);

@@ -23,7 +23,7 @@
 #include <random>
 #include <sstream>
 
-#include "../backend.hpp"
+#include "../group_setup.hpp"
 #include "../peer_watch.hpp"
 #include "ddp/contract/store_keys.hpp"
 #include "rdzv/waiting.hpp"

@@ -23,7 +23,17 @@ namespace {
 constexpr size_t kPiece = 256 * 1024;
 
 constexpr auto kHealthEvery = std::chrono::milliseconds(10);
+constexpr uint32_t kRoundsPerClockRead = 32;
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+
+// One idle round of a spin: lets the core's other thread (or the peer's bytes) in.
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 int online_cpus() {
   cpu_set_t set;
@@ -123,7 +133,9 @@ bool Progress::step(Xfer& x) {
 
 void Progress::run(std::span<Xfer> xfers, Clock::time_point deadline) {
   if (poisoned_) throw PeerLost{-1, "the group is broken"};
-  bool spinning = false;
+  bool spinning = false;  // idle since the last progress, spinning until spin_until
+  bool spun = false;      // that spin is over: look at the health, then sleep
+  uint32_t rounds = 0;    // idle rounds of the spin
   Clock::time_point spin_until{};
   for (;;) {
     const uint32_t bell = my_header_ ? my_header_->doorbell.load(std::memory_order_acquire) : 0;
@@ -141,7 +153,13 @@ void Progress::run(std::span<Xfer> xfers, Clock::time_point deadline) {
     }
     if (all_done) return;
     if (progressed) {
-      spinning = false;
+      spinning = spun = false;
+      continue;
+    }
+    // A clock read costs more than an idle round: the spin reads it every few rounds,
+    // so a message that arrives is seen within a round.
+    if (spinning && !spun && ++rounds % kRoundsPerClockRead != 0) {
+      spin_pause();
       continue;
     }
     const auto now = Clock::now();
@@ -150,22 +168,25 @@ void Progress::run(std::span<Xfer> xfers, Clock::time_point deadline) {
       spin_until = now + std::chrono::nanoseconds(spin_ns_);
     }
     if (now < spin_until) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#elif defined(__aarch64__)
-      asm volatile("yield");
-#endif
+      spin_pause();
       continue;
     }
+    spun = true;
     if (now >= next_health_check_) {
       next_health_check_ = now + kHealthEvery;
       if (check_health(xfers, deadline)) {  // a gone peer's last bytes moved
-        spinning = false;
+        spinning = spun = false;
         continue;
       }
     }
     sleep(xfers, bell);
   }
+}
+
+bool Progress::try_complete(Xfer& x) {
+  if (poisoned_) throw PeerLost{-1, "the group is broken"};
+  step(x);
+  return x.closed;
 }
 
 void Progress::sleep(std::span<Xfer> xfers, uint32_t bell) {

@@ -87,6 +87,10 @@ class Progress {
     std::vector<Xfer> v(xfers);
     run(std::span<Xfer>(v), deadline);
   }
+  // Moves what `x` can move now, without waiting (its channel must carry no
+  // unfinished message of the same direction); true once it is complete. Throws
+  // PeerLost.
+  bool try_complete(Xfer& x);
 
   // After a failure: tells local peers (their next wait sees `blamed`) and shuts
   // the sockets so remote peers notice at once. Idempotent.

@@ -2,6 +2,10 @@
 #include "stamp.hpp"
 
 namespace ddp::cpu {
+
+using detail::Op;
+using detail::OpKind;
+
 namespace {
 
 bool reduces(OpKind k) { return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter; }

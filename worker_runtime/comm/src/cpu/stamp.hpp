@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ddp/process_group.hpp"
+#include "backend.hpp"
 
 namespace ddp::cpu {
 
@@ -18,7 +18,7 @@ struct Stamp {
   static constexpr uint8_t kMagic = 0xd5;
   static constexpr uint8_t kAllocate = 0xff;  // kind of ProcessGroup::allocate's exchanges
 
-  uint64_t seq = 0;    // Op::seq
+  uint64_t seq = 0;    // detail::Op::seq
   uint64_t count = 0;  // elements each rank moves (see stamp_of)
   int32_t root = -1;   // root; for a send its destination, for a recv its source
   uint8_t kind = 0;    // OpKind, or kAllocate
@@ -31,7 +31,7 @@ struct Stamp {
 static_assert(sizeof(Stamp) == 24, "a stamp keeps messages 8-byte aligned");
 
 // The stamp of `op` as this rank runs it: fields every rank of a matching call agrees on.
-Stamp stamp_of(const Op& op);
+Stamp stamp_of(const detail::Op& op);
 // The stamp of this rank's allocate call.
 Stamp allocate_stamp();
 // What a peer's message must carry when this rank (group rank `me`) runs `mine`:

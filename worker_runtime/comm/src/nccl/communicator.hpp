@@ -1,6 +1,6 @@
 // The NCCL backend's communicator (internal): one ncclComm_t with its stream,
 // completion events and broken state, and how operations are enqueued on it with a
-// timeout. The process group (nccl_process_group.cpp) says what to enqueue.
+// timeout. The backend (nccl_backend.cpp) says what to enqueue.
 #pragma once
 
 #include <cuda_runtime.h>

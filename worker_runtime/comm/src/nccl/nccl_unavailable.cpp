@@ -1,10 +1,10 @@
 // The NCCL backend's entry points in a build without CUDA or NCCL: init() then falls
 // back to the CPU backend for "auto" and reports a clear error for "nccl".
-#include "backend.hpp"
+#include "group_setup.hpp"
 
 namespace ddp::detail {
 
-std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup&) {
+std::unique_ptr<Backend> make_nccl_backend(const GroupSetup&) {
   throw Error("the nccl backend is not available: ddprun was built without NCCL (CUDA Toolkit or NCCL not found)");
 }
 

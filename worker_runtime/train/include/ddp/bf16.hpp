@@ -1,4 +1,4 @@
-// Rounding gradients to bf16 for the wire (issue 16): round to nearest even, as
+// Rounding gradients to bf16 for the wire: round to nearest even, as
 // ddp::to_bfloat16, over a whole buffer (vectorisable). Reductions of the rounded
 // values are done in f32 (ProcessGroup::reduce_scatter bf16 -> f32).
 #pragma once

@@ -6,32 +6,15 @@
 //   model.backward(dlogits);                         // grads averaged over ranks
 //   optimizer.step();
 //
-// Gradients live in flat buckets: parameters are assigned in reverse registration
-// order (backward produces them in that order), the first bucket up to
-// first_bucket_bytes, the rest up to bucket_cap_bytes. Each parameter's grad is a
-// view into its bucket, so backward writes straight into the buffer that is
-// reduced. The moment the last gradient of a bucket is final (the model's
-// grad-ready hook), that bucket's all-reduce (average) starts asynchronously and
-// runs while backward continues with earlier layers (the last bucket, filled when
-// backward has nothing left to do, runs on the calling thread). Buckets start in the same
-// order on every rank; backward() returns once all of them are reduced, so every
-// rank then holds bit-identical gradients. Host buckets come from
-// ProcessGroup::allocate: memory the group's collectives reach without copying.
-//
+// Gradients live in flat buckets of the group's memory, reduced (averaged) while
+// backward still computes; every rank ends a backward with bit-identical gradients.
 // On the GPU (a model moved with Module::to(Device::Cuda) before wrapping it) the
-// buckets are device memory and the group must have an NCCL member (backend "nccl"
-// or "cpu+nccl", which routes device buffers to NCCL). Kernels and cuBLAS run on the
-// default stream and NCCL on its own stream, ordered after the work queued when the
-// bucket was launched: a bucket's all-reduce runs on the GPU while the kernels of
-// earlier layers still compute. backward()'s times are then host times of launching
-// that work, and comm_wait includes the compute still queued when backward returned.
+// group needs an NCCL member (backend "nccl" or "cpu+nccl").
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
-#include <span>
-#include <unordered_map>
+#include <string>
 #include <vector>
 
 #include "ddp/nn.hpp"
@@ -82,20 +65,21 @@ struct BackwardStats {
 
 class DistributedDataParallel {
  public:
-  // Assigns buckets, binds every parameter's grad into them (keeping what it held)
-  // and, unless disabled, broadcasts rank 0's parameter values. A collective even
-  // with the broadcast and the all-reduce switched off (host buckets come from
-  // pg->allocate): every rank of pg constructs it, in the same order as its other
+  // Assigns buckets (the first up to first_bucket_bytes, the rest up to
+  // bucket_cap_bytes, in reverse registration order), binds every parameter's grad
+  // into them (keeping what it held) and, unless disabled, broadcasts rank 0's
+  // parameter values. A collective even with the broadcast and the all-reduce
+  // switched off: every rank of pg constructs it, in the same order as its other
   // collectives, with the same model structure, device and options. Throws
-  // InvalidArgument when the model has no parameters or they are on different devices. After a backward() that
-  // threw (a dead peer, a timeout), the gradients are undefined: with shared
-  // buckets, live peers may still be writing their share into this rank's.
+  // InvalidArgument when the model has no parameters or they are on different
+  // devices. After a backward() that threw (a dead peer, a timeout), the gradients
+  // are undefined.
   DistributedDataParallel(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  const Tensor& forward(const Tensor& x) { return model_.forward(x); }
+  const Tensor& forward(const Tensor& x);
   // The model's backward from dLoss/dOutput, reducing buckets as they fill (unless
   // inside no_sync()). Returns when every gradient is averaged over all ranks. Each
   // such backward (not inside no_sync) counts as one step (ddp/progress.hpp).
@@ -106,11 +90,9 @@ class DistributedDataParallel {
   // accumulation, as torch's no_sync()).
   class NoSync {
    public:
-    explicit NoSync(DistributedDataParallel& d) : d_(&d) { d.sync_ = false; }
+    explicit NoSync(DistributedDataParallel& d);
     NoSync(NoSync&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
-    ~NoSync() {
-      if (d_) d_->sync_ = true;
-    }
+    ~NoSync();
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
@@ -125,66 +107,32 @@ class DistributedDataParallel {
   float clip_grad_norm(float max_norm);
 
   void zero_grad();
-  std::vector<Parameter*> parameters() { return model_.parameters(); }
-  Module& module() { return model_; }
-  ProcessGroup& process_group() { return *pg_; }
-  const BackwardStats& last_backward() const { return stats_; }
+  std::vector<Parameter*> parameters();
+  Module& module();
+  ProcessGroup& process_group();
+  const BackwardStats& last_backward() const;
   // How many backward() calls have started (inside no_sync or not): a sharded optimizer
   // that copies gradients out of the buckets knows from it whether they changed.
-  uint64_t backwards() const { return backwards_; }
+  uint64_t backwards() const;
   // Bucket layout: the parameter names of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_layout() const;
-  size_t num_buckets() const { return buckets_.size(); }
+  size_t num_buckets() const;
   // Bucket i's flat layout (padded to a multiple of the world size when the options
   // reduce-scatter or send bf16; otherwise padded == numel and world 1).
-  const FlatGroup& bucket_group(size_t i) const { return buckets_.at(i).group; }
+  const FlatGroup& bucket_group(size_t i) const;
   // Bucket i's gradients, 1 × padded (the parameters' grads are views into it).
-  Tensor bucket_grads(size_t i) { return Tensor::view(buckets_.at(i).grads.data(), 1, buckets_.at(i).grads.size(), device_); }
+  Tensor bucket_grads(size_t i);
   // GradReduce::ReduceScatter: this rank's reduced (averaged) shard of bucket i,
   // 1 × group.shard(), valid after backward(). Throws InvalidArgument in AllReduce mode.
   Tensor shard_grads(size_t i);
   // Full values (the model's) and grad buckets, plus reduce-scatter outputs and bf16
   // staging in `comm`; no optimizer state (that is the optimizer's).
   MemoryStats memory() const;
-  const DdpOptions& options() const { return options_; }
+  const DdpOptions& options() const;
 
  private:
-  struct Bucket {
-    std::unique_ptr<GroupMemory> memory;  // host: from the group, peers reach it without copies
-    Tensor device_memory;                 // GPU: device memory (the NCCL member reduces it)
-    Tensor grads;                         // 1 × n view of the flat gradients, in one of the two
-    Buffer buffer() const;
-    FlatGroup group;                    // layout: slots in bucket order, padding
-    std::vector<Parameter*> params;     // in bucket order (reverse registration order)
-    size_t pending = 0;                 // gradients not yet final in this backward
-    Work work;                          // the running reduction (all_reduce or reduce_scatter)
-    Work gather;                        // bf16 + AllReduce: the all_gather chained after `work`
-    std::chrono::steady_clock::time_point launched;
-    // ReduceScatter mode, world > 1: this rank's reduced shard, 1 x group.shard()
-    // (kept between steps; at world 1 the shard is the bucket itself).
-    Tensor shard;
-    // grad_dtype BF16: the bucket rounded for the wire, 1 x padded (from the group).
-    std::unique_ptr<GroupMemory> staging;
-  };
-  void on_grad_ready(Parameter& p);
-  void launch_ready_buckets();
-  void reduce_bucket(Bucket& b, bool async);
-  void settle() noexcept;
-
-  Module& model_;
-  std::shared_ptr<ProcessGroup> pg_;
-  DdpOptions options_;
-  Device device_ = Device::Cpu;  // where every parameter, and so every bucket, lives
-  std::vector<Bucket> buckets_;
-  std::unordered_map<const Parameter*, size_t> bucket_of_;
-  std::vector<Parameter*> params_;
-  size_t next_to_launch_ = 0;  // buckets start strictly in index order
-  std::chrono::steady_clock::time_point backward_start_;
-  std::chrono::steady_clock::time_point last_ready_;  // the latest grad-ready hook of this backward
-  std::chrono::steady_clock::duration inline_comm_{};  // the last bucket's all-reduce, run inside backward
-  bool sync_ = true;
-  uint64_t backwards_ = 0;
-  BackwardStats stats_;
+  struct Impl;  // the buckets and the state of a backward (distributed_data_parallel.cpp)
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ddp

@@ -1,4 +1,4 @@
-// FullyShardedDataParallel (ZeRO-3, FSDP's idea; issue 16): parameters, gradients and
+// FullyShardedDataParallel (ZeRO-3, FSDP's idea): parameters, gradients and
 // optimizer state sharded across ranks per unit (a Linear with the parameter-free modules
 // after it, or several such layers: FsdpOptions::layers_per_unit).
 //

@@ -1,4 +1,4 @@
-// Sharded data parallel, the common part (issue 16): how parameters are laid out in flat
+// Sharded data parallel, the common part: how parameters are laid out in flat
 // groups that ranks split between them, what each rank holds, and the optimizer that
 // steps only this rank's shard. ZeroRedundancyOptimizer (ZeRO-1) and
 // FullyShardedDataParallel (ZeRO-3) are built on it.

@@ -1,4 +1,4 @@
-// ZeRO-1 (issue 16): each rank keeps optimizer state only for its shard of every DDP
+// ZeRO-1: each rank keeps optimizer state only for its shard of every DDP
 // bucket, steps that shard after the gradients are reduced, and all-gathers the updated
 // shards into every rank's parameters.
 //

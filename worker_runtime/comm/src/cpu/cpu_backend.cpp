@@ -1,4 +1,4 @@
-// The CPU process group: collectives over shared memory and TCP (see transport.hpp
+// The CPU backend: collectives over shared memory and TCP (see transport.hpp
 // and algorithms.hpp), run one at a time in issue order.
 //
 // Execution: a blocking call runs on the caller's thread when nothing is queued
@@ -22,6 +22,7 @@
 // memory and shuts its sockets, so every peer notices at once and names the same
 // dead rank; every later call fails with the same error.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -33,7 +34,7 @@
 #include "../group_memory.hpp"
 #include "algorithms.hpp"
 #include "stamp.hpp"
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "transport.hpp"
 #include "work_state.hpp"
 
@@ -43,17 +44,17 @@ namespace {
 using cpu::Clock;
 constexpr Millis kExitRecordWait{500};  // for ddprun to publish an exit the transport saw first
 
-class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this<CpuProcessGroup> {
+class CpuBackend final : public Backend {
  public:
-  CpuProcessGroup(const GroupSetup& setup, const cpu::TransportOptions& topts)
-      : ProcessGroup(setup.rank, setup.size, Reach::Host),
+  CpuBackend(const GroupSetup& setup, const cpu::TransportOptions& topts)
+      : Backend(setup.rank, setup.size, Reach::Host),
         setup_(setup),
         transport_options_(topts),
-        transport_(*setup.store, setup.rank, setup.size, topts) {
-    for (int r = 0; r < setup.size; ++r) all_.push_back(r);
-  }
+        transport_(*setup.store, setup.rank, setup.size, topts),
+        team_{transport_.progress(), transport_.mesh(), transport_.regions(), every_rank(setup.size), setup.rank,
+              scratch_, {}} {}
 
-  ~CpuProcessGroup() override {
+  ~CpuBackend() override {
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -62,7 +63,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     if (thread_.joinable()) thread_.join();
   }
 
-  std::string backend() const override { return "cpu"; }
+  std::string kind() const override { return "cpu"; }
 
   void abort(const std::string& reason) override {
     std::exception_ptr e = std::make_exception_ptr(Error("process group aborted: " + reason));
@@ -77,10 +78,10 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     cv_.notify_all();
   }
 
- protected:
   Work run(const Op& op) override {
+    const Call call{op_kind_name(op.kind), op.seq, timeout_of(op.options)};
     return submit(
-        op_kind_name(op.kind), op.options,
+        call, op.options,
         [op](cpu::Team& t) {
           t.progress.set_call(cpu::stamp_of(op));
           run_algorithm(t, op);
@@ -92,7 +93,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   std::unique_ptr<GroupMemory> allocate_memory(size_t bytes) override {
     std::unique_ptr<GroupMemory> memory;
     std::exception_ptr out_of_memory;  // this rank's alone: the group stays in step and whole
-    submit("allocate", {}, [&](cpu::Team& t) {
+    submit(Call{"allocate", 0, setup_.timeout}, {}, [&](cpu::Team& t) {
       t.progress.set_call(cpu::allocate_stamp());
       try {
         memory = transport_.share_memory(bytes, t.deadline);
@@ -104,7 +105,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     return memory;
   }
 
-  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
+  std::unique_ptr<Backend> make_subgroup(const std::vector<int>& ranks) override {
     const int id = next_subgroup_++;  // counted on every rank, members or not
     const auto it = std::find(ranks.begin(), ranks.end(), rank());
     if (it == ranks.end()) return nullptr;
@@ -115,17 +116,43 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     sub.peers = setup_.peers.narrow(ranks);
     cpu::TransportOptions topts = transport_options_;
     topts.peers = sub.peers;
-    return std::make_shared<CpuProcessGroup>(sub, topts);
+    return std::make_unique<CpuBackend>(sub, topts);
   }
 
  private:
-  struct Task {
-    const char* name;
-    uint64_t seq;       // the call's number (Op::seq); 0 for allocate
+  // A task as errors name it, and its limit.
+  struct Call {
+    const char* name;  // "all_reduce", ..., "allocate"
+    uint64_t seq;      // the call's number (Op::seq); 0 for allocate
     Millis timeout;
+  };
+  // A task's body, borrowed (no allocation) where it runs on the caller's thread.
+  class BodyRef {
+   public:
+    template <typename F>
+    static BodyRef of(F& f) {
+      return BodyRef(&f, [](void* p, cpu::Team& t) { (*static_cast<F*>(p))(t); });
+    }
+    void operator()(cpu::Team& t) const { call_(fn_, t); }
+
+   private:
+    BodyRef(void* fn, void (*call)(void*, cpu::Team&)) : fn_(fn), call_(call) {}
+    void* fn_;
+    void (*call_)(void*, cpu::Team&);
+  };
+  // A task queued for the progress thread.
+  struct Task {
+    Call call;
     std::function<void(cpu::Team&)> fn;
     std::shared_ptr<Work::State> state;
   };
+
+  static std::vector<int> every_rank(int size) {
+    std::vector<int> all(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
+    return all;
+  }
+  Millis timeout_of(const CollectiveOptions& o) const { return o.timeout.count() > 0 ? o.timeout : setup_.timeout; }
 
   // One checked operation on the algorithms.
   static void run_algorithm(cpu::Team& t, const Op& op) {
@@ -145,27 +172,28 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   }
 
   // ---- execution ------------------------------------------------------------
-  // `call`: the operation whose Work this is (null for allocate, which is no call).
-  Work submit(const char* name, CollectiveOptions o, std::function<void(cpu::Team&)> fn, const Op* call = nullptr) {
-    auto state = std::make_shared<Work::State>();
-    if (call) state->attach(*call);
-    Task task{name, call ? call->seq : 0, o.timeout.count() > 0 ? o.timeout : setup_.timeout, std::move(fn), state};
+  // `op`: the operation whose Work this is (null for allocate, which is no call).
+  template <typename Fn>
+  Work submit(const Call& call, CollectiveOptions o, Fn&& fn, const Op* op = nullptr) {
+    std::shared_ptr<Work::State> state = fresh_state();
+    if (op) state->attach(*op);
     {
       std::unique_lock lock(mu_);
       if (broken_) std::rethrow_exception(broken_);
       if (!o.async_op && queue_.empty() && !running_) {
-        running_ = true;  // run inline: nothing is ahead of us
+        running_ = true;  // run inline: nothing is ahead of us, and the group is whole
         lock.unlock();
-        execute(task);
+        execute(call, BodyRef::of(fn), *state, nullptr);
         lock.lock();
         running_ = false;
+        const bool queued = !queue_.empty();  // the progress thread waits for running_
         lock.unlock();
-        cv_.notify_all();
-        Work w(state);
-        w.wait();  // rethrows the error, if any
-        return w;
+        if (queued) cv_.notify_all();
+        // Completed on this thread, and only this thread completes it.
+        if (state->error) std::rethrow_exception(state->error);
+        return Work(std::move(state));
       }
-      queue_.push_back(std::move(task));
+      queue_.push_back(Task{call, std::forward<Fn>(fn), state});
       if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     }
     cv_.notify_all();
@@ -174,9 +202,24 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     return w;
   }
 
+  // The State of a call's Work: the previous call's again once nothing holds it but
+  // this group (a blocking call's Work is mostly dropped at once), else a new one.
+  // Only the issuing thread calls this.
+  std::shared_ptr<Work::State> fresh_state() {
+    if (spare_ && spare_.use_count() == 1) {
+      // The last other holder's uses of it happen before its release of the count.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      spare_->reset();
+    } else {
+      spare_ = std::make_shared<Work::State>();
+    }
+    return spare_;
+  }
+
   void loop() {
     for (;;) {
       Task task;
+      std::exception_ptr broken;
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
@@ -184,8 +227,9 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
         task = std::move(queue_.front());
         queue_.pop_front();
         running_ = true;
+        broken = broken_;
       }
-      execute(task);
+      execute(task.call, BodyRef::of(task.fn), *task.state, broken);
       {
         std::lock_guard lock(mu_);
         running_ = false;
@@ -194,38 +238,34 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     }
   }
 
-  void execute(Task& task) {
-    std::exception_ptr error;
-    {
-      std::unique_lock lock(mu_);
-      error = broken_;
-    }
+  // Runs one task (`broken`: the group's error when it was taken, which fails it at
+  // once). Tasks run one at a time (running_), so the transport and team_ are this
+  // thread's.
+  void execute(const Call& call, BodyRef body, Work::State& state, std::exception_ptr error) {
     const auto start = Clock::now();
-    task.state->mark_started(start);
+    state.mark_started(start);
     if (!error) {
-      cpu::Team team{transport_.progress(), transport_.mesh(), transport_.regions(), all_, rank(), scratch_,
-                     cpu::deadline_after(task.timeout)};
+      team_.deadline = cpu::deadline_after(call.timeout);
       try {
-        std::lock_guard lock(transport_mu_);
-        task.fn(team);
+        body(team_);
       } catch (const cpu::PeerLost& lost) {
         if (lost.peer < 0) {  // abort(), or a broken transport
           std::lock_guard lock(mu_);
-          if (!broken_) broken_ = std::make_exception_ptr(Error(std::string(task.name) + ": " + lost.detail));
+          if (!broken_) broken_ = std::make_exception_ptr(Error(std::string(call.name) + ": " + lost.detail));
           error = broken_;
         } else {
-          error = fail(task.name, lost.peer, exit_cause(lost, label(task)).value_or(lost.detail), false);
+          error = fail(call.name, lost.peer, exit_cause(lost, label(call)).value_or(lost.detail), false);
         }
       } catch (const cpu::Mismatched& m) {
-        error = fail(task.name, m.peer, mismatch_text(m), false, true);
+        error = fail(call.name, m.peer, mismatch_text(m), false, true);
       } catch (const cpu::StuckTimeout& stuck) {
-        error = fail(task.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
-                     "timed out after " + std::to_string(task.timeout.count()) + " ms", true);
+        error = fail(call.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
+                     "timed out after " + std::to_string(call.timeout.count()) + " ms", true);
       } catch (const InvalidArgument& e) {
         // Found while running (a recv of the wrong size, counts that only one rank
         // can check): peers may already have sent bytes this rank will not read, so
         // the streams are out of step. Peers hear about it; this rank gets the error.
-        fail(task.name, rank(), e.what(), false);
+        fail(call.name, rank(), e.what(), false);
         error = std::current_exception();
       } catch (...) {
         error = std::current_exception();
@@ -233,11 +273,7 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
         if (!broken_) broken_ = error;
       }
     }
-    {
-      std::lock_guard lock(task.state->mu);
-      task.state->timing = Work::Timing{start, Clock::now(), true};
-    }
-    task.state->complete(error);
+    state.complete(error, Work::Timing{start, Clock::now(), true});
   }
 
   // "mismatched calls in group 0.1: rank 2: all_reduce #3 262144×f32 sum; rank 3:
@@ -248,14 +284,14 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
     std::string a = "rank " + std::to_string(peers.global(rank())) + ": " + cpu::describe(transport_.progress().call());
     std::string b = "rank " + std::to_string(peers.global(m.peer)) + ": " + cpu::describe(m.theirs);
     if (m.peer < rank()) std::swap(a, b);
-    return "mismatched calls in group " + name() + ": " + a + "; " + b;
+    return "mismatched calls in group " + group_name() + ": " + a + "; " + b;
   }
 
   // How errors name a task: "all_reduce #57 of group 0" (built only when one fails).
-  std::string label(const Task& task) const {
-    std::string out = task.name;
-    if (task.seq > 0) out += " #" + std::to_string(task.seq);
-    return out + " of group " + name();
+  std::string label(const Call& call) const {
+    std::string out = call.name;
+    if (call.seq > 0) out += " #" + std::to_string(call.seq);
+    return out + " of group " + group_name();
   }
 
   // How `peer`, gone while this rank waited for it in `during`, exited, as ddprun
@@ -330,9 +366,9 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   GroupSetup setup_;
   cpu::TransportOptions transport_options_;
   cpu::Transport transport_;
-  std::vector<int> all_;
   std::vector<std::byte> scratch_;
-  std::mutex transport_mu_;  // one operation at a time on the transport
+  cpu::Team team_;  // every rank of the group; its deadline is set per task
+  std::shared_ptr<Work::State> spare_;  // the last call's State (fresh_state)
   int next_subgroup_ = 0;
 
   std::mutex mu_;  // guards everything below
@@ -346,13 +382,13 @@ class CpuProcessGroup : public ProcessGroup, public std::enable_shared_from_this
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_cpu_group(const GroupSetup& setup) {
+std::unique_ptr<Backend> make_cpu_backend(const GroupSetup& setup) {
   cpu::TransportOptions topts;
   topts.advertise_host = setup.advertise_host;
   topts.bind_host = setup.bind_host;
   topts.connect_timeout = setup.connect_timeout;
   topts.peers = setup.peers;
-  return std::make_shared<CpuProcessGroup>(setup, topts);
+  return std::make_unique<CpuBackend>(setup, topts);
 }
 
 }  // namespace ddp::detail

@@ -1,4 +1,4 @@
-// The NCCL backend's process group: each operation, already checked by ProcessGroup,
+// The NCCL backend: each operation, already checked by ProcessGroup,
 // becomes NCCL calls enqueued on the group's communicator (communicator.hpp), on the
 // GPU numbered local_rank. Empty operations still meet (as a barrier), so that every
 // rank issues the same NCCL calls.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ddp/contract/store_keys.hpp"
-#include "backend.hpp"
+#include "group_setup.hpp"
 #include "communicator.hpp"
 
 namespace ddp::detail {
@@ -55,19 +55,18 @@ ncclResult_t grouped(Body&& body) {
   return first != ncclSuccess ? first : end;
 }
 
-class NcclProcessGroup final : public ProcessGroup {
+class NcclBackend final : public Backend {
  public:
-  NcclProcessGroup(int rank, int size, std::shared_ptr<Communicator> comm, Millis timeout, Millis connect_timeout)
-      : ProcessGroup(rank, size, Reach::Gpu), comm_(std::move(comm)), timeout_(timeout),
+  NcclBackend(int rank, int size, std::shared_ptr<Communicator> comm, Millis timeout, Millis connect_timeout)
+      : Backend(rank, size, Reach::Gpu), comm_(std::move(comm)), timeout_(timeout),
         connect_timeout_(connect_timeout) {}
 
-  std::string backend() const override { return "nccl"; }
+  std::string kind() const override { return "nccl"; }
 
   void abort(const std::string& reason) override {
     comm_->fail(std::make_exception_ptr(Error("process group aborted: " + reason)));
   }
 
- protected:
   Work run(const Op& op) override {
     switch (op.kind) {
       case OpKind::AllReduce: return all_reduce_on_gpu(op.input, op.reduce, op);
@@ -85,7 +84,7 @@ class NcclProcessGroup final : public ProcessGroup {
     throw InvalidArgument(std::string("NCCL: unknown operation ") + op_kind_name(op.kind));
   }
 
-  std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& ranks) override {
+  std::unique_ptr<Backend> make_subgroup(const std::vector<int>& ranks) override {
     auto it = std::find(ranks.begin(), ranks.end(), rank());
     const bool member = it != ranks.end();
     const int position = member ? static_cast<int>(it - ranks.begin()) : -1;
@@ -93,7 +92,7 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclComm_t child = comm_->split(member ? 0 : NCCL_SPLIT_NOCOLOR, member ? position : rank(), connect_timeout_);
     if (!member) return nullptr;
     auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_, comm_->watch()->narrow(ranks));
-    return std::make_shared<NcclProcessGroup>(position, static_cast<int>(ranks.size()), std::move(comm), timeout_,
+    return std::make_unique<NcclBackend>(position, static_cast<int>(ranks.size()), std::move(comm), timeout_,
                                               connect_timeout_);
   }
 
@@ -215,7 +214,7 @@ class NcclProcessGroup final : public ProcessGroup {
     const CollectiveOptions& o = call.options;
     Millis timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
     // A send or recv waits on its peer alone; a collective on every rank.
-    nccl::CallId id{what, call.seq, name(), is_point_to_point(call.kind) ? call.peer : -1};
+    nccl::CallId id{what, call.seq, group_name(), is_point_to_point(call.kind) ? call.peer : -1};
     std::shared_ptr<Work::State> state = comm_->launch(std::move(id), timeout, std::forward<Enqueue>(body));
     state->attach(call, /*keep_recorder_alive=*/true);  // its event may be seen after the group is gone
     state->mark_started(nccl::Clock::now());
@@ -270,7 +269,7 @@ bool nccl_usable(int local_size) {
   return count > 0 && local_size <= count;
 }
 
-std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup) {
+std::unique_ptr<Backend> make_nccl_backend(const GroupSetup& setup) {
   if (setup.size < 1 || setup.rank < 0 || setup.rank >= setup.size) {
     throw InvalidArgument("NCCL group: rank " + std::to_string(setup.rank) + " of " + std::to_string(setup.size));
   }
@@ -296,7 +295,7 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const GroupSetup& setup) {
   auto watch = std::make_shared<const PeerWatch>(*setup.store, setup.rank, setup.size, setup.connect_timeout, setup.peers);
   ncclComm_t comm = nccl::init_communicator(id, setup.size, setup.rank, setup.connect_timeout);
   auto communicator = std::make_shared<Communicator>(comm, device, setup.timeout, std::move(watch));
-  return std::make_shared<NcclProcessGroup>(setup.rank, setup.size, std::move(communicator), setup.timeout,
+  return std::make_unique<NcclBackend>(setup.rank, setup.size, std::move(communicator), setup.timeout,
                                             setup.connect_timeout);
 }
 

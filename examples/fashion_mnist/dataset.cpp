@@ -1,9 +1,9 @@
-// IDX reader (gzip or plain, through zlib) and the Fashion-MNIST loader.
+// IDX reader (gzip or plain, through zlib) and the Fashion-MNIST loader (dataset.hpp).
 //
 // IDX format: a 4-byte magic (0, 0, element type, number of dims), then each dim as
 // a big-endian u32, then the elements row-major. Fashion-MNIST uses type 0x08
 // (unsigned byte): images are 3-D (N, 28, 28), labels 1-D (N).
-#include "ddp/fashion_mnist.hpp"
+#include "dataset.hpp"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -12,7 +12,12 @@
 
 #include "ddp/types.hpp"
 
-namespace ddp {
+namespace fashion_mnist {
+
+using ddp::Error;
+using ddp::InvalidArgument;
+using ddp::Tensor;
+
 namespace {
 
 constexpr size_t kMaxIdxBytes = size_t{1} << 30;  // refuse to inflate more than 1 GiB
@@ -116,9 +121,9 @@ IdxArray read_idx(const std::string& path) {
   return out;
 }
 
-ByteImageDataset load_fashion_mnist_bytes(const std::string& dir, const std::string& split, size_t limit) {
+ByteImageDataset load_bytes(const std::string& dir, const std::string& split, size_t limit) {
   if (split != "train" && split != "t10k") {
-    throw InvalidArgument("load_fashion_mnist: split '" + split + "' (expected 'train' or 't10k')");
+    throw InvalidArgument("fashion_mnist::load: split '" + split + "' (expected 'train' or 't10k')");
   }
   if (!is_directory(dir)) {
     throw Error("Fashion-MNIST directory " + dir + " not found: apt install dataset-fashion-mnist");
@@ -140,23 +145,23 @@ ByteImageDataset load_fashion_mnist_bytes(const std::string& dir, const std::str
   ByteImageDataset ds;
   ds.labels.resize(n);
   for (size_t i = 0; i < all; ++i) {  // every label is checked, also beyond the limit
-    if (labels.data[i] >= kFashionMnistClasses) {
+    if (labels.data[i] >= kClasses) {
       throw Error(labels_path + ": label " + std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
                   " is outside 0..9");
     }
     if (i < n) ds.labels[i] = labels.data[i];
   }
-  images.data.resize(n * kFashionMnistPixels);
+  images.data.resize(n * kPixels);
   images.data.shrink_to_fit();  // a limited load keeps only its own images
   ds.pixels = std::move(images.data);
   return ds;
 }
 
-ImageDataset load_fashion_mnist(const std::string& dir, const std::string& split, size_t limit) {
-  ByteImageDataset bytes = load_fashion_mnist_bytes(dir, split, limit);
+ImageDataset load(const std::string& dir, const std::string& split, size_t limit) {
+  ByteImageDataset bytes = load_bytes(dir, split, limit);
   ImageDataset ds;
   ds.labels = std::move(bytes.labels);
-  ds.images.resize(ds.labels.size(), kFashionMnistPixels);
+  ds.images.resize(ds.labels.size(), kPixels);
   const uint8_t* __restrict src = bytes.pixels.data();
   float* __restrict dst = ds.images.data();
   const size_t total = bytes.pixels.size();
@@ -175,16 +180,16 @@ void gather_rows(const ByteImageDataset& src, std::span<const size_t> indices, c
   // A CUDA destination gets the rows converted on the host first, then one copy.
   thread_local Tensor staging;
   Tensor& host = dst.is_cuda() ? staging : dst;
-  host.resize(indices.size(), kFashionMnistPixels);
+  host.resize(indices.size(), kPixels);
   for (size_t r = 0; r < indices.size(); ++r) {
-    const uint8_t* __restrict p = src.pixels.data() + indices[r] * kFashionMnistPixels;
+    const uint8_t* __restrict p = src.pixels.data() + indices[r] * kPixels;
     float* __restrict out = host.row(r);
-    for (size_t j = 0; j < kFashionMnistPixels; ++j) out[j] = table[p[j]];
+    for (size_t j = 0; j < kPixels; ++j) out[j] = table[p[j]];
   }
   if (dst.is_cuda()) {
-    dst.resize(indices.size(), kFashionMnistPixels);
+    dst.resize(indices.size(), kPixels);
     dst.copy_from(host);
   }
 }
 
-}  // namespace ddp
+}  // namespace fashion_mnist

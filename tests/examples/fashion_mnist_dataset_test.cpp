@@ -1,5 +1,6 @@
-// Fashion-MNIST: the real files from dataset-fashion-mnist, and malformed IDX and
-// gzip files written to a temporary directory.
+// The Fashion-MNIST example's reader (examples/fashion_mnist/dataset.hpp): the real
+// files from dataset-fashion-mnist, and malformed IDX and gzip files written to a
+// temporary directory.
 #include <catch2/catch.hpp>
 #include <stdlib.h>
 #include <unistd.h>
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/fashion_mnist.hpp"
+#include "dataset.hpp"
 #include "ddp/types.hpp"
 #include "subprocess.hpp"
 
@@ -69,9 +70,9 @@ void write_split(const testing::TempDir& dir, const std::string& split, uint32_t
 
 }  // namespace
 
-TEST_CASE("the real Fashion-MNIST train and test splits load", "[train][data]") {
-  REQUIRE(fs::is_directory(ddp::kFashionMnistDir));  // scripts/setup installs dataset-fashion-mnist
-  const auto train = ddp::load_fashion_mnist(ddp::kFashionMnistDir, "train");
+TEST_CASE("the real Fashion-MNIST train and test splits load", "[example][data]") {
+  REQUIRE(fs::is_directory(fashion_mnist::kDataDir));  // scripts/setup installs dataset-fashion-mnist
+  const auto train = fashion_mnist::load(fashion_mnist::kDataDir, "train");
   REQUIRE(train.size() == 60000);
   CHECK(train.images.rows() == 60000);
   CHECK(train.images.cols() == 784);
@@ -95,49 +96,49 @@ TEST_CASE("the real Fashion-MNIST train and test splits load", "[train][data]") 
   for (size_t i = 0; i < 784; ++i) first += train.images(0, i);
   CHECK(first == Approx(76247.0 / 255.0));
 
-  const auto test = ddp::load_fashion_mnist(ddp::kFashionMnistDir, "t10k");
+  const auto test = fashion_mnist::load(fashion_mnist::kDataDir, "t10k");
   REQUIRE(test.size() == 10000);
   CHECK(test.images.rows() == 10000);
   CHECK(std::vector<int32_t>(test.labels.begin(), test.labels.begin() + 10) ==
         std::vector<int32_t>{9, 2, 1, 1, 6, 1, 4, 6, 5, 7});
 
-  const auto raw = ddp::read_idx(std::string(ddp::kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz");
+  const auto raw = fashion_mnist::read_idx(std::string(fashion_mnist::kDataDir) + "/t10k-images-idx3-ubyte.gz");
   CHECK(raw.dims == std::vector<uint32_t>{10000, 28, 28});
   CHECK(raw.data.size() == 10000u * 784u);
 }
 
-TEST_CASE("small valid splits load, gzip'ed or plain", "[train][data]") {
+TEST_CASE("small valid splits load, gzip'ed or plain", "[example][data]") {
   testing::TempDir dir;
   write_split(dir, "train", 12, true);
   write_split(dir, "t10k", 3, false);
-  const auto train = ddp::load_fashion_mnist(dir.path().string(), "train");
+  const auto train = fashion_mnist::load(dir.path().string(), "train");
   REQUIRE(train.size() == 12);
   CHECK(train.labels[11] == 1);
   CHECK(train.images(2, 3) == Approx(5.0f / 255.0f));
-  const auto test = ddp::load_fashion_mnist(dir.path().string(), "t10k");
+  const auto test = fashion_mnist::load(dir.path().string(), "t10k");
   REQUIRE(test.size() == 3);
   CHECK(test.images(1, 254) == Approx(255.0f / 255.0f));
-  CHECK_THROWS_AS(ddp::load_fashion_mnist(dir.path().string(), "valid"), ddp::InvalidArgument);
+  CHECK_THROWS_AS(fashion_mnist::load(dir.path().string(), "valid"), ddp::InvalidArgument);
 }
 
-TEST_CASE("a limited load keeps the first images, converted alike", "[train][data]") {
+TEST_CASE("a limited load keeps the first images, converted alike", "[example][data]") {
   testing::TempDir dir;
   write_split(dir, "train", 12, true);
-  const auto all = ddp::load_fashion_mnist(dir.path().string(), "train");
-  const auto head = ddp::load_fashion_mnist(dir.path().string(), "train", 5);
+  const auto all = fashion_mnist::load(dir.path().string(), "train");
+  const auto head = fashion_mnist::load(dir.path().string(), "train", 5);
   REQUIRE(head.size() == 5);
   REQUIRE(head.images.rows() == 5);
   CHECK(std::vector<int32_t>(head.labels.begin(), head.labels.end()) ==
         std::vector<int32_t>(all.labels.begin(), all.labels.begin() + 5));
   CHECK(std::memcmp(head.images.data(), all.images.data(), 5 * 784 * sizeof(float)) == 0);
-  CHECK(ddp::load_fashion_mnist(dir.path().string(), "train", 100).size() == 12);  // more than there are: all
+  CHECK(fashion_mnist::load(dir.path().string(), "train", 100).size() == 12);  // more than there are: all
 }
 
-TEST_CASE("byte images gathered through a table give the floats of a converted load", "[train][data]") {
+TEST_CASE("byte images gathered through a table give the floats of a converted load", "[example][data]") {
   testing::TempDir dir;
   write_split(dir, "train", 12, true);
-  const auto floats = ddp::load_fashion_mnist(dir.path().string(), "train");
-  const auto bytes = ddp::load_fashion_mnist_bytes(dir.path().string(), "train", 7);
+  const auto floats = fashion_mnist::load(dir.path().string(), "train");
+  const auto bytes = fashion_mnist::load_bytes(dir.path().string(), "train", 7);
   REQUIRE(bytes.size() == 7);
   REQUIRE(bytes.pixels.size() == 7 * 784);
   CHECK(std::vector<int32_t>(bytes.labels.begin(), bytes.labels.end()) ==
@@ -146,33 +147,33 @@ TEST_CASE("byte images gathered through a table give the floats of a converted l
   for (int p = 0; p < 256; ++p) scaled[static_cast<size_t>(p)] = static_cast<float>(p) / 255.0f;
   const std::vector<size_t> rows{6, 0, 3};
   ddp::Tensor batch;
-  ddp::gather_rows(bytes, rows, scaled, batch);
+  fashion_mnist::gather_rows(bytes, rows, scaled, batch);
   REQUIRE(batch.rows() == 3);
   REQUIRE(batch.cols() == 784);
   for (size_t r = 0; r < rows.size(); ++r) {
     CHECK(std::memcmp(batch.row(r), floats.images.row(rows[r]), 784 * sizeof(float)) == 0);
   }
   const std::vector<size_t> beyond{7};
-  CHECK_THROWS_AS(ddp::gather_rows(bytes, beyond, scaled, batch), ddp::InvalidArgument);
+  CHECK_THROWS_AS(fashion_mnist::gather_rows(bytes, beyond, scaled, batch), ddp::InvalidArgument);
 }
 
-TEST_CASE("a missing directory or file says which and how to install it", "[train][data]") {
-  CHECK_THROWS_WITH(ddp::load_fashion_mnist("/nonexistent/fashion", "train"),
+TEST_CASE("a missing directory or file says which and how to install it", "[example][data]") {
+  CHECK_THROWS_WITH(fashion_mnist::load("/nonexistent/fashion", "train"),
                     Catch::Contains("/nonexistent/fashion") && Catch::Contains("apt install dataset-fashion-mnist"));
   testing::TempDir dir;
-  CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"),
+  CHECK_THROWS_WITH(fashion_mnist::load(dir.path().string(), "train"),
                     Catch::Contains("train-images-idx3-ubyte") && Catch::Contains("apt install"));
-  CHECK_THROWS_WITH(ddp::read_idx((dir / "nothing.gz").string()), Catch::Contains("nothing.gz"));
+  CHECK_THROWS_WITH(fashion_mnist::read_idx((dir / "nothing.gz").string()), Catch::Contains("nothing.gz"));
 }
 
-TEST_CASE("malformed IDX files are rejected with the file named", "[train][data]") {
+TEST_CASE("malformed IDX files are rejected with the file named", "[example][data]") {
   testing::TempDir dir;
   const std::string p = (dir / "x-idx1-ubyte").string();
   auto rejects = [&](const Bytes& b, const std::string& why) {
     write_plain(p, b);
-    CHECK_THROWS_WITH(ddp::read_idx(p), Catch::Contains(p) && Catch::Contains(why));
+    CHECK_THROWS_WITH(fashion_mnist::read_idx(p), Catch::Contains(p) && Catch::Contains(why));
     write_gz(p + ".gz", b);
-    CHECK_THROWS_WITH(ddp::read_idx(p + ".gz"), Catch::Contains(p + ".gz") && Catch::Contains(why));
+    CHECK_THROWS_WITH(fashion_mnist::read_idx(p + ".gz"), Catch::Contains(p + ".gz") && Catch::Contains(why));
   };
   rejects({}, "too short");
   rejects({0, 0, 8}, "too short");
@@ -184,57 +185,57 @@ TEST_CASE("malformed IDX files are rejected with the file named", "[train][data]
   rejects(idx({2}, {1, 2, 3}), "holds 3");
   rejects(idx({0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, {1}), "too large");
   write_plain(p, idx({3}, {7, 8, 9}));
-  const auto ok = ddp::read_idx(p);
+  const auto ok = fashion_mnist::read_idx(p);
   CHECK(ok.dims == std::vector<uint32_t>{3});
   CHECK(ok.data == Bytes{7, 8, 9});
 }
 
-TEST_CASE("corrupt and truncated gzip files are rejected", "[train][data]") {
+TEST_CASE("corrupt and truncated gzip files are rejected", "[example][data]") {
   testing::TempDir dir;
   const std::string good = (dir / "good.gz").string();
   Bytes data(5000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
   write_gz(good, idx({5000}, data));
   const Bytes gz = read_bytes(good);
-  REQUIRE(ddp::read_idx(good).data == data);
+  REQUIRE(fashion_mnist::read_idx(good).data == data);
 
   const std::string cut = (dir / "cut.gz").string();
   write_plain(cut, Bytes(gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)));
-  CHECK_THROWS_WITH(ddp::read_idx(cut), Catch::Contains("cut.gz"));
+  CHECK_THROWS_WITH(fashion_mnist::read_idx(cut), Catch::Contains("cut.gz"));
 
   const std::string flipped = (dir / "flipped.gz").string();
   Bytes bad = gz;
   bad[gz.size() / 2] ^= 0xFF;
   bad[gz.size() / 2 + 1] ^= 0x55;
   write_plain(flipped, bad);
-  CHECK_THROWS_WITH(ddp::read_idx(flipped), Catch::Contains("flipped.gz"));
+  CHECK_THROWS_WITH(fashion_mnist::read_idx(flipped), Catch::Contains("flipped.gz"));
 
   const std::string crc = (dir / "crc.gz").string();  // data intact, trailer CRC wrong
   Bytes bad_crc = gz;
   bad_crc[gz.size() - 6] ^= 0x01;
   write_plain(crc, bad_crc);
-  CHECK_THROWS_WITH(ddp::read_idx(crc), Catch::Contains("crc.gz") && Catch::Contains("gzip"));
+  CHECK_THROWS_WITH(fashion_mnist::read_idx(crc), Catch::Contains("crc.gz") && Catch::Contains("gzip"));
 }
 
-TEST_CASE("inconsistent splits are rejected", "[train][data]") {
+TEST_CASE("inconsistent splits are rejected", "[example][data]") {
   Bytes pixels(2 * 784, 0);
   SECTION("label count differs from image count") {
     testing::TempDir dir;
     write_gz((dir / "train-images-idx3-ubyte.gz").string(), idx({2, 28, 28}, pixels));
     write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx({3}, {1, 2, 3}));
-    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"), Catch::Contains("3 labels for 2 images"));
+    CHECK_THROWS_WITH(fashion_mnist::load(dir.path().string(), "train"), Catch::Contains("3 labels for 2 images"));
   }
   SECTION("label outside 0..9") {
     testing::TempDir dir;
     write_gz((dir / "train-images-idx3-ubyte.gz").string(), idx({2, 28, 28}, pixels));
     write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx({2}, {1, 10}));
-    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"),
+    CHECK_THROWS_WITH(fashion_mnist::load(dir.path().string(), "train"),
                       Catch::Contains("label 10") && Catch::Contains("train-labels-idx1-ubyte.gz"));
   }
   SECTION("images are not 28 x 28") {
     testing::TempDir dir;
     write_gz((dir / "train-images-idx3-ubyte.gz").string(), idx({2, 28, 27}, Bytes(2 * 28 * 27, 0)));
     write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx({2}, {1, 2}));
-    CHECK_THROWS_WITH(ddp::load_fashion_mnist(dir.path().string(), "train"), Catch::Contains("expected N x 28 x 28"));
+    CHECK_THROWS_WITH(fashion_mnist::load(dir.path().string(), "train"), Catch::Contains("expected N x 28 x 28"));
   }
 }
