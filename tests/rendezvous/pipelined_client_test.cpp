@@ -151,7 +151,7 @@ TEST_CASE("requests in flight together end each by its own deadline, in their ow
 
 TEST_CASE("a request the server leaves unanswered is given up alone and its late answer dropped", "[client]") {
   PlayedServer played;
-  auto [store, conn] = played.connect(300ms);
+  auto [store, conn] = played.connect(1000ms);
   auto stuck = std::async(std::launch::async, [&, &store = store] { return timed([&] { store->ping(); }); });
   auto first = conn->read_frame();
   REQUIRE(first);
