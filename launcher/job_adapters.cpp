@@ -23,6 +23,7 @@ JobLayout SingleNodeMembership::join(int attempt) {
   layout.store.port = link_.options().port;
   layout.store.token = link_.options().token;
   layout.store.prefix = contract::JobKeys(attempt).process_groups();
+  layout.store.attempt = attempt;
   return layout;
 }
 

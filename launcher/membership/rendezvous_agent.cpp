@@ -234,6 +234,7 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
     layout.master_addr = o.rdzv_host ? node0_address : o.master_addr;
     layout.master_port = std::stoi(values.back());
     layout.store.prefix = contract::JobKeys(attempt).process_groups();
+    layout.store.attempt = attempt;
     return layout;
   } catch (const rdzv::StoreConnectionError& e) {
     throw LaunchError("rendezvous: the store at " + store_address() +

@@ -91,7 +91,8 @@ TEST_CASE("what ddprun writes the worker runtime reads back unchanged", "[worker
   w.run_id = "abc123";
   w.restart_count = 2;
   w.max_restarts = 3;
-  w.store = ddp::contract::StoreEndpoint{"10.0.0.1", 29400, "s3cret", "job", "attempt/2/pg/"};
+  // Attempt 3 with restart count 2: an elastic job re-formed once for a joining node.
+  w.store = ddp::contract::StoreEndpoint{"10.0.0.1", 29400, "s3cret", "job", "attempt/3/pg/", 3};
   w.single_omp_thread = true;
   const auto vars = w.to_env();
   // torchrun's names, for unmodified PyTorch programs.
@@ -125,7 +126,8 @@ TEST_CASE("what ddprun writes the worker runtime reads back unchanged", "[worker
   CHECK(r.store->port == 29400);
   CHECK(r.store->token == "s3cret");
   CHECK(r.store->ns == "job");
-  CHECK(r.store->prefix == "attempt/2/pg/");
+  CHECK(r.store->prefix == "attempt/3/pg/");
+  CHECK(r.store->attempt == 3);
   CHECK(r.store_port() == 29500);
 }
 
@@ -157,6 +159,17 @@ TEST_CASE("DDPRUN_TOKEN is the token of rank 0's own store, and only where ddpru
   const auto e = WorkerEnv::from_variables(Variables(ddprun));
   CHECK(e.token.empty());
   CHECK(e.store->token == "job-token");
+}
+
+TEST_CASE("without DDPRUN_STORE_ATTEMPT (an older ddprun) the attempt is unknown, and a bad one is named",
+          "[worker_env]") {
+  Vars vars{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"},
+            {"DDPRUN_STORE_ADDR", "127.0.0.1"}, {"DDPRUN_STORE_PORT", "29400"}};
+  const auto e = WorkerEnv::from_variables(Variables(vars));
+  REQUIRE(e.store);
+  CHECK(e.store->attempt == -1);
+  vars["DDPRUN_STORE_ATTEMPT"] = "two";
+  CHECK_THROWS_WITH(WorkerEnv::from_variables(Variables(vars)), Catch::Contains("DDPRUN_STORE_ATTEMPT='two'"));
 }
 
 TEST_CASE("a malformed DDPRUN_STORE_PORT is named", "[worker_env]") {

@@ -249,6 +249,7 @@ JobLayout ElasticRendezvous::layout_of(int attempt, const elastic::MemberList& m
   layout.master_addr = regs[0].address;
   layout.master_port = regs[0].port;
   layout.store.prefix = keys.process_groups();
+  layout.store.attempt = keys.attempt();
 
   // A member now: this node's loss ends the attempt. Then a member lost between the
   // closing and its own will being set is reported here, so nobody waits for it.

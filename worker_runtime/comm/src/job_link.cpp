@@ -43,11 +43,13 @@ std::shared_ptr<const JobLink> job_link(const contract::WorkerEnv& env, Clock::t
   so.ns = env.store->ns;
   auto made = std::make_shared<JobLink>();
   made->store = connect_store(so, env.rank, deadline, notice_every);
-  made->exits = std::make_shared<const ExitWatch>(made->store, ExitWatch::Options{env.restart_count, env.world_size});
+  // The launcher keys exits and progress by attempt (older launchers: the restart count).
+  const int attempt = env.store->attempt >= 0 ? env.store->attempt : env.restart_count;
+  made->exits = std::make_shared<const ExitWatch>(made->store, ExitWatch::Options{attempt, env.world_size});
   // From now on this rank's progress goes to the job's store (a rank still forming its
   // group shows as alive, with no group yet).
   PublisherOptions p;
-  p.key = contract::JobKeys(env.restart_count).progress(env.rank);
+  p.key = contract::JobKeys(attempt).progress(env.rank);
   p.rank = env.rank;
   made->publisher = std::make_unique<ProgressPublisher>(made->store, p);
   link = std::move(made);

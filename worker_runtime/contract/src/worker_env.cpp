@@ -90,6 +90,7 @@ std::optional<StoreEndpoint> store_of(const Variables& vars) {
   s.token = vars.get("DDPRUN_STORE_TOKEN").value_or("");
   s.ns = vars.get("DDPRUN_STORE_NAMESPACE").value_or("");
   s.prefix = vars.get("DDPRUN_STORE_PREFIX").value_or("");
+  if (vars.get("DDPRUN_STORE_ATTEMPT")) s.attempt = integer(vars, "DDPRUN_STORE_ATTEMPT", 0, 1 << 30);
   return s;
 }
 
@@ -169,6 +170,7 @@ std::map<std::string, std::string> WorkerEnv::to_env() const {
     env["DDPRUN_STORE_TOKEN"] = store->token;
     env["DDPRUN_STORE_NAMESPACE"] = store->ns;
     env["DDPRUN_STORE_PREFIX"] = store->prefix;
+    if (store->attempt >= 0) env["DDPRUN_STORE_ATTEMPT"] = std::to_string(store->attempt);
     env["DDPRUN_RUN_ID"] = run_id;
     env["DDPRUN_NODE_RANK"] = std::to_string(group_rank);
   }

@@ -35,6 +35,11 @@ struct StoreEndpoint {
   std::string token;   // DDPRUN_STORE_TOKEN: proves membership of the job
   std::string ns;      // DDPRUN_STORE_NAMESPACE: the job's namespace on a shared daemon
   std::string prefix;  // DDPRUN_STORE_PREFIX: the process groups' keys (JobKeys::process_groups)
+  // DDPRUN_STORE_ATTEMPT: the attempt whose keys (JobKeys(attempt): exit records,
+  // progress) this worker reads and writes. Not TORCHELASTIC_RESTART_COUNT: an elastic
+  // job re-formed for a joining node starts a new attempt with the same restart count.
+  // -1 when absent (an older launcher): the restart count stands in.
+  int attempt = -1;
 };
 
 struct WorkerEnv {
