@@ -67,14 +67,21 @@ TEST_CASE("a PyTorch worker's @record exception reaches the failure summary", "[
 
   TempDir dir;
   write_file(dir / "fails.py",
-             "import os\n"
+             "import os, time\n"
              "from torch.distributed.elastic.multiprocessing.errors import record\n"
              "@record\n"
              "def main():\n"
              "    print('error_file=' + os.environ.get('TORCHELASTIC_ERROR_FILE', ''), flush=True)\n"
              "    print('nccl=' + os.environ['TORCH_NCCL_ASYNC_ERROR_HANDLING'] + ' signals=' +\n"
              "          os.environ['TORCHELASTIC_SIGNALS_TO_HANDLE'], flush=True)\n"
+             "    if os.environ['RANK'] == '0':\n"
+             "        open(os.path.join(os.path.dirname(__file__), 'rank0.printed'), 'w').close()\n"
              "    if os.environ['RANK'] == '1':\n"
+             "        # Rank 0 must print before the group is stopped; its import can be slower.\n"
+             "        deadline = time.monotonic() + 60\n"
+             "        marker = os.path.join(os.path.dirname(__file__), 'rank0.printed')\n"
+             "        while not os.path.exists(marker) and time.monotonic() < deadline:\n"
+             "            time.sleep(0.05)\n"
              "        raise ValueError('bad batch 7')\n"
              "main()\n");
   SECTION("without --log_dir: a private folder, gone at exit") {
@@ -83,6 +90,7 @@ TEST_CASE("a PyTorch worker's @record exception reaches the failure summary", "[
     INFO(r.err);
     CHECK(r.status == 1);
     auto ranks = e2e::by_rank(r.out);
+    REQUIRE(ranks[0].size() == 2);
     REQUIRE(ranks[1].size() == 2);
     const std::string file = ranks[1][0].substr(std::string("error_file=").size());
     CHECK_FALSE(file.empty());
