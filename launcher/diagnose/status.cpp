@@ -90,6 +90,9 @@ StatusFlags parse_flags(int argc, const char* const* argv) {
     }
   }
   if (!f.endpoint.empty() && f.run_id.empty()) throw UsageError("--rdzv_endpoint needs --rdzv_id");
+  if (!f.run_id.empty()) {
+    if (auto error = rdzv::job_id_error("--run_id", f.run_id)) throw UsageError(*error);
+  }
   return f;
 }
 
