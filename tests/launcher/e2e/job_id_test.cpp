@@ -1,5 +1,7 @@
 // Job ids end to end: the ids ddprun (--rdzv_id), `ddprun status --run_id` and
-// `ddp-rendezvous credential --job` accept are one set. The real ddprun and daemon.
+// `ddp-rendezvous credential --job` accept are one set, and a launch that reuses a
+// running job's id on a daemon with another shape is refused, naming both shapes,
+// while the running job goes on. The real ddprun, daemon and workers on loopback.
 #include <catch2/catch.hpp>
 #include <signal.h>
 
@@ -60,4 +62,79 @@ TEST_CASE("job ids outside letters, digits, '.', '_' and '-' are refused alike b
   CHECK(credential.status == 0);
   CHECK(lines_of(credential.out).size() == 1);
   CHECK(lines_of(credential.out).at(0).size() == 64);
+}
+
+TEST_CASE("a launch reusing a running job's id on a daemon with another shape is refused and the job goes on",
+          "[e2e][job_id]") {
+  TempDir dir;
+  write_file(dir / "token", "shape-secret\n");
+  const int port = e2e::free_port();
+  Process daemon({kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file",
+                  (dir / "token").string()});
+  REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  ProcessOptions env;
+  env.set_env["DDPRUN_TOKEN"] = "shape-secret";
+  env.set_env["XDG_RUNTIME_DIR"] = dir.path().string();
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  auto node = [&](const std::string& nnodes, int rank, int nproc, std::vector<std::string> program) {
+    std::vector<std::string> a = {"--nnodes=" + nnodes, "--node_rank=" + std::to_string(rank),
+                                  "--nproc_per_node=" + std::to_string(nproc), endpoint, "--rdzv_id=shared",
+                                  "--join_timeout=30"};
+    a.insert(a.end(), program.begin(), program.end());
+    return e2e::ddprun(a);
+  };
+  // The running job: 2 nodes × 2 processes, its workers waiting for SIGTERM.
+  const std::vector<std::string> waiting = {e2e::kWorker, "trap", std::to_string(SIGTERM)};
+  Process n0(node("2", 0, 2, waiting), env);
+  Process n1(node("2", 1, 2, waiting), env);
+  // Each node's ranks (0-1 on node 0, 2-3 on node 1) said "ready".
+  auto ready = [](int first) {
+    return [first](const std::string& out) {
+      auto ranks = e2e::by_rank(out);
+      for (int r = first; r < first + 2; ++r) {
+        if (std::find(ranks[r].begin(), ranks[r].end(), "ready") == ranks[r].end()) return false;
+      }
+      return true;
+    };
+  };
+  REQUIRE(n0.wait_for_stdout(ready(0), 30s));
+  REQUIRE(n1.wait_for_stdout(ready(2), 30s));
+
+  TempDir other;
+  const std::vector<std::string> touch = {e2e::kWorker, "touch", (other / "started").string()};
+  struct Case {
+    std::string nnodes;
+    int rank, nproc;
+    std::string message;
+  };
+  const std::vector<Case> refused = {
+      {"3", 1, 2, "rendezvous: job 'shared' is already running with 2 nodes × 2 processes; this launch asks for "
+                  "3 nodes × 2 processes"},
+      {"1:3", 0, 2, "rendezvous: job 'shared' is already running with 2 nodes × 2 processes; this launch asks for "
+                    "1:3 nodes × 2 processes"},
+      {"2", 1, 1, "rendezvous: job 'shared' is already running with 2 nodes, node rank 1 with 2 processes; this "
+                  "launch asks for node rank 1 with 1 process"},
+  };
+  for (const auto& c : refused) {
+    auto r = run(node(c.nnodes, c.rank, c.nproc, touch), env, 20s);
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(r.seconds < 10);
+    auto lines = lines_of(r.err);
+    REQUIRE(!lines.empty());
+    CHECK_THAT(lines.back(), Catch::StartsWith("ddprun: error: " + c.message));
+  }
+  CHECK(!std::filesystem::exists(other / "started"));
+
+  // The job was not disturbed: still running, and it ends cleanly when stopped.
+  CHECK(!n0.wait(0ms).has_value());
+  CHECK(!n1.wait(0ms).has_value());
+  CHECK(!contains(n0.err() + n1.err(), "failed"));
+  n0.send_signal(SIGTERM);
+  n1.send_signal(SIGTERM);
+  REQUIRE(n0.wait(30s).has_value());
+  REQUIRE(n1.wait(30s).has_value());
+  CHECK(!contains(n0.err() + n1.err(), "rendezvous: job"));
+  daemon.send_signal(SIGTERM);
+  REQUIRE(daemon.wait(10s).has_value());
 }
