@@ -1,12 +1,12 @@
 #include "temp_file.hpp"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -109,6 +109,8 @@ std::string directory_of(const std::string& path) {
 std::string name_for(const std::string& target) { return target + ".tmp." + writer_id(); }
 
 void remove_stale(const std::string& target) {
+  // Without /proc no writer can be told alive: remove nothing.
+  if (!process_start(::getpid())) return;
   const std::string dir = directory_of(target);
   const std::string prefix = base_of(target) + ".tmp.";
   const std::string host = host_name();
