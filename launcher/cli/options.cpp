@@ -360,10 +360,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     invalid("--role", raw.role, "expected a non-empty name without '=' or newlines");
   }
   opts.role = raw.role;
-  if (!raw.run_id.empty() &&
-      raw.run_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
-          std::string::npos) {
-    invalid("--rdzv_id", raw.run_id, "expected letters, digits, '.', '_' or '-'");
+  if (!raw.run_id.empty()) {
+    if (auto error = rdzv::job_id_error("--rdzv_id", raw.run_id)) throw UsageError(*error);
   }
   opts.run_id = raw.run_id;
   opts.max_restarts = integer_in("--max_restarts", raw.max_restarts, 0, 1'000'000, "expected a count >= 0");

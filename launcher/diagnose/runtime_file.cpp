@@ -10,11 +10,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "ddp/contract/parse.hpp"
 #include "errors.hpp"
+#include "rdzv/token.hpp"
 
 namespace ddprun {
 
@@ -90,21 +91,83 @@ std::filesystem::path runtime_dir(bool create) {
   return dir;
 }
 
+namespace {
+
+// The run id, pid and temp flag of a runtime file's name; nothing for any other name.
+std::optional<FoundRuntimeFile> runtime_file_name(const std::string& name) {
+  FoundRuntimeFile f;
+  std::string rest = name;
+  if (rest.size() > 4 && rest.compare(rest.size() - 4, 4, ".tmp") == 0) {
+    f.temp = true;
+    rest.resize(rest.size() - 4);
+  }
+  const auto dot = rest.rfind('.');
+  if (dot == std::string::npos) return std::nullopt;
+  f.run_id = rest.substr(0, dot);
+  const auto pid = ddp::contract::parse_integer(rest.substr(dot + 1));
+  if (!pid || *pid <= 0 || *pid > std::numeric_limits<pid_t>::max() || rdzv::job_id_error("", f.run_id)) {
+    return std::nullopt;
+  }
+  f.pid = static_cast<pid_t>(*pid);
+  return f;
+}
+
+// A plain file's bytes, or why they were not read: not a plain file (a link, a FIFO),
+// unreadable, or larger than kMaxRuntimeFile.
+std::optional<std::string> read_bounded(const std::filesystem::path& path, std::string& problem) {
+  // O_NONBLOCK: a FIFO of that name must not hold status up; O_NOFOLLOW: nor a link lead elsewhere.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    problem = std::string("cannot be opened: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  std::string text;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    problem = "is not a plain file";
+  } else if (static_cast<uint64_t>(st.st_size) > kMaxRuntimeFile) {
+    problem = "has " + std::to_string(st.st_size) + " bytes, more than a runtime file has (at most " +
+              std::to_string(kMaxRuntimeFile) + ")";
+  } else {
+    text.resize(kMaxRuntimeFile + 1);  // a file that grows meanwhile is still cut off
+    size_t have = 0;
+    for (;;) {
+      const ssize_t n = read(fd, text.data() + have, text.size() - have);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) problem = std::string("cannot be read: ") + std::strerror(errno);
+      if (n <= 0 || (have += static_cast<size_t>(n)) == text.size()) break;
+    }
+    if (have > kMaxRuntimeFile) problem = "grew past " + std::to_string(kMaxRuntimeFile) + " bytes while read";
+    text.resize(have);
+  }
+  close(fd);
+  if (!problem.empty()) return std::nullopt;
+  return text;
+}
+
+}  // namespace
+
 std::vector<FoundRuntimeFile> find_runtime_files() {
   std::vector<FoundRuntimeFile> out;
   std::filesystem::path dir = runtime_dir(false);
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
-       ++it) {
-    if (!it->is_regular_file() || it->path().filename().string().find(".tmp") != std::string::npos) continue;
-    FoundRuntimeFile f;
-    f.path = it->path();
-    std::ifstream in(f.path);
-    std::stringstream text;
-    text << in.rdbuf();
-    f.info = RuntimeInfo::decode(text.str());
-    f.alive = f.info && (kill(f.info->pid, 0) == 0 || errno == EPERM);
-    out.push_back(std::move(f));
+       it.increment(ec)) {
+    std::optional<FoundRuntimeFile> f = runtime_file_name(it->path().filename().string());
+    if (!f) continue;  // not ours: not read, not touched
+    f->path = it->path();
+    if (auto text = read_bounded(f->path, f->problem)) {
+      f->info = RuntimeInfo::decode(*text);
+      if (!f->info) {
+        f->problem = "cannot be read as a runtime file";
+      } else if (f->info->pid != f->pid || f->info->run_id != f->run_id) {
+        f->problem = "names job " + f->info->run_id + " and pid " + std::to_string(f->info->pid) +
+                     ", not those of its file name";
+        f->info.reset();
+      }
+    }
+    f->alive = kill(f->pid, 0) == 0 || errno == EPERM;
+    out.push_back(std::move(*f));
   }
   return out;
 }

@@ -90,6 +90,9 @@ StatusFlags parse_flags(int argc, const char* const* argv) {
     }
   }
   if (!f.endpoint.empty() && f.run_id.empty()) throw UsageError("--rdzv_endpoint needs --rdzv_id");
+  if (!f.run_id.empty()) {
+    if (auto error = rdzv::job_id_error("--run_id", f.run_id)) throw UsageError(*error);
+  }
   return f;
 }
 
@@ -103,16 +106,20 @@ Target find_local(const std::string& run_id) {
   std::vector<FoundRuntimeFile> found = find_runtime_files();
   std::vector<FoundRuntimeFile> alive;
   for (auto& f : found) {
-    if (f.info && !run_id.empty() && f.info->run_id != run_id) continue;
-    if (!f.alive) {
-      std::cerr << "ddprun status: " << f.path.string() << " is stale: "
-                << (f.info ? "its ddprun (pid " + std::to_string(f.info->pid) + ", job " + f.info->run_id + ") is gone"
-                           : std::string("it cannot be read"))
-                << "; removed it\n";
-      std::filesystem::remove(f.path);
+    if (!run_id.empty() && f.run_id != run_id) continue;
+    if (f.stale()) {  // its own format, its ddprun gone: the only files status removes
+      std::error_code ec;
+      std::filesystem::remove(f.path, ec);
+      std::cerr << "ddprun status: " << f.path.string() << " is stale: its ddprun (pid " << f.pid << ", job "
+                << f.run_id << ") is gone; " << (ec ? "cannot remove it: " + ec.message() : "removed it") << "\n";
       continue;
     }
-    alive.push_back(std::move(f));
+    if (!f.info) {
+      if (f.temp && f.alive) continue;  // being written right now
+      std::cerr << "ddprun status: " << f.path.string() << " " << f.problem << "; left it in place\n";
+      continue;
+    }
+    if (!f.temp) alive.push_back(std::move(f));  // a live ddprun's file being written: its last one counts
   }
   if (alive.empty()) {
     throw LaunchError(run_id.empty() ? "no running ddprun job of this user on this machine (runtime files in " +

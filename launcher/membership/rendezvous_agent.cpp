@@ -11,6 +11,7 @@
 
 #include "ddp/contract/store_keys.hpp"
 #include "membership/elastic/elastic_ending.hpp"
+#include "membership/job_shape.hpp"
 #include "errors.hpp"
 #include "plan/ports.hpp"
 #include "store/exit_records.hpp"
@@ -101,6 +102,7 @@ std::string RendezvousAgent::agree_run_id(const std::string& mine) {
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
     }
+    check_job_shape(store_, agreed, plan_);  // before this node registers anything
     return agreed;
   } catch (const rdzv::StoreTimeout&) {
     throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(plan_.options.join_timeout)) +

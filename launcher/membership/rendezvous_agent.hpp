@@ -43,7 +43,8 @@ class RendezvousAgent {
   ~RendezvousAgent();
 
   // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's; in an
-  // elastic job, the first node's.
+  // elastic job, the first node's. Then checks this launch's shape against the job's
+  // (job_shape.hpp: UsageError when another job runs under this id).
   std::string agree_run_id(const std::string& mine);
 
   // Registers this node for `attempt` and waits for all nodes. Throws LaunchError

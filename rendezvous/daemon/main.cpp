@@ -73,8 +73,8 @@ int print_credential(const std::string& secret_file, const std::string& job) {
     spdlog::error("credential: needs --secret-file, the file the daemon's --secret-file names");
     return 2;
   }
-  if (job.empty()) {
-    spdlog::error("credential: --job must not be empty");
+  if (auto error = rdzv::job_id_error("--job", job)) {
+    spdlog::error("credential: {}", *error);
     return 2;
   }
   std::printf("%s\n", rdzv::job_credential(rdzv::read_token_file(secret_file, "secret"), job).c_str());

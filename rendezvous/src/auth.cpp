@@ -6,6 +6,7 @@
 #include <sys/random.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -114,6 +115,26 @@ namespace rdzv {
 
 std::string job_credential(const std::string& secret, const std::string& job) {
   return auth::hex(auth::hmac(secret, auth::kCredentialLabel + job));
+}
+
+std::optional<std::string> job_id_error(const std::string& flag, const std::string& id) {
+  const bool valid = !id.empty() && id.size() <= kMaxJobId && id != "." && id != ".." &&
+                     id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                         std::string::npos;
+  if (valid) return std::nullopt;
+  std::string shown;  // the id on one line: bytes outside printable ASCII as \xHH
+  for (unsigned char c : id.substr(0, kMaxJobId)) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      shown += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += hex;
+    }
+  }
+  if (id.size() > kMaxJobId) shown += "...";
+  return "invalid " + flag + " '" + shown + "': expected 1 to " + std::to_string(kMaxJobId) +
+         " letters, digits, '.', '_' or '-' (not '.' or '..')";
 }
 
 std::string generate_token() { return auth::hex(auth::random_bytes(32)); }

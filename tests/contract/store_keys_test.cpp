@@ -23,6 +23,9 @@ TEST_CASE("an attempt's keys live under attempt/<k>/ and never collide", "[store
   CHECK(k.progress(7) == "attempt/3/progress/7");
   CHECK(k.process_groups() == "attempt/3/pg/");
   CHECK(JobKeys::run_id() == "run_id");
+  CHECK(JobKeys::shape() == "shape");
+  CHECK(JobKeys::node_shape(2) == "shape/node/2");
+  CHECK(JobKeys::node_shape(2) != JobKeys::node_shape(12));
 
   // Distinct across kinds, ranks and attempts.
   std::set<std::string> all;

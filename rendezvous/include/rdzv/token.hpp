@@ -3,6 +3,8 @@
 // deriving a job's credential from a store daemon's secret.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
 
 namespace rdzv {
@@ -18,6 +20,15 @@ std::string read_token_file(const std::string& path, const std::string& kind = "
 // (HMAC-SHA256(secret, "ddprun-job-credential-v1|" + job)). A client uses it as its
 // token; it opens only the namespace named `job`.
 std::string job_credential(const std::string& secret, const std::string& job);
+
+// The job ids that ddprun (--rdzv_id) and the daemon (`credential --job`) accept: 1 to
+// kMaxJobId characters, each a letter, digit, '.', '_' or '-', and neither "." nor "..".
+// A job id names a daemon namespace, ddprun's runtime files and log folders, so a
+// newline, a space, a '/' or a control character must not get in.
+inline constexpr size_t kMaxJobId = 128;
+// Nothing when `id` is a valid job id; else one line for the user:
+// "invalid <flag> '<id with non-printable bytes escaped>': expected ...".
+std::optional<std::string> job_id_error(const std::string& flag, const std::string& id);
 
 // The environment variable a launcher or store daemon takes its token from when no
 // token file is given.

@@ -21,6 +21,7 @@
 
 #include "binary_io.hpp"
 #include "ddp/types.hpp"
+#include "temp_file.hpp"
 
 namespace ddp {
 namespace {
@@ -60,13 +61,6 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
     data += n;
     size -= static_cast<size_t>(n);
   }
-}
-
-std::string directory_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 // The payload of a checkpoint's bytes after checking the header (magic, version,
@@ -245,30 +239,34 @@ void save_checkpoint(const std::string& path, Module& model, const Optimizer* op
   put<uint32_t>(head, crc32_of(body));
   const std::string header = head.str();
 
-  // Temporary file in the same directory, fsync, rename, fsync the directory.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Temporary file in the same directory, fsync, rename, fsync the directory. Those
+  // that writers killed mid-save left go first (temp_file.hpp).
+  temp_file::remove_stale(path);
+  const std::string tmp = temp_file::name_for(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(tmp + ": cannot create checkpoint file: " + errno_text());
+  // From here every way out but the rename removes the temporary file.
+  struct RemoveUnlessRenamed {
+    const std::string& tmp;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      if (!renamed) ::unlink(tmp.c_str());
+    }
+  } guard{tmp};
   try {
     write_all(fd, header.data(), header.size(), tmp);
     write_all(fd, body.data(), body.size(), tmp);
     if (::fsync(fd) != 0) throw Error(tmp + ": fsync failed: " + errno_text());
   } catch (...) {
     ::close(fd);
-    ::unlink(tmp.c_str());
     throw;
   }
-  if (::close(fd) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw Error(tmp + ": close failed: " + why);
-  }
+  if (::close(fd) != 0) throw Error(tmp + ": close failed: " + errno_text());
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot rename the checkpoint into place: " + why);
+    throw Error(path + ": cannot rename the checkpoint into place: " + errno_text());
   }
-  const std::string dir = directory_of(path);
+  guard.renamed = true;
+  const std::string dir = temp_file::directory_of(path);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {  // makes the rename durable; a filesystem refusing it is not fatal
     ::fsync(dfd);

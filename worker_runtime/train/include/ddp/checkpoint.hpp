@@ -28,7 +28,10 @@ struct CheckpointInfo {
 // Writes model's parameter values, optimizer's state (when optimizer is not null)
 // and info to path atomically: a temporary file in the same directory is written,
 // fsync'ed and renamed over path, so a crash leaves either the old or the new file.
-// Throws ddp::Error naming the file on any I/O failure.
+// The temporary file is "<path>.tmp.<host>.<pid namespace>.<pid>.<start time>"; a
+// failed save removes its own, and each save first removes those of writers on this
+// host that are gone (killed mid-save). Throws ddp::Error naming the file on any I/O
+// failure.
 void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info);
 
 // Reads a checkpoint written by save_checkpoint into model (and optimizer, when not

@@ -6,6 +6,10 @@
 //
 //   run_id                        node 0's run id, which every node adopts (an elastic
 //                                 job: the first node's, by compare_set)
+//   shape                         the job's shape as its first node gave it (compare_set):
+//                                 "<--nnodes: N or MIN:MAX>\n<that node's workers>"
+//   shape/node/<r>                a fixed job's node r's worker count (compare_set): a
+//                                 second launch claiming node rank r with another is refused
 //   elastic/ticket                counter (add): each elastic ddprun's node id
 //   elastic/lost/<id>             node <id> is gone for good: its will, or leave()
 //   elastic/round                 the newest attempt any node opened (where a newcomer
@@ -47,6 +51,9 @@ class JobKeys {
  public:
   // The job's run id, which node 0 sets and the others read.
   static std::string run_id() { return "run_id"; }
+  // What the job asks for, so that an unrelated launch reusing its id is told apart.
+  static std::string shape() { return "shape"; }
+  static std::string node_shape(int node_rank) { return "shape/node/" + std::to_string(node_rank); }
 
   // An elastic job's keys outside the attempts.
   static std::string elastic_ticket() { return "elastic/ticket"; }

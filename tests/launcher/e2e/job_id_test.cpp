@@ -1,0 +1,140 @@
+// Job ids end to end: the ids ddprun (--rdzv_id), `ddprun status --run_id` and
+// `ddp-rendezvous credential --job` accept are one set, and a launch that reuses a
+// running job's id on a daemon with another shape is refused, naming both shapes,
+// while the running job goes on. The real ddprun, daemon and workers on loopback.
+#include <catch2/catch.hpp>
+#include <signal.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "e2e.hpp"
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kRendezvousBin = RENDEZVOUS_BIN;
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// The one line every refused id gets, after the program's prefix.
+std::string refusal(const std::string& flag, const std::string& shown) {
+  return "invalid " + flag + " '" + shown + "': expected 1 to 128 letters, digits, '.', '_' or '-' (not '.' or '..')";
+}
+
+}  // namespace
+
+TEST_CASE("job ids outside letters, digits, '.', '_' and '-' are refused alike by ddprun, status and the daemon",
+          "[e2e][job_id]") {
+  TempDir dir;
+  write_file(dir / "secret", "a-secret\n");
+  const std::string secret = (dir / "secret").string();
+  auto marker = (dir / "started").string();
+  struct Case {
+    std::string id, shown;
+  };
+  const std::vector<Case> bad = {{"a\nb", "a\\x0ab"}, {"with space", "with space"}, {"a/b", "a/b"},
+                                 {"tab\there", "tab\\x09here"}, {"..", ".."}, {std::string(129, 'x'), std::string(128, 'x') + "..."},
+                                 {"caf\xc3\xa9", "caf\\xc3\\xa9"}};
+  for (const auto& c : bad) {
+    INFO("id: " << c.shown);
+    auto credential = run({kRendezvousBin, "credential", "--job", c.id, "--secret-file", secret}, {}, 10s);
+    CHECK(credential.status == 2);
+    CHECK(credential.out.empty());
+    CHECK(lines_of(credential.err) ==
+          std::vector<std::string>{"ddp-rendezvous: error: credential: " + refusal("--job", c.shown)});
+
+    auto launch = run(e2e::ddprun({"--rdzv_id", c.id, e2e::kWorker, "touch", marker}), {}, 10s);
+    CHECK(launch.status == 2);
+    CHECK(lines_of(launch.err) == std::vector<std::string>{"ddprun: error: " + refusal("--rdzv_id", c.shown)});
+
+    auto status = run(e2e::ddprun({"status", "--run_id", c.id}), {}, 10s);
+    CHECK(status.status == 2);
+    CHECK(contains(status.err, refusal("--run_id", c.shown)));
+  }
+  CHECK(!std::filesystem::exists(marker));  // no worker started
+
+  // The longest and most varied id that is valid still makes a credential.
+  const std::string good = "Job_7.a-" + std::string(120, 'z');
+  auto credential = run({kRendezvousBin, "credential", "--job", good, "--secret-file", secret}, {}, 10s);
+  CHECK(credential.status == 0);
+  CHECK(lines_of(credential.out).size() == 1);
+  CHECK(lines_of(credential.out).at(0).size() == 64);
+}
+
+TEST_CASE("a launch reusing a running job's id on a daemon with another shape is refused and the job goes on",
+          "[e2e][job_id]") {
+  TempDir dir;
+  write_file(dir / "token", "shape-secret\n");
+  const int port = e2e::free_port();
+  Process daemon({kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file",
+                  (dir / "token").string()});
+  REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+  ProcessOptions env;
+  env.set_env["DDPRUN_TOKEN"] = "shape-secret";
+  env.set_env["XDG_RUNTIME_DIR"] = dir.path().string();
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  auto node = [&](const std::string& nnodes, int rank, int nproc, std::vector<std::string> program) {
+    std::vector<std::string> a = {"--nnodes=" + nnodes, "--node_rank=" + std::to_string(rank),
+                                  "--nproc_per_node=" + std::to_string(nproc), endpoint, "--rdzv_id=shared",
+                                  "--join_timeout=30"};
+    a.insert(a.end(), program.begin(), program.end());
+    return e2e::ddprun(a);
+  };
+  // The running job: 2 nodes × 2 processes, its workers waiting for SIGTERM.
+  const std::vector<std::string> waiting = {e2e::kWorker, "trap", std::to_string(SIGTERM)};
+  Process n0(node("2", 0, 2, waiting), env);
+  Process n1(node("2", 1, 2, waiting), env);
+  // Each node's ranks (0-1 on node 0, 2-3 on node 1) said "ready".
+  auto ready = [](int first) {
+    return [first](const std::string& out) {
+      auto ranks = e2e::by_rank(out);
+      for (int r = first; r < first + 2; ++r) {
+        if (std::find(ranks[r].begin(), ranks[r].end(), "ready") == ranks[r].end()) return false;
+      }
+      return true;
+    };
+  };
+  REQUIRE(n0.wait_for_stdout(ready(0), 30s));
+  REQUIRE(n1.wait_for_stdout(ready(2), 30s));
+
+  TempDir other;
+  const std::vector<std::string> touch = {e2e::kWorker, "touch", (other / "started").string()};
+  struct Case {
+    std::string nnodes;
+    int rank, nproc;
+    std::string message;
+  };
+  const std::vector<Case> refused = {
+      {"3", 1, 2, "rendezvous: job 'shared' is already running with 2 nodes × 2 processes; this launch asks for "
+                  "3 nodes × 2 processes"},
+      {"1:3", 0, 2, "rendezvous: job 'shared' is already running with 2 nodes × 2 processes; this launch asks for "
+                    "1:3 nodes × 2 processes"},
+      {"2", 1, 1, "rendezvous: job 'shared' is already running with 2 nodes, node rank 1 with 2 processes; this "
+                  "launch asks for node rank 1 with 1 process"},
+  };
+  for (const auto& c : refused) {
+    auto r = run(node(c.nnodes, c.rank, c.nproc, touch), env, 20s);
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(r.seconds < 10);
+    auto lines = lines_of(r.err);
+    REQUIRE(!lines.empty());
+    CHECK_THAT(lines.back(), Catch::StartsWith("ddprun: error: " + c.message));
+  }
+  CHECK(!std::filesystem::exists(other / "started"));
+
+  // The job was not disturbed: still running, and it ends cleanly when stopped.
+  CHECK(!n0.wait(0ms).has_value());
+  CHECK(!n1.wait(0ms).has_value());
+  CHECK(!contains(n0.err() + n1.err(), "failed"));
+  n0.send_signal(SIGTERM);
+  n1.send_signal(SIGTERM);
+  REQUIRE(n0.wait(30s).has_value());
+  REQUIRE(n1.wait(30s).has_value());
+  CHECK(!contains(n0.err() + n1.err(), "rendezvous: job"));
+  daemon.send_signal(SIGTERM);
+  REQUIRE(daemon.wait(10s).has_value());
+}
