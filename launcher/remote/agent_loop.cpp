@@ -85,6 +85,7 @@ int AgentLoop::run() {
 
 void AgentLoop::start_agents() {
   started_at_ = Clock::now();
+  next_notice_ = started_at_ + options_.notice_every;
   for (size_t i = 0; i < launches_.size(); ++i) {
     try {
       agents_.push_back(std::make_unique<AgentProcess>(launches_[i]));
@@ -235,9 +236,7 @@ void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
 
 void AgentLoop::say_who_is_starting(Clock::time_point now) {
   if (options_.notice_every.count() <= 0 || stop_signal_ != 0 || now < next_notice_) return;
-  const bool first = next_notice_ == Clock::time_point{};
-  next_notice_ = now + options_.notice_every;
-  if (first) return;  // the first notice comes one period after the start
+  while (next_notice_ <= now) next_notice_ += options_.notice_every;
   std::string hosts;
   for (const auto& a : agents_) {
     if (a->exited() || a->started()) continue;
