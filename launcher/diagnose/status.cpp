@@ -23,6 +23,7 @@
 #include "rdzv/token.hpp"
 #include "diagnose/runtime_file.hpp"
 #include "diagnose/stall_report.hpp"
+#include "supervise/process_state.hpp"
 
 namespace ddprun {
 
@@ -299,7 +300,7 @@ Reading read_job(rdzv::Store& store, const Target& target) {
       line.pid = e->second.pid;
     } else if (const std::string proc = local_pid ? process_state(line.pid) : ""; local_pid && proc.empty()) {
       line.state = "gone";
-    } else if (!proc.empty() && (proc[0] == 'T' || proc[0] == 't')) {
+    } else if (!proc.empty() && is_stopped_state(proc[0])) {
       line.state = "stopped";  // SIGSTOP or a tracer: it runs no code until continued
     } else if (stalled[r]) {
       line.state = "stalled";
