@@ -27,8 +27,9 @@ JobLayout SingleNodeMembership::join(int attempt) {
   return layout;
 }
 
-std::string SummaryReports::failure_summary(const AttemptResult& result, int attempt) const {
-  return format_failure_summary(plan_, result, attempt);
+std::string SummaryReports::failure_summary(const AttemptResult& result, int attempt,
+                                            const std::string& next) const {
+  return format_failure_summary(plan_, result, attempt, next);
 }
 
 std::string SummaryReports::incomplete_logs(const AttemptResult& result) const {

@@ -87,7 +87,7 @@ class SummaryReports : public FailureReports {
   // `plan` names the job in summaries; it must outlive this.
   explicit SummaryReports(const LaunchPlan& plan) : plan_(plan) {}
 
-  std::string failure_summary(const AttemptResult& result, int attempt) const override;
+  std::string failure_summary(const AttemptResult& result, int attempt, const std::string& next) const override;
   std::string incomplete_logs(const AttemptResult& result) const override;
   std::string worker_exception(const WorkerOutcome& worker) const override;
 

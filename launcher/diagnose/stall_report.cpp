@@ -21,6 +21,8 @@
 #include <map>
 #include <sstream>
 
+#include "supervise/process_state.hpp"
+
 extern char** environ;
 
 namespace ddprun {
@@ -382,10 +384,8 @@ std::string stacks_of(pid_t pid, std::chrono::milliseconds timeout) {
 }  // namespace
 
 std::string process_state(pid_t pid) {
-  std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
-  auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return "";
-  char c = stat[close + 2];
+  const char c = process_state_letter(pid);
+  if (c == 0) return "";
   return std::string(1, c) + " (" + state_meaning(c) + ")";
 }
 

@@ -23,6 +23,7 @@
 #include "rdzv/token.hpp"
 #include "diagnose/runtime_file.hpp"
 #include "diagnose/stall_report.hpp"
+#include "supervise/process_state.hpp"
 
 namespace ddprun {
 
@@ -34,7 +35,7 @@ namespace contract = ddp::contract;
 constexpr const char* kHelp =
     "Usage: ddprun status [--run_id ID] [--rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_token_file FILE]]\n"
     "                     [--json] [--watch [SECONDS]]\n"
-    "One line per rank of a running job: host, pid, state (running, exited with its status, stalled),\n"
+    "One line per rank of a running job: host, pid, state (running, stopped, exited with its status, stalled),\n"
     "the current or last collective with its sequence number, seconds since its last progress,\n"
     "steps/s (with --watch, from two readings), resident memory.\n"
     "Without flags: the job a ddprun of this user runs on this machine (several: name one with\n"
@@ -304,8 +305,10 @@ Reading read_job(rdzv::Store& store, const Target& target) {
       line.state = e->second.how();
       line.host = e->second.host;
       line.pid = e->second.pid;
-    } else if (local_pid && process_state(line.pid).empty()) {
+    } else if (const std::string proc = local_pid ? process_state(line.pid) : ""; local_pid && proc.empty()) {
       line.state = "gone";
+    } else if (!proc.empty() && is_stopped_state(proc[0])) {
+      line.state = "stopped";  // SIGSTOP or a tracer: it runs no code until continued
     } else if (stalled[r]) {
       line.state = "stalled";
     } else if (rec || local_pid) {

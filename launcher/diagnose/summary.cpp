@@ -48,9 +48,17 @@ std::string format_incomplete_logs(const AttemptResult& result) {
          paths;
 }
 
-std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& result, int attempt) {
+std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& result, int attempt,
+                                   const std::string& next) {
   std::ostringstream os;
   const std::string rule(72, '=');
+  auto then = [&] {
+    if (next.empty()) {
+      os << "  every node exits with status " << result.remote->status << "\n";
+    } else {
+      os << "  " << next << "\n";
+    }
+  };
   os << rule << "\n";
   os << "ddprun: job " << plan.run_id << " (attempt " << attempt << ") ";
   if (result.stop_signal != 0) {
@@ -62,11 +70,11 @@ std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& 
   if (result.remote && !result.remote->report.empty()) {
     os << "Root cause (ddprun stopped a stalled job, --stall_action=stop):\n";
     os << result.remote->report;
-    os << "  every node exits with status " << result.remote->status << "\n";
+    then();
   } else if (result.remote) {
     os << "Root cause (first failure in the job, on another node or of a whole node):\n";
     os << "  " << result.remote->description << "\n";
-    os << "  every node exits with status " << result.remote->status << "\n";
+    then();
   } else if (result.root_cause) {
     const WorkerOutcome& root = result.workers[*result.root_cause];
     os << "Root cause (first worker to fail):\n";

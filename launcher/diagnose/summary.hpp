@@ -12,7 +12,11 @@
 
 namespace ddprun {
 
-std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& result, int attempt);
+// `next` says what the job does after it when that is not the end on every node (an
+// elastic job re-forming: "the job re-forms without the lost node (restart 1 of 3)");
+// empty: a failure that came from elsewhere says "every node exits with status N".
+std::string format_failure_summary(const LaunchPlan& plan, const AttemptResult& result, int attempt,
+                                   const std::string& next = {});
 
 // One line naming the worker log files of `result` that are incomplete (writing them
 // failed), for a job that succeeded; empty when every log is whole.

@@ -3,6 +3,7 @@
 // ends a wait on the other nodes.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
@@ -49,5 +50,13 @@ std::string printable_text(std::string_view bytes);
 struct Interrupted {
   int signal;
 };
+
+// How a stop signal (INT, TERM, HUP, QUIT) ends a wait, in every phase alike: ddprun
+// takes signals in one place (the Supervisor's signal set; a launching ddprun's loop
+// its signalfd), and every wait of the launcher on the store or on other nodes (the
+// store's connect, joining, the nodes of an attempt, the exit barrier, leaving) waits
+// in slices of at most this long, asking for a stop signal before each
+// (Supervisor::poll_stop_signal); one that came ends the wait with Interrupted.
+inline constexpr std::chrono::milliseconds kStopCheckEvery{100};
 
 }  // namespace ddprun

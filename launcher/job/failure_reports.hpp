@@ -13,8 +13,9 @@ namespace ddprun {
 class FailureReports {
  public:
   virtual ~FailureReports() = default;
-  // The failure summary of `attempt`: root cause first, then every worker.
-  virtual std::string failure_summary(const AttemptResult& result, int attempt) const = 0;
+  // The failure summary of `attempt`: root cause first, then every worker. `next`: what
+  // the job does next when it goes on (re-forms), or empty when it ends.
+  virtual std::string failure_summary(const AttemptResult& result, int attempt, const std::string& next) const = 0;
   // One line naming the worker logs of an attempt that succeeded which are incomplete
   // (writing them failed); empty when every log is whole.
   virtual std::string incomplete_logs(const AttemptResult& result) const = 0;

@@ -38,9 +38,9 @@ std::chrono::milliseconds JobPolicy::linger_after_failure() const {
   return options_.hosts_store ? seconds(1) : seconds(0);
 }
 
-void JobPolicy::print_summary(const AttemptResult& result, int attempt) const {
+void JobPolicy::print_summary(const AttemptResult& result, int attempt, const std::string& next) const {
   if (!options_.print || (options_.wants_summary && !options_.wants_summary(result))) return;
-  options_.print(reports_.failure_summary(result, attempt));
+  options_.print(reports_.failure_summary(result, attempt, next));
 }
 
 int JobPolicy::run() {
@@ -201,11 +201,15 @@ std::optional<int> JobPolicy::after_elastic_failure(const JobLayout& layout, con
                               : "the job was stopped";
     membership_.end_job(attempt, result.exit_status(), why);
   }
-  print_summary(result, attempt);
+  const std::string reforming =
+      reform ? std::string("re-forming the job ") +
+                   (kind == NoticeKind::kNodeLost ? "without the lost node" : "after a worker failure") + " (restart " +
+                   std::to_string(layout.restart_count + 1) + " of " + std::to_string(options_.max_restarts) + ")"
+             : std::string();
+  // A node that goes on says so where a node that ends says its exit status.
+  print_summary(result, attempt, reform ? "this node goes on: " + reforming : std::string());
   if (reform) {
-    spdlog::warn("re-forming the job {} (restart {} of {})",
-                 kind == NoticeKind::kNodeLost ? "without the lost node" : "after a worker failure",
-                 layout.restart_count + 1, options_.max_restarts);
+    spdlog::warn("{}", reforming);
     return std::nullopt;
   }
   membership_.leave(attempt, linger_after_failure());

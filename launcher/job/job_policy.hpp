@@ -105,7 +105,7 @@ class JobPolicy {
   std::optional<int> after_elastic_failure(const JobLayout& layout, const AttemptResult& result,
                                            const std::optional<FailureNotice>& winner);
   std::chrono::milliseconds linger_after_failure() const;
-  void print_summary(const AttemptResult& result, int attempt) const;
+  void print_summary(const AttemptResult& result, int attempt, const std::string& next = {}) const;
   FailureNotice notice(int rank, int status, std::string what, NoticeKind kind) const;
   ddp::contract::ExitRecord exit_record(const WorkerOutcome& w) const;
 

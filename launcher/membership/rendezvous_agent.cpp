@@ -72,7 +72,7 @@ std::vector<std::string> RendezvousAgent::patient_multi_get(
   int signal = 0;
   rdzv::Waiting w;
   w.timeout = timeout;
-  w.slice = Millis(500);
+  w.slice = kStopCheckEvery;
   w.notice_every = missing ? plan_.options.wait_notice_every : Millis(0);
   w.describe = [&] { return missing(last ? last->missing_keys() : keys); };
   w.say = [](const std::string& line) { spdlog::info("{}", line); };
@@ -391,7 +391,7 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
     std::optional<std::optional<FailureNotice>> outcome;  // set when the wait decided
     rdzv::Waiting w;
     w.timeout = to_ms(o.exit_barrier_timeout);
-    w.slice = Millis(500);
+    w.slice = kStopCheckEvery;
     w.notice_every = o.wait_notice_every;
     w.describe = [&] { return "still waiting for node rank(s) " + missing_nodes(missing_keys) + " to finish"; };
     w.say = [](const std::string& line) { spdlog::info("{}", line); };

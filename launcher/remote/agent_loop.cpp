@@ -84,6 +84,8 @@ int AgentLoop::run() {
 }
 
 void AgentLoop::start_agents() {
+  started_at_ = Clock::now();
+  next_notice_ = started_at_ + options_.notice_every;
   for (size_t i = 0; i < launches_.size(); ++i) {
     try {
       agents_.push_back(std::make_unique<AgentProcess>(launches_[i]));
@@ -154,6 +156,14 @@ void AgentLoop::on_signal(int sig) {
                  "a second {} kills them at once)",
                  signal_name(sig), options_.grace_period_s, signal_name(sig));
     stop_all(sig, seconds_of(options_.grace_period_s) + kStopMargin);
+    // An agent that has not said it runs (ssh still connecting, or the remote ddprun not
+    // yet past its handoff) reads no stop line and has no workers: its ssh ends now.
+    for (auto& a : agents_) {
+      if (a->exited() || a->started()) continue;
+      spdlog::info("the agent on host {} (node {}) has not started yet; ending its {}", a->launch().host,
+                   a->launch().node_rank, a->launch().over_ssh ? "ssh" : "process");
+      a->kill_group(SIGTERM);
+    }
   } else {
     spdlog::info("received {} again; every node kills its workers now", signal_name(sig));
     for (auto& a : agents_) a->send(stop_line(sig));
@@ -224,9 +234,24 @@ void AgentLoop::fail_launch(size_t index, const std::string& why, int status) {
   stop_all(SIGTERM, seconds_of(options_.grace_period_s) + kStopMargin);
 }
 
+void AgentLoop::say_who_is_starting(Clock::time_point now) {
+  if (options_.notice_every.count() <= 0 || stop_signal_ != 0 || now < next_notice_) return;
+  while (next_notice_ <= now) next_notice_ += options_.notice_every;
+  std::string hosts;
+  for (const auto& a : agents_) {
+    if (a->exited() || a->started()) continue;
+    hosts += (hosts.empty() ? "" : ", ") + a->launch().host + " (node " + std::to_string(a->launch().node_rank) + ")";
+  }
+  if (hosts.empty()) return;
+  spdlog::info("still waiting for the agent to start on {} ({:.0f} s; ssh gives up connecting after its "
+               "ConnectTimeout)",
+               hosts, std::chrono::duration<double>(now - started_at_).count());
+}
+
 void AgentLoop::on_timers() {
   const auto now = Clock::now();
   watch_store(now);
+  say_who_is_starting(now);
   if (settle_at_ && now >= *settle_at_) {
     settle_at_.reset();
     // No failure in the store and that agent never joined: it ended on its own (it

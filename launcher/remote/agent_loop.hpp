@@ -27,9 +27,11 @@
 // agent's failure; a restart past that failure lifts it.
 //
 // Stop: SIGINT/SIGTERM/SIGHUP/SIGQUIT → "stop <sig>" to every agent (they stop their
-// workers: SIGTERM, grace period, SIGKILL); a second one is forwarded too, and the
-// agents then kill their workers at once. Agents still running grace period + 10 s
-// later are SIGKILLed (their workers die with them). The launcher exits 128+signal.
+// workers: SIGTERM, grace period, SIGKILL); an agent that has not started yet (ssh
+// still connecting) cannot read it and has no workers: its ssh gets SIGTERM at once. A
+// second one is forwarded too, and the agents then kill their workers at once. Agents
+// still running grace period + 10 s later are SIGKILLed (their workers die with them).
+// The launcher exits 128+signal.
 #pragma once
 
 #include <signal.h>
@@ -51,6 +53,9 @@ struct AgentLoopOptions {
   double heartbeat_timeout_s = 10;  // the agents' --heartbeat_timeout
   std::string run_id;
   StoreReader reader;
+  // While an agent has not said it runs (ssh connecting): a line this often naming its
+  // host (0: none).
+  std::chrono::milliseconds notice_every{30000};
 };
 
 class AgentLoop {
@@ -74,6 +79,7 @@ class AgentLoop {
   void on_exit(size_t index);
   void on_timers();
   void watch_store(Clock::time_point now);
+  void say_who_is_starting(Clock::time_point now);
   Clock::duration failure_deadline() const;  // after a failure: how long the nodes get to end
   void stop_all(int sig, Clock::duration within);
   void fail_launch(size_t index, const std::string& why, int status);
@@ -88,6 +94,8 @@ class AgentLoop {
   std::optional<Clock::time_point> settle_at_;  // then: did the job fail, or only that agent?
   std::optional<Clock::time_point> kill_at_;    // then: SIGKILL whatever agent is left
   std::optional<Clock::time_point> give_up_at_; // then: stop waiting for output or exits
+  Clock::time_point started_at_{};               // start_agents() ran
+  Clock::time_point next_notice_{};              // say_who_is_starting(): the next line
   Clock::time_point next_store_read_{};          // watch_store(): the next look at the store
   std::optional<int> kill_for_attempt_;          // kill_at_ was set for this attempt's failure
   bool killed_ = false;

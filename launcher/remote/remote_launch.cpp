@@ -139,6 +139,7 @@ int run_remote_launch(const LaunchOptions& options) {
   loop.heartbeat_timeout_s = options.heartbeat_timeout;
   loop.run_id = run_id;
   loop.reader = reader;
+  loop.notice_every = options.wait_notice_every;
   return AgentLoop(std::move(launches), std::move(loop)).run();
 }
 

@@ -26,7 +26,7 @@ std::shared_ptr<rdzv::TcpStore> connect(const JobLinkOptions& o) {
   int signal = 0;
   rdzv::Waiting w;
   w.timeout = o.connect_timeout;
-  w.slice = Millis(500);  // between tries, a stop signal is looked at
+  w.slice = kStopCheckEvery;  // between tries, a stop signal is looked at
   w.notice_every = o.notice_every;
   w.say = [](const std::string& line) { spdlog::info("{}", line); };
   w.cancelled = [&] { return (signal = o.stop_signal ? o.stop_signal() : 0) != 0; };

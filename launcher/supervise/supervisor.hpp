@@ -46,7 +46,8 @@ class Supervisor {
   AttemptResult run_attempt(int attempt, const JobLayout& layout, const AttemptHooks& hooks = {});
 
   // Between attempts (rendezvous, exit barrier): a stop signal (INT, TERM, HUP, QUIT)
-  // that arrived since the last call, or 0. Never blocks.
+  // that arrived since the last call, or 0. Never blocks. Every wait of the launcher
+  // asks it at least every kStopCheckEvery (job/failure_notice.hpp).
   int poll_stop_signal();
 
   // Stops attempt `attempt` because of a failure elsewhere. Safe from any thread;

@@ -12,6 +12,7 @@
 
 #include "errors.hpp"
 #include "supervise/console.hpp"
+#include "supervise/process_state.hpp"
 #include "supervise/spawn.hpp"
 #include "supervise/worker_environment.hpp"
 
@@ -268,6 +269,7 @@ void WorkerGroup::begin_stop(int sig, const std::string& why) {
     spdlog::info("{}; sending {} to the remaining workers (SIGKILL after {} s)", why, signal_name(sig), grace);
   }
   signal_everything(sig);
+  if (sig != SIGKILL) continue_stopped();
   grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace)));
   grace_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) on_grace_expired();
@@ -286,6 +288,27 @@ void WorkerGroup::signal_everything(int sig) {
     kill(pid, sig);
     signalled_stragglers_.insert(pid);
   }
+}
+
+// A stopped process keeps the stop signal pending and would hold the stop for the
+// whole grace period: every group (and straggler) is continued, so the signal it was
+// just sent is delivered. SIGCONT does nothing to a process that runs. A process
+// stopped by a tracer stays stopped until the tracer lets go or SIGKILL comes.
+void WorkerGroup::continue_stopped() {
+  for (auto& w : workers_) {
+    if (!group_alive(*w)) continue;
+    const pid_t pid = w->outcome.pid;
+    const char state = w->outcome.reaped ? 0 : process_state_letter(pid);
+    if (state == 'T') {
+      spdlog::info("rank {} (pid {}) was stopped (SIGSTOP); continued it so it can terminate", w->outcome.rank, pid);
+    } else if (state == 't') {
+      spdlog::info("rank {} (pid {}) is stopped by a tracer (a debugger); it ends on SIGKILL after the grace period "
+                   "unless the tracer lets it go",
+                   w->outcome.rank, pid);
+    }
+    if (kill(-pid, SIGCONT) != 0 && errno == ESRCH && !w->outcome.reaped) kill(pid, SIGCONT);
+  }
+  for (pid_t pid : stragglers()) kill(pid, SIGCONT);
 }
 
 // Direct children that are neither running workers nor the guard: processes the

@@ -79,6 +79,7 @@ class WorkerGroup {
   void maybe_complete();
   void begin_stop(int sig, const std::string& why);
   void signal_everything(int sig);
+  void continue_stopped();
   std::vector<pid_t> stragglers() const;
   bool group_alive(Worker& w);
   void check_done();

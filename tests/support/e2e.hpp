@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,21 @@ inline bool all_ranks_said(const std::string& output, int n, const std::string& 
     if (std::find(ranks[r].begin(), ranks[r].end(), what) == ranks[r].end()) return false;
   }
   return true;
+}
+
+// What became of a process sent a signal: its status (none when it did not end in
+// time) and the seconds from the signal to its end.
+struct Ended {
+  std::optional<int> status;
+  double seconds = 0;
+};
+inline Ended signal_and_wait(testing::Process& p, int sig, std::chrono::milliseconds limit) {
+  p.send_signal(sig);
+  const auto sent = std::chrono::steady_clock::now();
+  Ended e;
+  e.status = p.wait(limit);
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  return e;
 }
 
 // A port nothing listens on right now.

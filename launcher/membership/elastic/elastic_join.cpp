@@ -25,7 +25,7 @@ namespace {
 
 // How long one wait for an attempt to close lasts before the node looks again (stop
 // signal, the job's end, the members present).
-constexpr Millis kPollSlice{100};
+constexpr Millis kPollSlice = kStopCheckEvery;
 
 // A non-blocking read's answer must come within this.
 constexpr Millis kReadTimeout{5000};

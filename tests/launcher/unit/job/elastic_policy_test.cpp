@@ -52,6 +52,10 @@ TEST_CASE("elastic: a lost node uses a restart and the job re-forms in the attem
   CHECK(job.membership.published.empty());   // the lost node's will said it
   REQUIRE(job.summaries.size() == 1);
   CHECK_THAT(job.summaries[0], Catch::Contains("(attempt 0) failed") && Catch::Contains("node 2 (hostb): ddprun was lost"));
+  // It goes on, and its summary says so rather than that every node exits.
+  CHECK_THAT(job.summaries[0],
+             Catch::Contains("this node goes on: re-forming the job without the lost node (restart 1 of 1)") &&
+                 !Catch::Contains("every node exits"));
   // Finished: nodes waiting to be admitted hear the job is over.
   CHECK(job.membership.ended == std::vector<std::tuple<int, int, std::string>>{{1, 0, "the job finished"}});
   CHECK(job.membership.left == Left{{1, 0s}});
@@ -77,7 +81,9 @@ TEST_CASE("elastic: with the restarts spent the job ends with end_job and the ro
     job.workers.attempts = {stopped_by_remote(job.membership, lost_node(1))};  // every attempt
     CHECK(job.run(1) == 1);
     CHECK(job.workers.ran == std::vector<int>{0, 1});
-    CHECK(job.summaries.size() == 2);
+    REQUIRE(job.summaries.size() == 2);
+    CHECK_THAT(job.summaries[0], Catch::Contains("this node goes on: re-forming") && !Catch::Contains("every node exits"));
+    CHECK_THAT(job.summaries[1], Catch::Contains("every node exits with status 1") && !Catch::Contains("goes on"));
     REQUIRE(job.membership.ended.size() == 1);
     CHECK(std::get<0>(job.membership.ended[0]) == 1);
     CHECK(std::get<1>(job.membership.ended[0]) == 1);
