@@ -2,6 +2,8 @@
 // records, and the process-level part with native stacks from gdb or py-spy.
 #include "diagnose/stall_report.hpp"
 
+#include "diagnose/wait_graph.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -58,7 +60,7 @@ uint64_t progress_signature(const ProgressRecords& records) {
   uint64_t sum = 0;
   for (const auto& r : records) {
     if (!r) continue;
-    for (const auto& g : r->groups) sum += g.completed;
+    for (const auto& g : r->groups) sum += g.completed + g.p2p_completed;
   }
   return sum;
 }
@@ -67,7 +69,7 @@ bool any_rank_waiting(const ProgressRecords& records) {
   for (const auto& r : records) {
     if (!r) continue;
     for (const auto& g : r->groups) {
-      if (waiting(g)) return true;
+      if (waiting(g) || !g.p2p_pending.empty()) return true;
     }
   }
   return false;
@@ -89,6 +91,7 @@ std::optional<int64_t> last_completion_ms(const ProgressRecords& records) {
     if (!r) continue;
     for (const auto& g : r->groups) {
       if (g.last_completed && (!latest || g.last_completed->since_ms > *latest)) latest = g.last_completed->since_ms;
+      if (g.p2p_done_ms > 0 && (!latest || g.p2p_done_ms > *latest)) latest = g.p2p_done_ms;
     }
   }
   return latest;
@@ -101,17 +104,20 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
   };
   std::map<std::string, std::vector<Member>> groups;
   std::vector<int> no_record;
+  std::vector<int> all_waiting;  // in a collective or a send/recv
   for (size_t r = 0; r < records.size(); ++r) {
     if (!records[r]) {
       no_record.push_back(static_cast<int>(r));
       continue;
     }
-    for (const auto& g : records[r]->groups) groups[g.group].push_back({static_cast<int>(r), &g});
+    for (const auto& g : records[r]->groups) {
+      groups[g.group].push_back({static_cast<int>(r), &g});
+      if (!g.p2p_pending.empty()) all_waiting.push_back(static_cast<int>(r));
+    }
   }
 
   StallAnalysis out;
   std::ostringstream os;
-  std::vector<int> all_waiting;
   for (const auto& [name, members] : groups) {
     const GroupProgress* first_waiter = nullptr;
     uint64_t target = 0;  // the call the waiting ranks are in (the highest of them)
@@ -167,6 +173,14 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
                        (target_op.state == "failed" ? ", which failed" : " and it does not complete");
       }
     }
+  }
+  // Sends and recvs, and who waits for whom: a deadlock, or a peer in no call, is the
+  // better headline (a collective's missing ranks may be the ones blocked).
+  const WaitAnalysis waits = analyse_waits(records, now_ms);
+  os << waits.text;
+  if (!waits.headline.empty() && (!waits.culprits.empty() || out.headline.empty())) {
+    out.headline = waits.headline;
+    out.stalled = waits.culprits;
   }
   if (out.headline.empty()) out.headline = "no rank completed a call, and none waits in one";
   if (out.stalled.empty()) {
