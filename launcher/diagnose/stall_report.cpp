@@ -2,8 +2,6 @@
 // records, and the process-level part with native stacks from gdb or py-spy.
 #include "diagnose/stall_report.hpp"
 
-#include "diagnose/wait_graph.hpp"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -50,11 +48,6 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 }  // namespace
-
-std::string call_name(const std::string& group, const OpSummary& op) {
-  std::string name = op.what.substr(0, op.what.find(' '));
-  return name + " #" + std::to_string(op.seq) + " of group " + group;
-}
 
 uint64_t progress_signature(const ProgressRecords& records) {
   uint64_t sum = 0;

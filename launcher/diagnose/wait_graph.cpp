@@ -150,6 +150,11 @@ std::string describe_cycle(const std::vector<const BlockedCall*>& cycle) {
 
 }  // namespace
 
+std::string call_name(const std::string& group, const OpSummary& op) {
+  std::string name = op.what.substr(0, op.what.find(' '));
+  return name + " #" + std::to_string(op.seq) + " of group " + group;
+}
+
 std::vector<BlockedCall> blocked_calls(const ProgressRecords& records) {
   const Members members(records);
   std::vector<BlockedCall> out;

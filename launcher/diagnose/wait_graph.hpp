@@ -11,9 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "diagnose/stall_report.hpp"
+#include "ddp/contract/job_records.hpp"
 
 namespace ddprun {
+
+// Every rank's latest record by global rank; nothing for a rank that published none.
+using ProgressRecords = std::vector<std::optional<ddp::contract::ProgressRecord>>;
+
+// "all_reduce #57 of group 0": how reports name a call.
+std::string call_name(const std::string& group, const ddp::contract::OpSummary& op);
 
 // One call a rank is blocked in.
 struct BlockedCall {

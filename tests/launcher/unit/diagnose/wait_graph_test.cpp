@@ -2,6 +2,7 @@
 // cycles through them and through collectives (a pure function of the records).
 #include <catch2/catch.hpp>
 
+#include "diagnose/stall_report.hpp"
 #include "diagnose/wait_graph.hpp"
 
 using ddp::contract::GroupProgress;
