@@ -172,7 +172,7 @@ uint64_t FlightRecorder::queued(const Op& op, RecorderClock::time_point now) {
     issued_.store(op.seq, relaxed);
     last_collective_.store(id, std::memory_order_release);
   } else {
-    p2p_open_.fetch_add(1, relaxed);
+    p2p_issued_.store(p2p_issued_.load(relaxed) + 1, std::memory_order_release);
   }
   return id;
 }
@@ -206,11 +206,9 @@ void FlightRecorder::ended(uint64_t id, bool ok, RecorderClock::time_point t) {
   const uint64_t seq = s.seq.load(std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
   if (!collective) {
-    p2p_open_.fetch_sub(1, std::memory_order_relaxed);
-    if (ok) {
-      p2p_completed_.fetch_add(1, std::memory_order_relaxed);
-      last_p2p_completed_.store(id, std::memory_order_release);
-    }
+    if (!ok) p2p_failed_.fetch_add(1, std::memory_order_relaxed);
+    if (ok) last_p2p_completed_.store(id, std::memory_order_release);
+    p2p_ended_.fetch_add(1, std::memory_order_release);
   }
   if (!ok) return notify_failure();
   if (!collective) return;
@@ -269,12 +267,14 @@ contract::GroupProgress FlightRecorder::progress() const {
   g.last_completed = summary(last_completed_.load(std::memory_order_acquire));
   g.issued = issued_.load(std::memory_order_relaxed);
   g.completed = completed_.load(std::memory_order_relaxed);
-  g.p2p_completed = p2p_completed_.load(std::memory_order_relaxed);
+  // Ended first: every call it counts was issued before, so issued >= ended.
+  const uint64_t ended = p2p_ended_.load(std::memory_order_acquire);
+  const uint64_t open = p2p_issued_.load(std::memory_order_acquire) - ended;
+  g.p2p_completed = ended - std::min(p2p_failed_.load(std::memory_order_relaxed), ended);
   if (const auto last = last_p2p_completed_.load(std::memory_order_acquire); last != 0) {
     if (const auto r = read(last)) g.p2p_done_ms = unix_millis(r->ended);
   }
   // The pending sends and recvs, newest first while looking back through the ring.
-  const int64_t open = p2p_open_.load(std::memory_order_relaxed);
   const uint64_t last = last_id_.load(std::memory_order_acquire);
   const uint64_t first = last > entries_ ? last - entries_ + 1 : 1;
   for (uint64_t id = last; open > 0 && id >= first && id > 0; --id) {

@@ -112,11 +112,12 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   std::atomic<uint64_t> issued_{0};                // collectives issued (their last seq)
   std::atomic<uint64_t> last_completed_{0};        // id of the last collective completed
   std::atomic<uint64_t> completed_{0};             // collectives completed (their last seq)
-  // Sends and recvs only (a collective never touches them): those issued and not
-  // ended (so progress() looks for pending ones only while some are), those completed,
-  // and the id of the last to complete.
-  std::atomic<int64_t> p2p_open_{0};
-  std::atomic<uint64_t> p2p_completed_{0};
+  // Sends and recvs only (a collective never touches them): issued (written by the
+  // issuing thread alone), ended and failed (progress() looks for pending ones only
+  // while issued > ended; completed = ended - failed), and the id of the last to complete.
+  std::atomic<uint64_t> p2p_issued_{0};
+  std::atomic<uint64_t> p2p_ended_{0};
+  std::atomic<uint64_t> p2p_failed_{0};
   std::atomic<uint64_t> last_p2p_completed_{0};
 
   mutable std::mutex name_mu_;  // name_ only (never taken per call)
