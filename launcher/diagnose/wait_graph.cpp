@@ -17,7 +17,7 @@ namespace {
 // group (the world group "0" is the identity).
 class Members {
  public:
-  explicit Members(const ProgressRecords& records) {
+  explicit Members(const ProgressRecords& records) : world_(static_cast<int>(records.size())) {
     for (size_t r = 0; r < records.size(); ++r) {
       if (!records[r]) continue;
       for (const GroupProgress& g : records[r]->groups) {
@@ -29,13 +29,14 @@ class Members {
   }
   // The global rank of group rank `rank` of `group`, or -1 where no record tells.
   int global(const std::string& group, int rank) const {
-    if (group == "0") return rank;
+    if (group == "0") return rank >= 0 && rank < world_ ? rank : -1;
     auto it = groups_.find(group);
     if (it == groups_.end() || rank < 0 || rank >= static_cast<int>(it->second.size())) return -1;
     return it->second[static_cast<size_t>(rank)];
   }
 
  private:
+  int world_;
   std::map<std::string, std::vector<int>> groups_;
 };
 

@@ -126,7 +126,7 @@ TEST_CASE("a rank that exits 0 while the others are in a large all_reduce fails 
                         R"(.*, while this rank waits for it in all_reduce #2 of group 0$)");
 }
 
-TEST_CASE("each rank names its own call when a peer exits: rank 0 in recv, rank 1 in barrier", "[exits]") {
+TEST_CASE("each rank names its own call when a peer exits: rank 0 in recv and rank 1 in barrier", "[exits]") {
   const auto out = run_job({3}, {"recv_barrier", "2"});
   INFO(out.all);
   const std::string exited = "rank 2 exited with code 0 at " + kClock + R"( on node 0 \(.+\), while this rank waits for it in )";

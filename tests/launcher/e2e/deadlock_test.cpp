@@ -104,7 +104,7 @@ TEST_CASE("two ranks that recv from each other get a deadlock report and stall a
   CHECK(!contains(rest, "barrier #"));
 }
 
-TEST_CASE("a deadlock of two ranks with a third in barrier names the recvs, the cycle and what the barrier waits for",
+TEST_CASE("a deadlock of two ranks with a third in barrier names the recvs and the cycle and what the barrier waits for",
           "[e2e][stall][deadlock]") {
   const std::string rest = stopped_deadlock(3);
   CHECK(contains(rest, "rank 2 waits in barrier #2 of group 0 (barrier, "));

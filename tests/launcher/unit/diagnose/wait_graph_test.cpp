@@ -61,7 +61,7 @@ TEST_CASE("two ranks that recv from each other are a deadlock", "[stall]") {
   CHECK(in_flight->name == "recv #1 from rank 0");
 }
 
-TEST_CASE("a barrier that waits for ranks blocked in recv says so, and the cycle is theirs", "[stall]") {
+TEST_CASE("a barrier that waits for ranks blocked in recv says so and the cycle is theirs", "[stall]") {
   ProgressRecords recs = {world_rank(0, 3), world_rank(1, 3), world_rank(2, 3, true)};
   recv_from(*recs[0], 1);
   recv_from(*recs[1], 0);
@@ -84,7 +84,7 @@ TEST_CASE("a cycle through a collective and a recv is named with whom the collec
         "rank 0 waits in barrier #2 of group 0 for rank 1, which waits in recv #1 from rank 0: a deadlock");
 }
 
-TEST_CASE("a recv from a rank in no call names that rank; no cycle, no deadlock", "[stall]") {
+TEST_CASE("a recv from a rank in no call names that rank and no deadlock", "[stall]") {
   ProgressRecords recs = {world_rank(0, 2), world_rank(1, 2)};
   recv_from(*recs[0], 1, 3);
   const auto a = ddprun::analyse_stall(recs, kT0 + 1'000);
