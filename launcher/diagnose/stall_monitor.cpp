@@ -237,9 +237,12 @@ void StallMonitor::report(const ProgressRecords& records, const std::string& wha
   StallAnalysis analysis = analyse_stall(records, contract::unix_millis_now());
   if (!headline.empty()) analysis.headline = headline;
   bool stop = options_.action == StallAction::Stop;
+  // Said at once: the workers' stacks (below) may take seconds to read.
   if (layout_.node_rank != 0) {
     spdlog::warn("stall: {}; {}; node 0 prints the report{}", what, analysis.headline,
                  stop ? " and stops the job" : "");
+  } else {
+    spdlog::warn("stall: {}; {}; the report follows once the workers' stacks are read", what, analysis.headline);
   }
   std::string processes = describe_processes(options_.hostname, local_workers(records), options_.process);
   rdzv::TcpStore* store = store_.get();

@@ -51,16 +51,11 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-std::string call_name(const std::string& group, const OpSummary& op) {
-  std::string name = op.what.substr(0, op.what.find(' '));
-  return name + " #" + std::to_string(op.seq) + " of group " + group;
-}
-
 uint64_t progress_signature(const ProgressRecords& records) {
   uint64_t sum = 0;
   for (const auto& r : records) {
     if (!r) continue;
-    for (const auto& g : r->groups) sum += g.completed;
+    for (const auto& g : r->groups) sum += g.completed + g.p2p_completed;
   }
   return sum;
 }
@@ -69,7 +64,7 @@ bool any_rank_waiting(const ProgressRecords& records) {
   for (const auto& r : records) {
     if (!r) continue;
     for (const auto& g : r->groups) {
-      if (waiting(g)) return true;
+      if (waiting(g) || !g.p2p_pending.empty()) return true;
     }
   }
   return false;
@@ -91,6 +86,7 @@ std::optional<int64_t> last_completion_ms(const ProgressRecords& records) {
     if (!r) continue;
     for (const auto& g : r->groups) {
       if (g.last_completed && (!latest || g.last_completed->since_ms > *latest)) latest = g.last_completed->since_ms;
+      if (g.p2p_done_ms > 0 && (!latest || g.p2p_done_ms > *latest)) latest = g.p2p_done_ms;
     }
   }
   return latest;
@@ -103,17 +99,20 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
   };
   std::map<std::string, std::vector<Member>> groups;
   std::vector<int> no_record;
+  std::vector<int> all_waiting;  // in a collective or a send/recv
   for (size_t r = 0; r < records.size(); ++r) {
     if (!records[r]) {
       no_record.push_back(static_cast<int>(r));
       continue;
     }
-    for (const auto& g : records[r]->groups) groups[g.group].push_back({static_cast<int>(r), &g});
+    for (const auto& g : records[r]->groups) {
+      groups[g.group].push_back({static_cast<int>(r), &g});
+      if (!g.p2p_pending.empty()) all_waiting.push_back(static_cast<int>(r));
+    }
   }
 
   StallAnalysis out;
   std::ostringstream os;
-  std::vector<int> all_waiting;
   for (const auto& [name, members] : groups) {
     const GroupProgress* first_waiter = nullptr;
     uint64_t target = 0;  // the call the waiting ranks are in (the highest of them)
@@ -169,6 +168,14 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
                        (target_op.state == "failed" ? ", which failed" : " and it does not complete");
       }
     }
+  }
+  // Sends and recvs, and who waits for whom: a deadlock, or a peer in no call, is the
+  // better headline (a collective's missing ranks may be the ones blocked).
+  const WaitAnalysis waits = analyse_waits(records, now_ms);
+  os << waits.text;
+  if (!waits.headline.empty() && (!waits.culprits.empty() || out.headline.empty())) {
+    out.headline = waits.headline;
+    out.stalled = waits.culprits;
   }
   if (out.headline.empty()) out.headline = "no rank completed a call, and none waits in one";
   if (out.stalled.empty()) {

@@ -18,11 +18,9 @@
 #include <vector>
 
 #include "ddp/contract/job_records.hpp"
+#include "diagnose/wait_graph.hpp"
 
 namespace ddprun {
-
-// Every rank's latest record by global rank; nothing for a rank that published none.
-using ProgressRecords = std::vector<std::optional<ddp::contract::ProgressRecord>>;
 
 // Changes whenever any rank completes a call in any group (the total of completed counts).
 uint64_t progress_signature(const ProgressRecords& records);
@@ -41,9 +39,6 @@ struct StallAnalysis {
 
 // The cross-rank part of the report as of `now_ms` (unix ms).
 StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms);
-
-// "all_reduce #57 of group 0": how reports name a call.
-std::string call_name(const std::string& group, const ddp::contract::OpSummary& op);
 
 struct WorkerProcess {
   int rank = 0;

@@ -23,6 +23,7 @@
 #include "rdzv/token.hpp"
 #include "diagnose/runtime_file.hpp"
 #include "diagnose/stall_report.hpp"
+#include "diagnose/wait_graph.hpp"
 #include "supervise/process_state.hpp"
 
 namespace ddprun {
@@ -36,7 +37,8 @@ constexpr const char* kHelp =
     "Usage: ddprun status [--run_id ID] [--rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_token_file FILE]]\n"
     "                     [--json] [--watch [SECONDS]]\n"
     "One line per rank of a running job: host, pid, state (running, stopped, exited with its status, stalled),\n"
-    "the current or last collective with its sequence number, seconds since its last progress,\n"
+    "the call it waits in (a collective, send or recv with its number, and for how long) or its last\n"
+    "collective, seconds since its last progress,\n"
     "steps/s (with --watch, from two readings), resident memory.\n"
     "Without flags: the job a ddprun of this user runs on this machine (several: name one with\n"
     "--run_id). With --rdzv_endpoint/--rdzv_id: a job served by a ddp-rendezvous daemon (token from\n"
@@ -197,6 +199,7 @@ struct RankLine {
   std::string call;  // "all_reduce #57 of group 0"
   std::string op;    // "all_reduce 1024×f32 sum"
   std::string call_state;
+  std::optional<double> waiting_s;  // how long it waits in `call`, while it is in flight
   std::optional<double> since_progress_s;
   std::optional<uint64_t> steps;
   std::optional<double> steps_per_s;
@@ -288,6 +291,13 @@ Reading read_job(rdzv::Store& store, const Target& target) {
         line.op = latest->current->what;
         line.call_state = latest->current->state;
       }
+      // The call it waits in now, a send or recv too ("recv #1 from rank 1").
+      if (const auto blocked = in_flight_call(records, r)) {
+        line.call = blocked->name;
+        line.op = blocked->op->what;
+        line.call_state = blocked->op->state;
+        line.waiting_s = static_cast<double>(std::max<int64_t>(0, out.time_ms - blocked->op->since_ms)) / 1000.0;
+      }
       if (auto last = last_completion_ms(ProgressRecords{rec})) {
         // Counted to when the record was written (about every second), so a rank that
         // keeps completing calls shows about 0 s, not the record's age; a record that
@@ -358,6 +368,7 @@ std::string format_json(const Reading& r) {
        << ",\"state\":" << json_string(l.state) << ",\"call\":" << (l.call.empty() ? "null" : json_string(l.call))
        << ",\"op\":" << (l.op.empty() ? "null" : json_string(l.op))
        << ",\"call_state\":" << (l.call_state.empty() ? "null" : json_string(l.call_state))
+       << ",\"waiting_s\":" << opt(l.waiting_s)
        << ",\"since_progress_s\":" << opt(l.since_progress_s) << ",\"steps\":" << opt(l.steps)
        << ",\"steps_per_s\":" << opt(l.steps_per_s) << ",\"rss_kb\":" << (l.rss_kb >= 0 ? std::to_string(l.rss_kb) : "null")
        << "}";
@@ -371,16 +382,21 @@ std::string format_table(const Reading& r) {
   os << "job " << r.info.run_id << ", attempt " << r.info.attempt << ", " << r.info.world_size << " rank(s), store "
      << r.info.store.addr << ":" << r.info.store.port << "\n";
   char line[512];
-  std::snprintf(line, sizeof(line), "%-5s %-16s %-8s %-22s %-34s %9s %8s %10s\n", "RANK", "HOST", "PID", "STATE",
+  std::snprintf(line, sizeof(line), "%-5s %-16s %-8s %-22s %-40s %9s %8s %10s\n", "RANK", "HOST", "PID", "STATE",
                 "CALL", "PROGRESS", "STEPS/S", "RSS");
   os << line;
   for (const RankLine& l : r.ranks) {
     std::string call = l.call.empty() ? "-" : l.call + (l.call_state.empty() ? "" : " (" + l.call_state + ")");
+    if (l.waiting_s) {
+      char waiting[48];
+      std::snprintf(waiting, sizeof(waiting), " (waiting %.1f s)", *l.waiting_s);
+      call = l.call + waiting;
+    }
     char since[32] = "-", rate[32] = "-", rss[32] = "-";
     if (l.since_progress_s) std::snprintf(since, sizeof(since), "%.1f s ago", *l.since_progress_s);
     if (l.steps_per_s) std::snprintf(rate, sizeof(rate), "%.2f", *l.steps_per_s);
     if (l.rss_kb >= 0) std::snprintf(rss, sizeof(rss), "%.1f MiB", static_cast<double>(l.rss_kb) / 1024.0);
-    std::snprintf(line, sizeof(line), "%-5d %-16s %-8s %-22s %-34s %9s %8s %10s\n", l.rank, l.host.c_str(),
+    std::snprintf(line, sizeof(line), "%-5d %-16s %-8s %-22s %-40s %9s %8s %10s\n", l.rank, l.host.c_str(),
                   l.pid > 0 ? std::to_string(l.pid).c_str() : "-", l.state.c_str(), call.c_str(), since, rate, rss);
     os << line;
   }

@@ -192,4 +192,24 @@ int misuse(ddp::ProcessGroup& pg) {
   return 0;
 }
 
+int deadlock(ddp::ProcessGroup& pg) {
+  std::vector<float> v(4, 1.0f);
+  pg.all_reduce(ddp::view(v));
+  const int r = pg.rank();
+  std::printf("rank %d: deadlocked at %.6f\n", r, now_s());
+  std::fflush(stdout);
+  try {
+    if (r < 2) {
+      pg.recv(ddp::view(v), 1 - r);
+    } else {
+      pg.barrier();
+    }
+    std::printf("rank %d: the deadlock returned\n", r);
+    return 1;
+  } catch (const ddp::Error& e) {
+    std::printf("rank %d: %s\n", r, e.what());
+  }
+  return 0;
+}
+
 }  // namespace collective_failures

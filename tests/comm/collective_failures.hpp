@@ -20,6 +20,9 @@ int disagree(ddp::ProcessGroup& pg);
 int mismatch(ddp::ProcessGroup& pg, const std::string& what, size_t count, int global_rank);
 // mismatch() in the group of global ranks 2 and 3 (4 ranks).
 int mismatch_in_subgroup(ddp::ProcessGroup& pg, const std::string& what, size_t count, int global_rank);
+// After one all_reduce, ranks 0 and 1 each recv from the other (a deadlock) and the
+// others wait in a barrier; prints "rank R: deadlocked at <unix s>" first.
+int deadlock(ddp::ProcessGroup& pg);
 // Bad arguments: refused up front, or (a recv of the wrong size) the group breaks everywhere.
 int misuse(ddp::ProcessGroup& pg);
 

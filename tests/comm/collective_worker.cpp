@@ -16,6 +16,8 @@
 //                                        reduce_op, skip, p2p): all fail with Mismatch.
 //   collective_worker sum <bytes>        one f32 all_reduce of <bytes> (traffic a test can
 //                                        count on an interface), checked like the matrix
+//   collective_worker deadlock           after an all_reduce ranks 0 and 1 recv from each
+//                                        other; the others wait in a barrier (stalls forever)
 //   collective_worker misuse             bad arguments: refused up front, or (a recv of
 //                                        the wrong size) the group breaks everywhere.
 // Prints "rank R: ..." lines; exits 0 when every check passed, 1 otherwise.
@@ -361,6 +363,7 @@ int main(int argc, char** argv) {
     if (mode == "stuck" && argc > 2) return collective_failures::stuck(*pg, std::atoi(argv[2]));
     if (mode == "sum" && argc > 2) return sum(*pg, std::strtoull(argv[2], nullptr, 10));
     if (mode == "misuse") return collective_failures::misuse(*pg);
+    if (mode == "deadlock") return collective_failures::deadlock(*pg);
     if (mode == "disagree") return collective_failures::disagree(*pg);
     if (mode == "mismatch" && argc > 3) {
       return collective_failures::mismatch(*pg, argv[2], std::strtoull(argv[3], nullptr, 10), g_rank);
@@ -368,7 +371,7 @@ int main(int argc, char** argv) {
     if (mode == "mismatch_in_subgroup" && argc > 3) {
       return collective_failures::mismatch_in_subgroup(*pg, argv[2], std::strtoull(argv[3], nullptr, 10), g_rank);
     }
-    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | sum <bytes> | die <rank> | stuck <rank> | misuse | disagree | "
+    std::fprintf(stderr, "usage: collective_worker matrix [--big N] | sum <bytes> | die <rank> | stuck <rank> | deadlock | misuse | disagree | "
                  "mismatch[_in_subgroup] <case> <count>\n");
     return 2;
   } catch (const ddp::contract::ContractError& e) {

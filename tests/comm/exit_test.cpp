@@ -126,6 +126,21 @@ TEST_CASE("a rank that exits 0 while the others are in a large all_reduce fails 
                         R"(.*, while this rank waits for it in all_reduce #2 of group 0$)");
 }
 
+TEST_CASE("each rank names its own call when a peer exits: rank 0 in recv and rank 1 in barrier", "[exits]") {
+  const auto out = run_job({3}, {"recv_barrier", "2"});
+  INFO(out.all);
+  const std::string exited = "rank 2 exited with code 0 at " + kClock + R"( on node 0 \(.+\), while this rank waits for it in )";
+  const std::map<int, std::string> calls{{0, "recv #1 of group 0$"}, {1, "barrier #2 of group 0$"}};
+  for (const auto& [r, call] : calls) {
+    INFO("rank " << r);
+    REQUIRE(out.lines.count(r) == 1);
+    const auto error = find_line(out.lines.at(r), "ERROR ");
+    REQUIRE(error);
+    INFO(error->second);
+    CHECK(std::regex_search(error->second, std::regex("PeerError \\w+ failed on rank " + std::to_string(r) + ": " + exited + call)));
+  }
+}
+
 TEST_CASE("a subgroup member that exits fails the subgroup's other members at once", "[exits]") {
   const auto out = run_job({4}, {"subgroup", "2"});
   // Ranks 1..3 form the subgroup; rank 0 is no member and is left alone.

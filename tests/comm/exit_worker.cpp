@@ -8,6 +8,8 @@
 //   exit_worker subgroup <victim>             ranks 1..n-1 form a subgroup; the victim
 //                                             (a member) exits 0 while the other members
 //                                             all_reduce on the subgroup; rank 0 exits 0
+//   exit_worker recv_barrier <victim>         the victim exits 0 while rank 0 waits in a
+//                                             recv from it and the others in a barrier
 //   exit_worker never <victim>                the victim never calls init (sleeps 10 s)
 //   exit_worker init_only                     init() and a barrier; nothing else
 //
@@ -91,6 +93,15 @@ int main(int argc, char** argv) {
     }
     return expect_failure([&] { all_reduce_bytes(*pg, bytes); });
   }
+  if (mode == "recv_barrier") {
+    if (rank == victim) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      exit_now();
+    }
+    if (rank != 0) return expect_failure([&] { pg->barrier(); });
+    std::vector<float> v(16);
+    return expect_failure([&] { pg->recv(ddp::view(v), victim); });
+  }
   if (mode == "subgroup") {
     std::vector<int> members;
     for (int r = 1; r < pg->size(); ++r) members.push_back(r);
@@ -102,6 +113,6 @@ int main(int argc, char** argv) {
     }
     return expect_failure([&] { all_reduce_bytes(*sub, 4096); });
   }
-  std::fprintf(stderr, "usage: exit_worker before_init|in_collective|subgroup|never <victim> [bytes] | init_only\n");
+  std::fprintf(stderr, "usage: exit_worker before_init|in_collective|recv_barrier|subgroup|never <victim> [bytes] | init_only\n");
   return 2;
 }

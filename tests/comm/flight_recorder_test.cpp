@@ -166,6 +166,48 @@ TEST_CASE("flight recorder: sends and recvs are in the ring but numbered per pee
   CHECK(g.current->what == "all_reduce 4\u00d7f32 max");
 }
 
+TEST_CASE("flight recorder: pending sends and recvs are in the progress record with peer and number",
+          "[recorder]") {
+  auto r = FlightRecorder::create(8, 0, 3);
+  const auto t0 = RecorderClock::now();
+  using ddp::detail::OpKind;
+  const uint64_t ar = r->queued(call(OpKind::AllReduce, 1), t0);
+  r->ended(ar, true, t0);
+  const uint64_t s1 = r->queued(call(OpKind::Send, 1, 4, 2), t0);
+  const uint64_t r1 = r->queued(call(OpKind::Recv, 1, 4, 1), t0);
+  r->started(r1, t0 + 1ms);
+  auto g = r->progress();
+  CHECK(g.issued == 1);
+  CHECK(g.completed == 1);
+  CHECK(g.p2p_completed == 0);
+  CHECK(g.p2p_done_ms == 0);
+  REQUIRE(g.p2p_pending.size() == 2);  // oldest first
+  CHECK(g.p2p_pending[0].send());
+  CHECK(g.p2p_pending[0].peer == 2);
+  CHECK(g.p2p_pending[0].op.state == "queued");
+  CHECK(g.p2p_pending[1].op.what == "recv 4\u00d7f32 from 1");
+  CHECK(g.p2p_pending[1].op.seq == 1);
+  CHECK(g.p2p_pending[1].peer == 1);
+  CHECK(g.p2p_pending[1].op.state == "started");
+
+  r->ended(s1, true, t0 + 2ms);
+  g = r->progress();
+  CHECK(g.p2p_completed == 1);
+  CHECK(std::llabs(g.p2p_done_ms - ddp::contract::unix_millis_now()) < 5000);
+  REQUIRE(g.p2p_pending.size() == 1);
+  CHECK(g.p2p_pending[0].peer == 1);
+  // A failed recv is no longer pending, and counts as no completion.
+  r->ended(r1, false, t0 + 3ms);
+  g = r->progress();
+  CHECK(g.p2p_pending.empty());
+  CHECK(g.p2p_completed == 1);
+  // Many pending: the newest few are shown.
+  for (uint64_t k = 1; k <= 12; ++k) r->queued(call(OpKind::Recv, k + 1, 4, 1), t0);
+  g = r->progress();
+  REQUIRE(g.p2p_pending.size() == FlightRecorder::kMaxPendingShown);
+  CHECK(g.p2p_pending.back().op.seq == 13);
+}
+
 TEST_CASE("flight recorder: subgroups are named 0.k and record their own calls", "[recorder]") {
   auto pg = instant_group(1, 4);
   auto outside = pg->new_group({0, 2});  // subgroup 0: this rank is not in it

@@ -96,3 +96,46 @@ TEST_CASE("malformed progress records decode to nothing", "[job_records]") {
   CHECK_FALSE(ProgressRecord::decode(head + "\ngroup\tname=0\trank=2\tsize=2\tissued=0\tcompleted=0"));
   CHECK_FALSE(ProgressRecord::decode(head + "\ngroup\tname=0\trank=0\tsize=2\tissued=1\tcompleted=2"));
 }
+
+TEST_CASE("a progress record carries each group's pending sends and recvs", "[job_records]") {
+  ProgressRecord p;
+  p.host = "hosta";
+  GroupProgress world;
+  world.group = "0";
+  world.rank = 0;
+  world.size = 3;
+  world.p2p_completed = 4;
+  world.p2p_done_ms = 1234;
+  world.p2p_pending = {PeerCall{OpSummary{1, "recv 4×f32 from 1", "started", 2000}, 1},
+                       PeerCall{OpSummary{3, "send 8×u8 to 2", "queued", 2100}, 2}};
+  GroupProgress sub;
+  sub.group = "0.0";
+  sub.rank = 1;
+  sub.size = 2;
+  sub.p2p_pending = {PeerCall{OpSummary{2, "recv 1×i64 from 0", "started", 2200}, 0}};
+  p.groups = {world, sub};
+
+  const auto back = ProgressRecord::decode(p.encode());
+  REQUIRE(back);
+  REQUIRE(back->groups.size() == 2);
+  CHECK(back->groups[0].p2p_completed == 4);
+  CHECK(back->groups[0].p2p_done_ms == 1234);
+  REQUIRE(back->groups[0].p2p_pending.size() == 2);
+  CHECK(back->groups[0].p2p_pending[0].peer == 1);
+  CHECK(back->groups[0].p2p_pending[0].op.seq == 1);
+  CHECK(back->groups[0].p2p_pending[0].op.what == "recv 4×f32 from 1");
+  CHECK_FALSE(back->groups[0].p2p_pending[0].send());
+  CHECK(back->groups[0].p2p_pending[1].send());
+  CHECK(back->groups[0].p2p_pending[1].op.state == "queued");
+  REQUIRE(back->groups[1].p2p_pending.size() == 1);
+  CHECK(back->groups[1].p2p_pending[0].op.since_ms == 2200);
+
+  // A pending call before any group, or naming a peer outside its group, is refused.
+  const std::string head = "progress\trank=0\tpid=1\thost=h\ttime_ms=1\tsteps=0\trss_kb=0";
+  const std::string group = "\ngroup\tname=0\trank=0\tsize=2\tissued=0\tcompleted=0";
+  const std::string call = "\tseq=1\top=recv 1×u8 from 1\tstate=started\tsince_ms=5";
+  CHECK(ProgressRecord::decode(head + group + "\np2p\tpeer=1" + call));
+  CHECK_FALSE(ProgressRecord::decode(head + "\np2p\tpeer=1" + call));
+  CHECK_FALSE(ProgressRecord::decode(head + group + "\np2p\tpeer=2" + call));
+  CHECK_FALSE(ProgressRecord::decode(head + group + "\np2p\tpeer=1"));
+}

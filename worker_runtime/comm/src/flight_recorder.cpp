@@ -171,6 +171,8 @@ uint64_t FlightRecorder::queued(const Op& op, RecorderClock::time_point now) {
   if (!is_point_to_point(op.kind)) {
     issued_.store(op.seq, relaxed);
     last_collective_.store(id, std::memory_order_release);
+  } else {
+    p2p_issued_.store(p2p_issued_.load(relaxed) + 1, std::memory_order_release);
   }
   return id;
 }
@@ -203,6 +205,11 @@ void FlightRecorder::ended(uint64_t id, bool ok, RecorderClock::time_point t) {
   const bool collective = !is_point_to_point(static_cast<OpKind>(s.what.load(std::memory_order_relaxed) & 0xff));
   const uint64_t seq = s.seq.load(std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
+  if (!collective) {
+    if (!ok) p2p_failed_.fetch_add(1, std::memory_order_relaxed);
+    if (ok) last_p2p_completed_.store(id, std::memory_order_release);
+    p2p_ended_.fetch_add(1, std::memory_order_release);
+  }
   if (!ok) return notify_failure();
   if (!collective) return;
   completed_.store(seq, std::memory_order_relaxed);
@@ -260,6 +267,24 @@ contract::GroupProgress FlightRecorder::progress() const {
   g.last_completed = summary(last_completed_.load(std::memory_order_acquire));
   g.issued = issued_.load(std::memory_order_relaxed);
   g.completed = completed_.load(std::memory_order_relaxed);
+  // Ended first: every call it counts was issued before, so issued >= ended.
+  const uint64_t ended = p2p_ended_.load(std::memory_order_acquire);
+  const uint64_t open = p2p_issued_.load(std::memory_order_acquire) - ended;
+  g.p2p_completed = ended - std::min(p2p_failed_.load(std::memory_order_relaxed), ended);
+  if (const auto last = last_p2p_completed_.load(std::memory_order_acquire); last != 0) {
+    if (const auto r = read(last)) g.p2p_done_ms = unix_millis(r->ended);
+  }
+  // The pending sends and recvs, newest first while looking back through the ring.
+  const uint64_t last = last_id_.load(std::memory_order_acquire);
+  const uint64_t first = last > entries_ ? last - entries_ + 1 : 1;
+  for (uint64_t id = last; open > 0 && id >= first && id > 0; --id) {
+    const auto r = read(id);
+    if (!r || !is_point_to_point(r->kind) || r->state >= CallState::Completed) continue;
+    g.p2p_pending.push_back({contract::OpSummary{r->seq, r->describe(), call_state_name(r->state), unix_millis(r->since())},
+                             r->peer});
+    if (g.p2p_pending.size() == static_cast<size_t>(open) || g.p2p_pending.size() == kMaxPendingShown) break;
+  }
+  std::reverse(g.p2p_pending.begin(), g.p2p_pending.end());
   return g;
 }
 

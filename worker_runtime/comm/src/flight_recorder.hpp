@@ -87,9 +87,11 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
 
   // The calls still held, oldest first (at most entries()).
   std::vector<CallRecord> calls() const;
-  // The group as a progress record shows it (collectives only: a send or recv is in
-  // calls() but not in issued, completed, current or last_completed).
+  // The group as a progress record shows it: collectives in issued, completed,
+  // current and last_completed; sends and recvs counted apart, those not completed
+  // listed in p2p_pending (the newest kMaxPendingShown, oldest first).
   contract::GroupProgress progress() const;
+  static constexpr size_t kMaxPendingShown = 8;
 
  private:
   FlightRecorder(size_t entries, int rank, int size);
@@ -110,6 +112,13 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   std::atomic<uint64_t> issued_{0};                // collectives issued (their last seq)
   std::atomic<uint64_t> last_completed_{0};        // id of the last collective completed
   std::atomic<uint64_t> completed_{0};             // collectives completed (their last seq)
+  // Sends and recvs only (a collective never touches them): issued (written by the
+  // issuing thread alone), ended and failed (progress() looks for pending ones only
+  // while issued > ended; completed = ended - failed), and the id of the last to complete.
+  std::atomic<uint64_t> p2p_issued_{0};
+  std::atomic<uint64_t> p2p_ended_{0};
+  std::atomic<uint64_t> p2p_failed_{0};
+  std::atomic<uint64_t> last_p2p_completed_{0};
 
   mutable std::mutex name_mu_;  // name_ only (never taken per call)
   std::string name_ = "0";

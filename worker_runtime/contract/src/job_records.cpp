@@ -172,8 +172,16 @@ std::string ProgressRecord::encode() const {
     line.add("name", g.group).num("rank", g.rank).num("size", g.size).num("issued", g.issued).num("completed", g.completed);
     put_op(line, "cur_", g.current);
     put_op(line, "done_", g.last_completed);
+    if (g.p2p_completed > 0) line.num("p2p_done", g.p2p_completed).num("p2p_done_ms", g.p2p_done_ms);
     out += '\n';
     out += line.str();
+    for (const auto& p : g.p2p_pending) {  // "p2p" lines belong to the group line above
+      Line call("p2p");
+      call.num("peer", p.peer);
+      put_op(call, "", p.op);
+      out += '\n';
+      out += call.str();
+    }
   }
   return out;
 }
@@ -198,6 +206,16 @@ std::optional<ProgressRecord> ProgressRecord::decode(std::string_view text) {
       head_seen = true;
       continue;
     }
+    if (f.head == "p2p") {
+      PeerCall p;
+      auto op = get_op(f, "");
+      if (r.groups.empty() || !op || !f.integer("peer", p.peer, 0, kMaxRank) || p.peer >= r.groups.back().size) {
+        return std::nullopt;
+      }
+      p.op = std::move(*op);
+      r.groups.back().p2p_pending.push_back(std::move(p));
+      continue;
+    }
     if (f.head != "group") continue;  // a line kind a newer writer added
     GroupProgress g;
     const std::string* name = f.text("name");
@@ -209,6 +227,10 @@ std::optional<ProgressRecord> ProgressRecord::decode(std::string_view text) {
     g.group = *name;
     g.current = get_op(f, "cur_");
     g.last_completed = get_op(f, "done_");
+    if (f.text("p2p_done") && (!f.integer("p2p_done", g.p2p_completed, 0, kMaxI64) ||
+                               !f.integer("p2p_done_ms", g.p2p_done_ms, 0, kMaxI64))) {
+      return std::nullopt;
+    }
     r.groups.push_back(std::move(g));
   }
   if (!head_seen) return std::nullopt;

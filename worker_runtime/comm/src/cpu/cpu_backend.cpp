@@ -254,18 +254,18 @@ class CpuBackend final : public Backend {
           if (!broken_) broken_ = std::make_exception_ptr(Error(std::string(call.name) + ": " + lost.detail));
           error = broken_;
         } else {
-          error = fail(call.name, lost.peer, exit_cause(lost, label(call)).value_or(lost.detail), false);
+          error = fail(call, lost.peer, exit_cause(lost).value_or(lost.detail), false);
         }
       } catch (const cpu::Mismatched& m) {
-        error = fail(call.name, m.peer, mismatch_text(m), false, true);
+        error = fail(call, m.peer, mismatch_text(m), false, true);
       } catch (const cpu::StuckTimeout& stuck) {
-        error = fail(call.name, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
+        error = fail(call, stuck.waiting_for.empty() ? -1 : stuck.waiting_for.front(),
                      "timed out after " + std::to_string(call.timeout.count()) + " ms", true);
       } catch (const InvalidArgument& e) {
         // Found while running (a recv of the wrong size, counts that only one rank
         // can check): peers may already have sent bytes this rank will not read, so
         // the streams are out of step. Peers hear about it; this rank gets the error.
-        fail(call.name, rank(), e.what(), false);
+        fail(call, rank(), e.what(), false);
         error = std::current_exception();
       } catch (...) {
         error = std::current_exception();
@@ -294,10 +294,9 @@ class CpuBackend final : public Backend {
     return out + " of group " + group_name();
   }
 
-  // How `peer`, gone while this rank waited for it in `during`, exited, as ddprun
-  // published it ("rank 1 exited with code 0 at ... on node 0 (hosta), while this rank
-  // waits for it in all_reduce #57 of group 0"); nothing without ddprun.
-  std::optional<std::string> exit_cause(const cpu::PeerLost& lost, const std::string& during) const {
+  // How `peer`, gone while this rank waited for it, exited, as ddprun published it
+  // ("rank 1 exited with code 0 at ... on node 0 (hosta)"); nothing without ddprun.
+  std::optional<std::string> exit_cause(const cpu::PeerLost& lost) const {
     const auto& exits = setup_.peers.exits;
     if (!exits) return std::nullopt;
     const int global = setup_.peers.global(lost.peer);
@@ -312,13 +311,18 @@ class CpuBackend final : public Backend {
       }
     }
     if (!exit) return std::nullopt;
-    return exit->describe() + ", while this rank waits for it in " + during;
+    return exit->describe();
   }
 
   // Breaks the group; returns the error every pending and later call reports. A
-  // mismatch is recorded as "<blamed> mismatch\n<text>" and reported as Mismatch.
-  std::exception_ptr fail(const char* op, int blamed, const std::string& detail, bool timeout,
+  // mismatch is recorded as "<blamed> mismatch\n<text>" and reported as Mismatch; an
+  // exit as "<blamed> exit\n<how it exited>", to which each rank adds its own call
+  // (", while this rank waits for it in barrier #2 of group 0"): the rank that
+  // recorded it may wait in another.
+  std::exception_ptr fail(const Call& call, int blamed, const std::string& detail, bool timeout,
                           bool mismatch = false) {
+    const char* op = call.name;
+    bool exited = !mismatch && !timeout && detail.starts_with("rank ");  // an exit as ddprun published it
     // Someone may already have recorded the root cause: prefer it, so every rank
     // names the same dead rank.
     std::string cause;
@@ -331,7 +335,7 @@ class CpuBackend final : public Backend {
       std::string mine = std::to_string(blamed);
       if (mismatch) mine += " mismatch\n" + detail;
       else if (timeout) mine += "\nno progress from " + transport_.describe(blamed) + ": " + detail;
-      else if (detail.starts_with("rank ")) mine += "\n" + detail;  // an exit as ddprun published it
+      else if (exited) mine += " exit\n" + detail;
       else mine += "\n" + transport_.describe(blamed) + " failed (" + detail + ")";
       try {
         cause = setup_.store->compare_set(contract::group_keys::failure(), "", mine);
@@ -345,7 +349,9 @@ class CpuBackend final : public Backend {
       root = std::atoi(cause.substr(0, nl).c_str());
       text = cause.substr(nl + 1);
       mismatch = cause.compare(0, nl, std::to_string(root) + " mismatch") == 0;
+      exited = cause.compare(0, nl, std::to_string(root) + " exit") == 0;
     }
+    if (exited) text += ", while this rank waits for it in " + label(call);
     transport_.poison(root);
     std::exception_ptr e;
     const std::string what = std::string(op) + " failed on rank " + std::to_string(rank()) + ": " + text;

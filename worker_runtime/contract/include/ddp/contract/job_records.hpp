@@ -55,6 +55,15 @@ struct OpSummary {
   int64_t since_ms = 0;    // unix ms when it entered that state
 };
 
+// A send or recv of a process group that has not completed yet (a rank blocked in it
+// waits for `peer`): "recv #1 from rank 1".
+struct PeerCall {
+  OpSummary op;   // op.seq numbers this rank's sends to (recvs from) `peer`, from 1;
+                  // op.what: "recv 4×f32 from 1"; op.state "queued" or "started"
+  int peer = -1;  // the group rank it sends to or receives from
+  bool send() const { return op.what.rfind("send", 0) == 0; }
+};
+
 // One process group of a rank.
 struct GroupProgress {
   std::string group;       // "0": the world group; "0.2": its subgroup made by the 3rd new_group
@@ -64,6 +73,9 @@ struct GroupProgress {
   uint64_t completed = 0;  // of those, finished (they finish in issue order)
   std::optional<OpSummary> current;         // the last one issued (maybe completed)
   std::optional<OpSummary> last_completed;  // the last one that finished
+  uint64_t p2p_completed = 0;   // sends and recvs finished so far
+  int64_t p2p_done_ms = 0;      // unix ms when the last of them finished (0: none yet)
+  std::vector<PeerCall> p2p_pending;  // sends and recvs not completed, oldest first (a few at most)
 };
 
 struct ProgressRecord {
