@@ -64,6 +64,7 @@ void Session::close(bool clean) noexcept {
   release_body();
   give_back_output();
   server_->budget_.release(kSessionBytes);  // taken by ServerCore::admit()
+  server_->give_back_soon();
   boost::system::error_code ignored;
   try {
     timer_.cancel();

@@ -123,7 +123,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::shared_ptr<Waiter>> waiters_;
   size_t waited_keys_ = 0;            // keys across waiters_
   // compare_set(key, "", value) for each when the connection ends without GOODBYE.
-  std::vector<std::pair<std::string, std::string>> wills_;
+  using Wills = std::vector<std::pair<std::string, std::string>>;
+  Wills wills_;
   size_t will_bytes() const;
 };
 
