@@ -59,6 +59,8 @@ void Session::close(bool clean) noexcept {
     publish_will(clean);
     server_->leave(ns_name_);
     ns_ = nullptr;
+    server_->budget_.release(name_charged_);
+    name_charged_ = 0;
   }
   waited_keys_ = 0;
   release_body();

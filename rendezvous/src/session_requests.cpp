@@ -196,12 +196,17 @@ void Session::hello(uint32_t id, const wire::Request& q) {
   const std::string& ns = q.values[0];
   auth::Admission admission = server_->auth_.admit(ns, nonce_, q.values[1], q.values[2]);
   if (!admission.admitted) return fail(id, admission.error);
+  // The session's copy of a name too long to sit inside it is charged with the session.
+  size_t name_bytes = heap::predicted_string_bytes(ns.size());
+  if (!server_->budget_.try_hold(name_bytes)) return fail(id, "store memory limit reached: no room for a connection");
   try {
     ns_ = &server_->join(ns);
   } catch (const StoreError& e) {  // no room for a new namespace: refused like a full server
+    server_->budget_.release(name_bytes);
     return fail(id, e.what());
   }
   ns_name_ = ns;
+  name_charged_ = name_bytes;
   nonce_.clear();
   nonce_.shrink_to_fit();
   timer_.cancel();  // authenticated in time

@@ -266,9 +266,11 @@ TEST_CASE("10 clients that ask for 900 KB values and never read are held to a sm
 
 TEST_CASE("a mixed load that fills the budget stays within it, and its memory is given back", "[server][memory]") {
   Daemon d(4096);
-  // 1,000 idle connections in 100 namespaces.
+  // 2,000 idle connections in 200 namespaces, half of them with names of 900 bytes.
   std::vector<std::unique_ptr<RawConnection>> idle;
-  for (size_t i = 0; i < 1000; ++i) idle.push_back(join(d, "idle-" + std::to_string(i % 100)));
+  for (size_t i = 0; i < 2000; ++i) {
+    idle.push_back(join(d, "idle-" + std::to_string(i % 200) + (i % 2 ? std::string(890, 'n') : "")));
+  }
   // 4 connections blocked on 16,384 keys each (about 2.5 MiB of the budget apiece).
   std::vector<std::unique_ptr<RawConnection>> waiting;
   for (size_t i = 0; i < 4; ++i) {
