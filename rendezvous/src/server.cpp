@@ -51,7 +51,6 @@ Namespace& ServerCore::join(const std::string& name) {
   return ns;
 }
 
-
 void ServerCore::leave(const std::string& name) {
   auto it = namespaces_.find(name);
   if (it == namespaces_.end() || --it->second.sessions > 0) return;

@@ -17,6 +17,8 @@ constexpr int64_t kMaxWaitMs = int64_t{365} * 24 * 3600 * 1000;  // clamp absurd
 // What a blocked request costs beyond its keys' bytes: the waiter with its timer, and
 // per key its string in the waiter, its entry in the namespace's index (a hash node, a
 // vector, a bucket) and, for a key too long for the string's inline buffer, two copies.
+// Measured in the daemon's RSS: 562 bytes per one-key wait (9-byte keys), 155 bytes a
+// key in 65,536-key waits (283 with 40-byte keys).
 constexpr size_t kWaiterBytes = 512;
 constexpr size_t kWaitedKeyBytes = 160;
 
