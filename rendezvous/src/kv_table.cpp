@@ -60,9 +60,9 @@ bool KvTable::erase(const std::string& key) {
 void KvTable::append(const std::string& key, const std::string& value) {
   auto [it, inserted] = map_.try_emplace(key);
   if (inserted) strings_ += string_bytes(it->first);
-  strings_ -= string_bytes(it->second);
-  it->second.append(value);
-  strings_ += string_bytes(it->second);
+  size_t before = string_bytes(it->second);
+  it->second.append(value);  // when it throws, the value is as it was
+  strings_ = strings_ - before + string_bytes(it->second);
 }
 
 bool KvTable::contains_all(const std::vector<std::string>& keys) const {
