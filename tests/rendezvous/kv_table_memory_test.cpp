@@ -98,7 +98,9 @@ TEST_CASE("the growth predicted before a write is what it takes, within malloc's
   }
   INFO("predicted " << predicted << " bytes, took " << table.bytes());
   CHECK(predicted >= static_cast<int64_t>(table.bytes()) * 99 / 100);
-  CHECK(predicted <= static_cast<int64_t>(table.bytes()) * 13 / 10);  // rehashes count the new array whole
+  // Not much more with glibc's blocks (rehashes count the new array whole); a
+  // sanitizer's allocator reports the sizes asked for, below glibc's rounding.
+  if (malloc_counts_blocks()) CHECK(predicted <= static_cast<int64_t>(table.bytes()) * 13 / 10);
   // MULTI_SET's prediction for a batch of new keys, and APPEND's.
   rdzv::KvTable batch;
   std::vector<std::string> keys(load.keys.begin(), load.keys.begin() + 4000);
