@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "heap_blocks.hpp"
 #include "rdzv/server.hpp"
 #include "rdzv/token.hpp"
 
@@ -84,6 +85,7 @@ int print_credential(const std::string& secret_file, const std::string& job) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rdzv::heap::tune_allocator();  // what the memory budget charges stays what the process holds
   auto logger = spdlog::stderr_logger_st("ddp-rendezvous");
   logger->set_pattern("ddp-rendezvous: %l: %v");
   spdlog::set_default_logger(logger);

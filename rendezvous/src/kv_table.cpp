@@ -1,20 +1,21 @@
 #include "kv_table.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include "rdzv/store.hpp"
 
 namespace rdzv {
 
+using heap::string_bytes;
+
 void KvTable::set(const std::string& key, std::string value) {
   auto [it, inserted] = map_.try_emplace(key);
-  if (inserted) {
-    bytes_ += key.size();
-  } else {
-    bytes_ -= it->second.size();
-  }
-  bytes_ += value.size();
-  it->second = std::move(value);
+  if (inserted) strings_ += string_bytes(it->first);
+  // Swapped, not assigned: a short value moved onto a long one would keep its block.
+  strings_ -= string_bytes(it->second);
+  it->second.swap(value);
+  strings_ += string_bytes(it->second);
 }
 
 const std::string* KvTable::find(const std::string& key) const {
@@ -51,16 +52,17 @@ std::string KvTable::compare_set(const std::string& key, const std::string& expe
 bool KvTable::erase(const std::string& key) {
   auto it = map_.find(key);
   if (it == map_.end()) return false;
-  bytes_ -= it->first.size() + it->second.size();
+  strings_ -= string_bytes(it->first) + string_bytes(it->second);
   map_.erase(it);
   return true;
 }
 
 void KvTable::append(const std::string& key, const std::string& value) {
   auto [it, inserted] = map_.try_emplace(key);
-  if (inserted) bytes_ += key.size();
-  it->second.append(value);
-  bytes_ += value.size();
+  if (inserted) strings_ += string_bytes(it->first);
+  size_t before = string_bytes(it->second);
+  it->second.append(value);  // when it throws, the value is as it was
+  strings_ = strings_ - before + string_bytes(it->second);
 }
 
 bool KvTable::contains_all(const std::vector<std::string>& keys) const {
@@ -86,10 +88,48 @@ std::string quoted_keys(const std::vector<std::string>& keys) {
   return out;
 }
 
+size_t KvTable::growth_of_index(size_t new_keys) const {
+  // A hash node holds the pair, the link to the next node and the key's cached hash.
+  size_t nodes = new_keys * heap::predicted_bytes(sizeof(Entry) + 2 * sizeof(void*));
+  size_t after = map_.size() + new_keys;
+  size_t room = static_cast<size_t>(static_cast<float>(map_.bucket_count()) * map_.max_load_factor());
+  // An empty map's one bucket is inside it: the first key allocates an array (13 buckets).
+  if (map_.bucket_count() > 1 && after <= room) return nodes;
+  // A rehash: a new bucket array of at least twice the buckets, rounded up to a prime
+  // (within a quarter above), while the old one is still there.
+  size_t buckets = std::max({2 * map_.bucket_count(), after + 1, size_t{13}});
+  return nodes + heap::predicted_bytes((buckets + buckets / 4 + 8) * sizeof(void*));
+}
+
 int64_t KvTable::growth_if_set(const std::string& key, size_t value_size) const {
-  const std::string* v = find(key);
-  return v == nullptr ? static_cast<int64_t>(key.size() + value_size)
-                      : static_cast<int64_t>(value_size) - static_cast<int64_t>(v->size());
+  int64_t value = static_cast<int64_t>(heap::predicted_string_bytes(value_size));
+  auto it = map_.find(key);
+  if (it != map_.end()) return value - static_cast<int64_t>(string_bytes(it->second));
+  return value + static_cast<int64_t>(heap::predicted_string_bytes(key.size()) + growth_of_index(1));
+}
+
+int64_t KvTable::growth_if_set(const std::vector<std::string>& keys, const std::vector<std::string>& values) const {
+  int64_t growth = 0;
+  size_t new_keys = 0;
+  // Values replaced are not subtracted: a key named twice would count its old value twice.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    growth += static_cast<int64_t>(heap::predicted_string_bytes(values[i].size()));
+    if (map_.count(keys[i]) == 0) {
+      growth += static_cast<int64_t>(heap::predicted_string_bytes(keys[i].size()));
+      ++new_keys;
+    }
+  }
+  return growth + static_cast<int64_t>(growth_of_index(new_keys));
+}
+
+int64_t KvTable::growth_if_append(const std::string& key, size_t more) const {
+  auto it = map_.find(key);
+  if (it == map_.end()) return growth_if_set(key, more);
+  const std::string& v = it->second;
+  if (v.size() + more <= v.capacity()) return 0;
+  // A string grows to at least twice its capacity.
+  size_t grown = std::max(v.size() + more, 2 * v.capacity());
+  return static_cast<int64_t>(heap::predicted_string_bytes(grown)) - static_cast<int64_t>(string_bytes(v));
 }
 
 }  // namespace rdzv

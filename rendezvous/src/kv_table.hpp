@@ -8,10 +8,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "heap_blocks.hpp"
+
 namespace rdzv {
 
 class KvTable {
  public:
+  KvTable() = default;
+  KvTable(const KvTable&) = delete;  // its map's allocator points into it
+  KvTable& operator=(const KvTable&) = delete;
+
   void set(const std::string& key, std::string value);
   const std::string* find(const std::string& key) const;
   int64_t add(const std::string& key, int64_t delta);  // throws StoreError for non-integers
@@ -23,14 +29,28 @@ class KvTable {
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
   int64_t size() const { return static_cast<int64_t>(map_.size()); }
 
-  // Bytes held by keys and values; the server's memory limit applies to it.
-  size_t bytes() const { return bytes_; }
-  // What set(key, value) would change bytes() by.
+  // Bytes of memory the table holds, as the allocator counts them: its hash nodes and
+  // bucket array, and the heap blocks of keys and values too long to sit inside their
+  // string. The server's memory limit applies to it.
+  size_t bytes() const { return blocks_ + strings_; }
+  // What set(key, value) with a value of `value_size` bytes is expected to change
+  // bytes() by (an upper estimate when it rehashes), to refuse it before it allocates.
   int64_t growth_if_set(const std::string& key, size_t value_size) const;
+  // The same for setting all of `keys` to `values` (MULTI_SET), the replaced values not subtracted.
+  int64_t growth_if_set(const std::vector<std::string>& keys, const std::vector<std::string>& values) const;
+  // The same for appending `more` bytes to the value of `key`.
+  int64_t growth_if_append(const std::string& key, size_t more) const;
 
  private:
-  std::unordered_map<std::string, std::string> map_;
-  size_t bytes_ = 0;
+  using Entry = std::pair<const std::string, std::string>;
+  using Map = std::unordered_map<std::string, std::string, std::hash<std::string>, std::equal_to<std::string>,
+                                 heap::CountingAllocator<Entry>>;
+  // What `new_keys` more keys cost in nodes and bucket array, their strings aside.
+  size_t growth_of_index(size_t new_keys) const;
+
+  size_t blocks_ = 0;   // nodes and buckets: counted by the map's allocator (declared before it)
+  size_t strings_ = 0;  // heap blocks of keys and values
+  Map map_{Map::allocator_type(&blocks_)};
 };
 
 // "'a', 'b'": keys as a timeout's message names them (the first 16, then how many more).

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "heap_blocks.hpp"
 #include "server_core.hpp"
 #include "session.hpp"
 #include "socket_options.hpp"
@@ -28,10 +29,24 @@ void refuse(tcp::socket& socket, const char* why) {
   } catch (const std::exception&) {  // no memory even for that: it just closes
   }
 }
+
+// What a namespace's going gives back: its keys and its own entry.
+int64_t namespace_bytes(const Namespace& ns) { return static_cast<int64_t>(ns.table.bytes() + ns.charged); }
 }  // namespace
 
 Namespace& ServerCore::join(const std::string& name) {
+  auto found = namespaces_.find(name);
+  if (found != namespaces_.end()) {
+    ++found->second.sessions;
+    return found->second;
+  }
+  // Its hash node (name, table, wait index, link, cached hash) and the name's block.
+  size_t charge = heap::predicted_bytes(sizeof(std::pair<const std::string, Namespace>) + 2 * sizeof(void*)) +
+                  heap::predicted_string_bytes(name.size());
+  if (!budget_.fits(charge)) throw StoreError("store memory limit reached: no room for a namespace");
   Namespace& ns = namespaces_[name];
+  budget_.store(static_cast<int64_t>(charge));
+  ns.charged = charge;
   ++ns.sessions;
   return ns;
 }
@@ -43,8 +58,9 @@ void ServerCore::leave(const std::string& name) {
     orphans_ = true;
     return;
   }
-  budget_.store(-static_cast<int64_t>(it->second.table.bytes()));
+  budget_.store(-namespace_bytes(it->second));
   namespaces_.erase(it);  // the job is over: its keys go
+  give_back_soon();
 }
 
 void ServerCore::erase_orphans() noexcept {
@@ -54,8 +70,27 @@ void ServerCore::erase_orphans() noexcept {
       ++it;
       continue;
     }
-    budget_.store(-static_cast<int64_t>(it->second.table.bytes()));
+    budget_.store(-namespace_bytes(it->second));
     it = namespaces_.erase(it);
+  }
+  give_back_soon();
+}
+
+void ServerCore::give_back_soon() noexcept {
+  constexpr size_t kGiveBackAfter = size_t{1} << 20;
+  if (give_back_armed_ || stopped_ || budget_.freed() < kGiveBackAfter) return;
+  try {
+    give_back_timer_.expires_after(Millis(20));  // frees come in bursts: trim once, after
+    give_back_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      self->give_back_armed_ = false;
+      if (ec || self->stopped_) return;
+      self->budget_.forget_freed();
+      heap::give_back();
+    });
+    give_back_armed_ = true;
+  } catch (const std::exception&) {  // no memory to arm a timer: trim now
+    budget_.forget_freed();
+    heap::give_back();
   }
 }
 
@@ -111,6 +146,12 @@ void ServerCore::finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w) 
     list.erase(std::remove(list.begin(), list.end(), w), list.end());
     if (list.empty()) ns.waiters.erase(it);
   }
+  // A map never shrinks its bucket array: drop a big one (charged per waited key) once
+  // the waits that grew it are over.
+  constexpr size_t kKeepBuckets = 1024;
+  if (ns.waiters.empty() && ns.waiters.bucket_count() > kKeepBuckets) {
+    decltype(ns.waiters)().swap(ns.waiters);
+  }
   auto session = w->session;  // keep it alive while it forgets the waiter
   session->forget_waiter(w.get());
   w->session.reset();
@@ -118,7 +159,12 @@ void ServerCore::finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w) 
 }
 
 ServerCore::ServerCore(asio::io_context& io, ServerOptions options)
-    : io_(io), options_(std::move(options)), acceptor_(io), retry_timer_(io), budget_(options_.max_memory) {
+    : io_(io),
+      options_(std::move(options)),
+      acceptor_(io),
+      retry_timer_(io),
+      give_back_timer_(io),
+      budget_(options_.max_memory) {
   limits_.max_body = options_.max_value + 2 * limits_.max_key + 64;
   hello_limits_.max_body = kMaxBodyBeforeHello;
   boost::system::error_code ec;
@@ -185,6 +231,7 @@ void ServerCore::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   retry_timer_.cancel();
+  give_back_timer_.cancel();
   std::vector<std::shared_ptr<Session>> all;
   all.reserve(sessions_.size());
   for (auto& [ptr, session] : sessions_) all.push_back(session);

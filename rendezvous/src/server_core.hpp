@@ -38,12 +38,15 @@ struct Namespace {
   KvTable table;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiters;  // by key
   size_t sessions = 0;
+  size_t charged = 0;  // its entry in the server's map of namespaces, charged as stored bytes
 };
 
 // Everything the server holds for clients counts against options.max_memory: stored
-// keys and values (with wills) as `stored`, and what sessions hold while they work
-// (partly read frames, blocked requests, queued replies) as `held`. Charges are taken
-// before the memory is allocated and given back when it is freed.
+// keys and values (with wills and namespaces) as `stored`, and what sessions hold
+// while they work (connections, partly read frames, blocked requests, queued replies)
+// as `held`. Charges are checked before the memory is allocated and given back when it
+// is freed; what stored keys take is measured (KvTable::bytes()), the rest is sized
+// from measurements (README.md, "The memory budget").
 class MemoryBudget {
  public:
   explicit MemoryBudget(size_t limit) : limit_(limit) {}
@@ -56,15 +59,25 @@ class MemoryBudget {
   }
   // For a few bytes that must go out even at the limit (an ERROR frame saying so).
   void hold_anyway(size_t n) { held_ += n; }
-  void release(size_t n) { held_ -= n; }
-  void store(int64_t delta) { stored_ = static_cast<size_t>(static_cast<int64_t>(stored_) + delta); }
+  void release(size_t n) {
+    held_ -= n;
+    freed_ += n;
+  }
+  void store(int64_t delta) {
+    stored_ = static_cast<size_t>(static_cast<int64_t>(stored_) + delta);
+    if (delta < 0) freed_ += static_cast<size_t>(-delta);
+  }
   size_t stored() const { return stored_; }
   size_t held() const { return held_; }
+  // Bytes given back since forget_freed(): when to return free memory to the system.
+  size_t freed() const { return freed_; }
+  void forget_freed() { freed_ = 0; }
 
  private:
   size_t limit_;
   size_t stored_ = 0;
   size_t held_ = 0;
+  size_t freed_ = 0;
 };
 
 class ServerCore : public std::enable_shared_from_this<ServerCore> {
@@ -81,6 +94,9 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   void finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w);
   // Erases the namespaces left while a wake() was walking (leave() defers them).
   void erase_orphans() noexcept;
+  // Once a megabyte or more was freed, returns free heap memory to the system when the
+  // burst of frees is over (a job's namespace, a crowd of connections). Never throws.
+  void give_back_soon() noexcept;
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -89,6 +105,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer give_back_timer_;
+  bool give_back_armed_ = false;
   // The one owner of every open session; Session::close() takes it out, exactly once.
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::unordered_map<std::string, Namespace> namespaces_;

@@ -59,11 +59,14 @@ void Session::close(bool clean) noexcept {
     publish_will(clean);
     server_->leave(ns_name_);
     ns_ = nullptr;
+    server_->budget_.release(name_charged_);
+    name_charged_ = 0;
   }
   waited_keys_ = 0;
   release_body();
   give_back_output();
   server_->budget_.release(kSessionBytes);  // taken by ServerCore::admit()
+  server_->give_back_soon();
   boost::system::error_code ignored;
   try {
     timer_.cancel();

@@ -108,6 +108,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t skipping_ = 0;               // bytes of a refused frame still to discard
   std::string nonce_;                 // until HELLO
   std::string ns_name_;
+  size_t name_charged_ = 0;           // its heap block, charged to the budget
   Namespace* ns_ = nullptr;           // set by HELLO
   std::string pending_, sending_;     // outgoing frames
   size_t output_charged_ = 0;         // their capacity, charged to the budget
@@ -123,7 +124,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::shared_ptr<Waiter>> waiters_;
   size_t waited_keys_ = 0;            // keys across waiters_
   // compare_set(key, "", value) for each when the connection ends without GOODBYE.
-  std::vector<std::pair<std::string, std::string>> wills_;
+  using Wills = std::vector<std::pair<std::string, std::string>>;
+  Wills wills_;
   size_t will_bytes() const;
 };
 

@@ -1,8 +1,12 @@
 // The real ddp-rendezvous daemon (a child process, --max_memory_mib 64) under the
 // memory attacks: half-sent huge frames, huge WAIT key lists, clients that
-// never read their replies, more big SETs than the budget holds. For each, the daemon
-// stays up, its peak RSS stays within the limit + 32 MiB, a normal client is served
-// promptly during and after the attack, and the connection count does not leak.
+// never read their replies, more big SETs than the budget holds, and a mixed load of
+// all that fills the budget. For each, the daemon stays up, its peak RSS stays within
+// the limit + 32 MiB, a normal client is served promptly during and after the attack,
+// and the connection count does not leak; once the mixed load's clients left, the
+// daemon's RSS is back within 16 MiB of where it started.
+#include <sys/resource.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -55,13 +59,13 @@ struct Daemon {
   uint16_t port = 0;
   size_t baseline_kib = 0;
 
-  Daemon() {
+  explicit Daemon(size_t max_connections = kMaxConnections) {
     testing::ProcessOptions o;
     o.unset_env = {"DDPRUN_TOKEN"};
     if (kSanitized) o.set_env["ASAN_OPTIONS"] = "quarantine_size_mb=1:detect_leaks=0";
     proc = std::make_unique<testing::Process>(
         std::vector<std::string>{RENDEZVOUS_BIN, "--host", "127.0.0.1", "--port", "0", "--max_memory_mib",
-                                 std::to_string(kLimitMib), "--max-connections", std::to_string(kMaxConnections)},
+                                 std::to_string(kLimitMib), "--max-connections", std::to_string(max_connections)},
         o);
     REQUIRE(proc->wait_for_stdout([](const std::string& s) { return s.find(" (") != std::string::npos; }, 10s));
     std::string out = proc->out();
@@ -72,6 +76,7 @@ struct Daemon {
   }
   bool alive() { return !proc->wait(0ms).has_value(); }
   size_t peak_mib() { return status_kib(proc->pid(), "VmHWM") / 1024; }
+  size_t rss_mib() { return status_kib(proc->pid(), "VmRSS") / 1024; }
   size_t peak_bound_mib() const { return kLimitMib + kSlackMib + (kSanitized ? baseline_kib / 1024 : 0); }
 
   rdzv::TcpStoreOptions client_options(const std::string& ns) const {
@@ -116,17 +121,39 @@ struct Daemon {
   }
 };
 
+// A raw connection authenticated into namespace `ns`.
+std::unique_ptr<RawConnection> join(const Daemon& d, const std::string& ns) {
+  auto c = std::make_unique<RawConnection>(d.port);
+  c->send_bytes(RawConnection::hello(ns));
+  auto ok = c->reply_to(1);
+  REQUIRE(ok);
+  REQUIRE(ok->header.type == Type::kOk);
+  return c;
+}
+
 // Authenticated raw attackers in namespace "attack".
 std::vector<std::unique_ptr<RawConnection>> connect_attackers(const Daemon& d, size_t n) {
   std::vector<std::unique_ptr<RawConnection>> out;
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(std::make_unique<RawConnection>(d.port));
-    out.back()->send_bytes(RawConnection::hello("attack"));
-    auto ok = out.back()->reply_to(1);
-    REQUIRE(ok);
-    REQUIRE(ok->header.type == Type::kOk);
-  }
+  for (size_t i = 0; i < n; ++i) out.push_back(join(d, "attack"));
   return out;
+}
+
+// Sends `q` as request `id` and returns its reply: true for OK, false for an ERROR
+// saying the memory limit was reached; anything else fails the test.
+bool accepted(RawConnection& c, const Request& q, uint32_t id) {
+  c.send_bytes(RawConnection::request(q, id));
+  auto reply = c.reply_to(id, 10s);
+  REQUIRE(reply);
+  if (reply->header.type == Type::kOk) return true;
+  INFO(reply->message());
+  REQUIRE(reply->header.type == Type::kError);
+  REQUIRE_THAT(reply->message(), Catch::Contains("memory limit"));
+  return false;
+}
+
+std::string digits(size_t n, size_t width) {
+  std::string s = std::to_string(n);
+  return std::string(width > s.size() ? width - s.size() : 0, '0') + s;
 }
 
 }  // namespace
@@ -237,4 +264,87 @@ TEST_CASE("10 clients that ask for 900 KB values and never read are held to a sm
   owner.reset();
   d.check_served("after");
   d.check_no_leaked_connections();
+}
+
+TEST_CASE("a mixed load that fills the budget stays within it, and its memory is given back", "[server][memory]") {
+  rlimit files{};  // 2,000 connections and more: the soft limit may be 1,024
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+  files.rlim_cur = files.rlim_max;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &files) == 0);
+  INFO("open files limit " << files.rlim_max);
+  REQUIRE(files.rlim_max >= 2200);
+  Daemon d(4096);
+  // 2,000 idle connections in 200 namespaces, half of them with names of 900 bytes.
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (size_t i = 0; i < 2000; ++i) {
+    idle.push_back(join(d, "idle-" + std::to_string(i % 200) + (i % 2 ? std::string(890, 'n') : "")));
+  }
+  // 4 connections blocked on 16,384 keys each (about 2.5 MiB of the budget apiece).
+  std::vector<std::unique_ptr<RawConnection>> waiting;
+  for (size_t i = 0; i < 4; ++i) {
+    waiting.push_back(join(d, "wait-" + std::to_string(i)));
+    Request wait{Type::kWait, {}, {}, 60000};
+    for (size_t k = 0; k < 16384; ++k) wait.keys.push_back("never-" + digits(k, 5));
+    waiting.back()->send_bytes(RawConnection::request(wait, 2));
+    CHECK(accepted(*waiting.back(), Request{Type::kPing, {}, {}, 0}, 3));  // answered: the WAIT is blocked
+  }
+  // Until the budget refuses both: MULTI_SETs of 4,000 keys of 10 bytes with values of
+  // 64 bytes, a new namespace every 4 of them, each holding 16 wills; and 1 MiB values.
+  std::vector<std::unique_ptr<RawConnection>> writers;
+  auto large = join(d, "large");
+  size_t small_keys = 0, large_values = 0;
+  int small_refused = 0, large_refused = 0;
+  for (size_t round = 0; round < 400 && (small_refused < 3 || large_refused < 3); ++round) {
+    if (round % 4 == 0) {
+      writers.push_back(join(d, "small-" + std::to_string(round)));
+      Request wills{Type::kSetWills, {}, {}, 0};
+      for (size_t i = 0; i < 16; ++i) {
+        wills.keys.push_back("failed/" + std::to_string(i));
+        wills.values.push_back(std::string(64, 'w'));
+      }
+      accepted(*writers.back(), wills, 2);
+    }
+    Request many{Type::kMultiSet, {}, {}, 0};
+    for (size_t i = 0; i < 4000; ++i) {
+      many.keys.push_back("k" + digits(round, 3) + "-" + digits(i, 5));
+      many.values.push_back(std::string(64, 'v'));
+    }
+    if (accepted(*writers.back(), many, static_cast<uint32_t>(10 + round))) {
+      small_keys += many.keys.size();
+    } else {
+      ++small_refused;
+    }
+    Request big{Type::kSet, {"big-" + std::to_string(round)}, {std::string(1u << 20, 'b')}, 0};
+    if (accepted(*large, big, static_cast<uint32_t>(10 + round))) {
+      ++large_values;
+    } else {
+      ++large_refused;
+    }
+  }
+  INFO(small_keys << " small keys and " << large_values << " values of 1 MiB stored in " << writers.size() + 1
+                  << " namespaces; RSS at start " << d.baseline_kib / 1024 << " MiB");
+  CHECK(small_refused >= 3);
+  CHECK(large_refused >= 3);
+  CHECK(small_keys >= 40000);  // the charges are real ones, not so large that little fits
+  CHECK(large_values >= 4);
+  // Full, yet served: an idle connection's request, a stored key read back.
+  CHECK(accepted(*idle.front(), Request{Type::kPing, {}, {}, 0}, 2));
+  Request get{Type::kGet, {"k000-00000"}, {}, 1000};
+  writers.front()->send_bytes(RawConnection::request(get, 5000));
+  auto value = writers.front()->reply_to(5000, 10s);
+  REQUIRE(value);
+  CHECK(value->header.type == Type::kOk);
+  CHECK(value->message() == std::string(64, 'v'));
+  CHECK(d.peak_mib() <= d.peak_bound_mib());
+  // Every client leaves, and with them their namespaces.
+  idle.clear();
+  waiting.clear();
+  writers.clear();
+  large.reset();
+  size_t after_bound = kSanitized ? d.peak_bound_mib() : d.baseline_kib / 1024 + 16;  // ASan's allocator keeps its own
+  bool given_back = testing::eventually([&] { return d.rss_mib() <= after_bound; }, 10s);
+  INFO("RSS after every client left: " << d.rss_mib() << " MiB, peak " << d.peak_mib() << " MiB");
+  CHECK(given_back);
+  d.check_served("after");
+  CHECK(d.peak_mib() <= d.peak_bound_mib());
 }

@@ -37,7 +37,7 @@ struct ServerStats {
   size_t connections = 0;
   size_t namespaces = 0;
   size_t waiters = 0;
-  size_t bytes = 0;  // keys and values stored, wills included
+  size_t bytes = 0;  // what namespaces, their keys and values, and wills take in memory
   size_t held = 0;   // the rest of the memory budget in use: connections, partial requests, blocked requests, queued replies
 };
 
