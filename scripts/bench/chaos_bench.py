@@ -135,6 +135,7 @@ class Soak:
         self.pending = []  # (due soak time, description, fn): restores and checks
         self.cut = set()  # hosts whose link is down
         self.stopped = {}  # worker pid -> host, while SIGSTOPped
+        self.checking = set()  # hosts whose killed ddprun's processes are yet to be checked
         self.orphans = []  # (job, where, description)
         self.jobs = []  # finished jobs' verdicts
         self.hangs = []  # (job, text)
@@ -204,7 +205,7 @@ class Soak:
         return sorted({x.host for x in self.job.live() if x.host not in self.cut})
 
     def free_hosts(self):
-        return [h for h in range(JOB_HOSTS) if h not in self.cut and not self.job.on(h)
+        return [h for h in range(JOB_HOSTS) if h not in self.cut and h not in self.checking and not self.job.on(h)
                 and not checks.live_in(self.inodes[h])]
 
     def workers(self):
@@ -330,9 +331,11 @@ class Soak:
             agent = job.on(host)[0]
             agent.faulted = kind
             if kind == "agent_kill":
-                self.say(f"{prefix}: host {host}'s ddprun pid {agent.pid} (job {job.k})")
+                left = checks.descendants(agent.pid)
+                self.say(f"{prefix}: host {host}'s ddprun pid {agent.pid} (job {job.k}; its processes {left})")
                 self.signal(agent.pid, signal.SIGKILL)
-                self.later(self.a.orphan_settle, f"host {host} empty", lambda: self.check_empty(host, job, kind))
+                self.checking.add(host)
+                self.later(self.a.orphan_settle, f"host {host} empty", lambda: self.check_gone(host, job, left))
             elif kind == "host_kill":
                 self.say(f"{prefix}: every process on host {host} (job {job.k})")
                 self.hosts.kill_all(host)
@@ -368,12 +371,11 @@ class Soak:
             self.hosts.set_link(host, "up")
             self.say(f"restore: host {host}'s link up")
 
-    def check_empty(self, host, job, kind):
-        """After a node's ddprun was SIGKILLed, nothing of it may stay on its host."""
-        if self.job is not job:
-            return
-        for d in checks.reap_orphans(self.inodes[host], settle=0):
-            self.orphans.append((job.k, f"host {host}, {self.a.orphan_settle:g} s after {kind}", d))
+    def check_gone(self, host, job, pids):
+        """After a node's ddprun was SIGKILLed, none of its processes may stay."""
+        self.checking.discard(host)
+        for d in checks.reap(pids):
+            self.orphans.append((job.k, f"host {host}, {self.a.orphan_settle:g} s after its ddprun's SIGKILL", d))
             self.say(f"ORPHAN: job {job.k}, host {host}, {self.a.orphan_settle:g} s after its ddprun was killed: {d}")
 
     # -- the soak -----------------------------------------------------------------------
@@ -454,6 +456,8 @@ def summary(a, soak):
         failed.append(f"{len(low)} completed job(s) below {a.accuracy * 100:.1f} %")
     if not done:
         failed.append("no job completed")
+    if total < a.min_faults:
+        failed.append(f"{total} fault(s) injected, fewer than --min_faults {a.min_faults}")
     return failed
 
 
@@ -484,6 +488,7 @@ def main():
     ap.add_argument("--finish_timeout", type=float, default=300.0,
                     help="seconds the last job may take to end after the faults stop")
     ap.add_argument("--accuracy", type=float, default=0.885, help="the least final test accuracy of a completed job")
+    ap.add_argument("--min_faults", type=int, default=1, help="fail when fewer faults were injected")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between two `ddprun status` readings")
     ap.add_argument("--log_dir", help="keep the logs here (default: a temporary folder, printed)")
     a = ap.parse_args()

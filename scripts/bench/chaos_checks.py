@@ -157,13 +157,20 @@ def describe_process(pid):
         return f"pid {pid} (gone)"
 
 
-def reap_orphans(inode, settle=5.0):
-    """Processes still in the namespace after `settle` seconds: described, SIGCONTed and
-    SIGKILLed (so the next job starts clean); returns their descriptions."""
-    deadline = time.monotonic() + settle
-    while live_in(inode) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = live_in(inode)
+def descendants(pid):
+    """A process's children, their children, and so on."""
+    out, todo = [], children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+def reap(pids):
+    """Those of `pids` still alive: described, SIGCONTed and SIGKILLed (so nothing of
+    theirs lingers into the next job); returns their descriptions."""
+    left = [p for p in pids if process_state(p) not in (None, "Z", "X")]
     found = [describe_process(p) for p in left]
     for _ in range(50):
         if not left:
@@ -175,5 +182,13 @@ def reap_orphans(inode, settle=5.0):
                 except ProcessLookupError:
                     pass
         time.sleep(0.05)
-        left = live_in(inode)
+        left = [p for p in left if process_state(p) not in (None, "Z", "X")]
     return found
+
+
+def reap_orphans(inode, settle=5.0):
+    """Processes still in the namespace after `settle` seconds, reaped (see reap)."""
+    deadline = time.monotonic() + settle
+    while live_in(inode) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return reap(live_in(inode))
