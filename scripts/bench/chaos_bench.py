@@ -425,8 +425,12 @@ def summary(a, soak):
     silent = [j for j in soak.jobs if not j["completed"] and not j["cause"]]
     print(f"jobs: {len(soak.jobs)}, completed {len(done)}, ended with a named root cause {len(caused)}, "
           f"ended without one {len(silent)}")
-    for j in caused:
-        print(f"  job {j['job']}: {j['cause']}")
+    print(f"  {'job':>4} {'seconds':>8} {'agents':>6}  {'longest wait':>12}  verdict")
+    for j in soak.jobs:
+        verdict = (f"completed, accuracy {j['accuracy'] * 100:.2f} %" if j["completed"] else
+                   j["cause"] or "NO NAMED ROOT CAUSE")
+        wait = f"{j['longest'].seconds:.1f} s" if j["longest"] else "-"
+        print(f"  {j['job']:>4} {j['seconds']:>8.1f} {j['agents']:>6}  {wait:>12}  {verdict}")
     low = [j for j in done if j["accuracy"] < a.accuracy]
     if done:
         accs = [j["accuracy"] * 100 for j in done]
