@@ -174,16 +174,23 @@ class Soak:
         """Reads `ddprun status --json` of the current job every --poll seconds; a reading
         that differs from the last is progress on the job's timeline."""
         last = None
+        log = open(os.path.join(self.a.log_dir, "status.log"), "w")  # failed and slow readings
         while not self.poller_stop.wait(self.a.poll):
             job = self.job
             if job is None or job.end is not None:
                 continue
             argv = self.hosts.on(DAEMON_HOST, [paths.DDPRUN, "status", f"--run_id={job.run_id}", "--json"])
+            began, reading, why = self.now(), None, ""
             try:
                 p = subprocess.run(argv, capture_output=True, text=True, timeout=10, env=self.env)
                 reading = json.loads(p.stdout) if p.returncode == 0 else None
-            except (subprocess.TimeoutExpired, ValueError):
-                reading = None
+                why = f"status {p.returncode}: {p.stderr.strip()[:200]}"
+            except (subprocess.TimeoutExpired, ValueError) as e:
+                why = str(e)[:200]
+            took = self.now() - began
+            if reading is None or took > 2:
+                log.write(f"{began:9.2f} job {job.k} took {took:.2f} s {'' if reading else why}\n")
+                log.flush()
             if reading is None:
                 continue
             sig = (job.run_id, checks.status_signature(reading))
