@@ -16,6 +16,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -455,7 +456,6 @@ def summary(a, soak):
     if soak.late_joiners:
         print(f"late joiners stopped by the soak (joined a job that had finished): {soak.late_joiners}")
     print(f"seed: {a.seed} (replay: scripts/bench/chaos --seed {a.seed} --duration {a.duration:g})")
-    print(f"logs: {a.log_dir}")
     failed = []
     if soak.hangs:
         failed.append(f"{len(soak.hangs)} hang(s)")
@@ -469,6 +469,7 @@ def summary(a, soak):
         failed.append("no job completed")
     if total < a.min_faults:
         failed.append(f"{total} fault(s) injected, fewer than --min_faults {a.min_faults}")
+    print(f"logs: {a.log_dir}{'' if failed or a.keep_logs else ' (removed: every check passed)'}")
     return failed
 
 
@@ -501,7 +502,8 @@ def main():
     ap.add_argument("--accuracy", type=float, default=0.885, help="the least final test accuracy of a completed job")
     ap.add_argument("--min_faults", type=int, default=1, help="fail when fewer faults were injected")
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between two `ddprun status` readings")
-    ap.add_argument("--log_dir", help="keep the logs here (default: a temporary folder, printed)")
+    ap.add_argument("--log_dir", help="keep the logs here (default: a temporary folder, printed, removed when "
+                                      "every check passed)")
     a = ap.parse_args()
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1, 1 << 31)
@@ -511,6 +513,7 @@ def main():
         sys.exit("chaos: bad arguments (--min_nodes 1..4, 0 < --min_gap <= --max_gap, --duration > 0)")
     paths.require_root("chaos")
     paths.require("chaos", paths.DDPRUN, paths.DAEMON, paths.FASHION_MNIST)
+    a.keep_logs = a.log_dir is not None
     a.log_dir = a.log_dir or tempfile.mkdtemp(prefix=f"ddprun-chaos-{a.seed}-")
     os.makedirs(a.log_dir, exist_ok=True)
     print(f"chaos soak: seed {a.seed}, logs in {a.log_dir}", flush=True)
@@ -531,6 +534,8 @@ def main():
     failed = summary(a, soak)
     if failed:
         sys.exit("chaos: FAILED: " + "; ".join(failed) + f" (seed {a.seed})")
+    if not a.keep_logs:
+        shutil.rmtree(a.log_dir, ignore_errors=True)
     print("chaos: every check passed")
 
 
