@@ -420,6 +420,19 @@ class Soak:
         poller.join(timeout=15)
 
 
+def replay_command(a):
+    """This run's command line with its seed and without its log folder."""
+    argv, skip = [], False
+    for word in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif word in ("--seed", "--log_dir"):
+            skip = True
+        elif not word.startswith(("--seed=", "--log_dir=")):
+            argv.append(word)
+    return " ".join(["scripts/bench/chaos", "--seed", str(a.seed)] + argv)
+
+
 def summary(a, soak):
     print()
     print(f"chaos soak: seed {a.seed}, {a.duration:g} s of faults every {a.min_gap:g}-{a.max_gap:g} s; "
@@ -455,7 +468,7 @@ def summary(a, soak):
         print(f"longest unexplained wait: {longest.seconds:.1f} s (bound {longest.bound:g} s): {longest.describe()}")
     if soak.late_joiners:
         print(f"late joiners stopped by the soak (joined a job that had finished): {soak.late_joiners}")
-    print(f"seed: {a.seed} (replay: scripts/bench/chaos --seed {a.seed} --duration {a.duration:g})")
+    print(f"seed: {a.seed} (replay: {replay_command(a)})")
     failed = []
     if soak.hangs:
         failed.append(f"{len(soak.hangs)} hang(s)")
