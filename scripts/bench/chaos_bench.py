@@ -318,24 +318,32 @@ class Soak:
 
     def inject(self):
         kinds = self.eligible()
-        kind = self.rng.choices(kinds, weights=[FAULTS[k][0] for k in kinds])[0]
+        # Every fault takes the same three draws, whatever it turns out to be: a replay's
+        # generator stays in step with the first run's even where the job's state (which
+        # kinds are possible, which victims exist) differs at that moment.
+        u_kind, u_pick, u_secs = self.rng.random(), self.rng.random(), self.rng.random()
+        kind = self.rng_choices(kinds, [FAULTS[k][0] for k in kinds], u_kind)
+
+        def pick(options):
+            return sorted(options)[int(u_pick * len(options))]
+
         self.faults[kind] += 1
         n = sum(self.faults.values())
         job, hb = self.job, self.a.heartbeat_timeout
         prefix = f"fault {n}: {kind}"
         if kind in ("worker_kill", "stop_short", "stop_long"):
-            host, pid = self.rng.choice(sorted(self.workers()))
+            host, pid = pick(self.workers())
             if kind == "worker_kill":
                 self.say(f"{prefix}: host {host} worker pid {pid} (job {job.k})")
                 self.signal(pid, signal.SIGKILL)
                 return
-            secs = hb * (self.rng.uniform(0.3, 0.8) if kind == "stop_short" else self.rng.uniform(1.5, 3.0))
+            secs = hb * (0.3 + 0.5 * u_secs if kind == "stop_short" else 1.5 + 1.5 * u_secs)
             self.say(f"{prefix}: host {host} worker pid {pid} stopped for {secs:.1f} s (job {job.k})")
             self.stopped[pid] = host
             self.signal(pid, signal.SIGSTOP)
             self.later(secs, f"SIGCONT {pid}", lambda: self.cont(pid))
         elif kind in ("agent_kill", "host_kill", "link_cut"):
-            host = self.rng.choice(self.members())
+            host = pick(self.members())
             agent = job.on(host)[0]
             agent.faulted = kind
             if kind == "agent_kill":
@@ -348,18 +356,28 @@ class Soak:
                 self.say(f"{prefix}: every process on host {host} (job {job.k})")
                 self.hosts.kill_all(host)
             else:
-                secs = hb * self.rng.uniform(0.3, 3.0)
+                secs = hb * (0.3 + 2.7 * u_secs)
                 self.say(f"{prefix}: host {host}'s link down for {secs:.1f} s (job {job.k})")
                 self.cut.add(host)
                 self.hosts.set_link(host, "down")
                 self.later(secs, f"host {host} link up", lambda: self.link_up(host))
         elif kind == "join":
-            host = self.rng.choice(self.free_hosts())
+            host = pick(self.free_hosts())
             agent = job.start(host, host, joined=True)
             self.say(f"{prefix}: ddprun pid {agent.pid} joins job {job.k} on host {host}")
         else:
             self.say(f"{prefix}: ddp-rendezvous pid {self.daemon.pid}")
             self.daemon.send_signal(signal.SIGHUP)
+
+    @staticmethod
+    def rng_choices(options, weights, u):
+        """The option that the uniform draw `u` falls on, by weight."""
+        edge = u * sum(weights)
+        for option, w in zip(options, weights):
+            edge -= w
+            if edge < 0:
+                return option
+        return options[-1]
 
     def signal(self, pid, sig):
         try:
