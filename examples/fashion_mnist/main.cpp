@@ -372,6 +372,9 @@ int train(const Args& a) {
       break;
     }
   }
+  // A run resumed with no epoch left (a job that re-formed after its last checkpoint)
+  // reports the accuracy of the model it resumed, not the zero of an epoch never run.
+  if (a.eval && first_epoch >= a.epochs) acc = evaluate(*strategy, test_set, *pg, device).first;
   // The job's pace is its slowest rank's: with the all-reduce every rank waits for
   // it each step, without it the others only run ahead. So the step time reported
   // is the largest of the ranks' median step times.

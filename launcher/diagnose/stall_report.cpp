@@ -373,9 +373,13 @@ std::string stacks_with(pid_t pid, std::chrono::milliseconds timeout, int target
                              timeout, target);
   std::string frames = stack_lines(text);
   if (frames.empty()) {
-    std::string last = text.substr(text.rfind('\n', text.size() >= 2 ? text.size() - 2 : 0) + 1);
-    return "    no stacks from gdb (" + (last.empty() ? std::string("no output") : last.substr(0, 200)) +
-           "); gdb needs ptrace rights over the worker (root or kernel.yama.ptrace_scope=0)\n";
+    // gdb's last line says why (its output ends in a newline, which must not split the report's line).
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+    const std::string last = text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+    const std::string why = last.empty() ? std::string("no output") : last.substr(0, 200);
+    const std::string state = process_state(pid);
+    if (state.empty() || state[0] == 'Z' || state[0] == 'X') return "    no stacks: the worker exited before gdb read them (" + why + ")\n";
+    return "    no stacks from gdb (" + why + "); gdb needs ptrace rights over the worker (root or kernel.yama.ptrace_scope=0)\n";
   }
   return "    native stacks (gdb):\n" + frames;
 }

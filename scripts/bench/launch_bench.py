@@ -7,7 +7,7 @@ import sys
 import time
 
 from harness import paths
-from harness.procs import peak_rss_mib, spawn_and_wait
+from harness.procs import children, peak_rss_mib, spawn_and_wait
 from harness.runs import Samples, figures, interleaved
 
 WHO = "launch bench"
@@ -29,14 +29,6 @@ def wall_once(argv, extra_env):
     start = time.perf_counter()
     spawn_and_wait(WHO, argv, env)
     return time.perf_counter() - start
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
 
 
 def alive(pid):

@@ -91,6 +91,26 @@ TEST_CASE("a checkpoint of another run is not picked up without --resume, and is
   CHECK(fashion::epochs_run(none.out) == std::vector<int>{1, 2, 3});
 }
 
+TEST_CASE("a run resumed with no epoch left reports the accuracy of the model it resumed",
+          "[ddp][checkpoint][resume]") {
+  // An elastic job that re-forms after its last checkpoint (a node joining as the
+  // workers finish) starts the example once more with nothing left to train.
+  TempDir dir;
+  const std::vector<std::string> args = {"--limit-train", "2048", "--epochs", "2", "--checkpoint",
+                                         (dir / "fm.ckpt").string()};
+  auto first = train(2, "done-run", args);
+  const auto trained = fashion::final_accuracy(first.out);
+  REQUIRE(trained);
+  auto again = train(2, "done-run", args);  // its own run's checkpoint, at the end
+  INFO(again.out);
+  CHECK(fashion::resumed_at(again.out) == std::vector<int>{3});
+  CHECK(fashion::epochs_run(again.out).empty());
+  const auto reported = fashion::final_accuracy(again.out);
+  REQUIRE(reported);
+  CHECK(*reported == Approx(*trained).margin(1e-4));
+  CHECK(*reported > 0.5);
+}
+
 // Starts the job, kills one of its fashion_mnist workers (a descendant of the
 // launcher `job`) once epoch 2 is reported, and checks what the job printed: a
 // second start with restart count 1 that resumed after the last saved epoch, and

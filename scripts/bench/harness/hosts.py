@@ -37,6 +37,25 @@ def _allocate():
              "namespaces left by killed benchmarks can be deleted)")
 
 
+def processes_in(inode):
+    """Live (not zombie) processes whose network namespace has this inode (os.stat of
+    /run/netns/NAME): what runs on a host, whoever started it."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}/ns/net").st_ino != inode:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    continue
+        except OSError:
+            continue
+        out.append(int(name))
+    return out
+
+
 class Hosts:
     """`count` hosts on one allocated subnet; a context manager that removes them."""
 

@@ -51,6 +51,15 @@ def peak_rss_mib(who, argv, env):
         return int(out.read().split()[-1]) / 1024.0
 
 
+def children(pid):
+    """The pids of a process's children (none when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
 def status_kib(pid, field="VmRSS"):
     """A /proc/PID/status figure in KiB: VmRSS (resident now) or VmHWM (peak resident)."""
     with open(f"/proc/{pid}/status") as f:

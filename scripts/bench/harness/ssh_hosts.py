@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from .hosts import Hosts
+from .hosts import Hosts, processes_in
 
 
 class SshHosts:
@@ -90,26 +90,10 @@ class SshHosts:
             time.sleep(0.05)
         sys.exit(f"ssh hosts: sshd on {self.address(i)} did not accept the key in 20 s: {r.stderr.decode()}")
 
-    def _live_in(self, inode):
-        out = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                if os.stat(f"/proc/{name}/ns/net").st_ino != inode:
-                    continue
-                with open(f"/proc/{name}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                        continue
-            except OSError:
-                continue
-            out.append(int(name))
-        return out
-
     def job_processes(self):
         """Live processes on the hosts and the login node other than the sshd listeners."""
         listeners = {p.pid for p in self.sshd}
-        return [p for inode in self.net_inodes for p in self._live_in(inode) if p not in listeners]
+        return [p for inode in self.net_inodes for p in processes_in(inode) if p not in listeners]
 
     def kill_job_processes(self):
         for _ in range(100):

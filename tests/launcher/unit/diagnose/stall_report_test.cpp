@@ -182,3 +182,19 @@ TEST_CASE("the stacks come through while another thread reaps every child, as dd
   CHECK(reaped_worker == 0);
   CHECK(state_letter(worker.pid) == 'S');
 }
+
+TEST_CASE("a worker that exits before gdb reads its stacks is said to have exited, on one line", "[stall]") {
+  testing::TempDir dir;
+  // The worker ends while the debugger attaches, as gdb then reports it.
+  testing::write_file(dir.path() / "gdb",
+                      "#!/bin/sh\nkill -KILL \"$2\"\nsleep 0.3\necho 'ptrace: No such process.'\n", true);
+  PathFirst path(dir.path());
+  SleepingChild worker;
+  REQUIRE(worker.pid > 0);
+  ddprun::ProcessReportOptions options;
+  options.stack_timeout = std::chrono::milliseconds(5000);
+  const std::string text = ddprun::describe_processes("h", {{0, worker.pid}}, options);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("    no stacks: the worker exited before gdb read them (ptrace: No such process.)\n"));
+  CHECK(text.find("ptrace rights") == std::string::npos);
+}
