@@ -25,12 +25,32 @@ using Millis = std::chrono::milliseconds;
 // RendezvousAgent
 // ---------------------------------------------------------------------------
 
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// How long the watch's get of the failure key stays parked in the store. The store
+// sends a node nothing it did not just ask for while that get is parked, so a node cut
+// off meanwhile leaves the store no unacknowledged reply: the keep-alive probes of its
+// connection (socket_options.cpp) find it gone, rather than the retransmission backoff
+// of a reply, which takes a second or more longer. A get answered "missing" every
+// slice sent such a reply every quarter heartbeat timeout.
+constexpr Millis kParkFor{60000};
+
+}  // namespace
+
 // What the watch's thread shares with stop_watch() and with the completions of its
 // requests (which run on the link thread): the stop flag, and a wake-up for either.
 struct RendezvousAgent::Watch {
   std::mutex mu;
   std::condition_variable wake;
   bool stopping = false;
+  // The failure key's get parked in the store, if any (the watch's thread alone changes
+  // these): its id, its answer once it came (written under `mu`), and when the link is
+  // due to have ended it (a guard: it ends it itself by then).
+  rdzv::RequestId parked = 0;
+  std::shared_ptr<std::optional<rdzv::Outcome<std::string>>> answer;
+  Clock::time_point parked_until;
 };
 
 RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, JobLink& link, std::function<int()> stop_signal)
@@ -289,33 +309,40 @@ void RendezvousAgent::watch(const std::shared_ptr<Watch>& w, int attempt, const 
     failure_seen_ = true;
     news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
   }
+  if (w->answer) store_.cancel(w->parked);  // stopped: the answer is no one's business now
   if (news) on_failure(*news);
 }
 
 std::optional<std::string> RendezvousAgent::watched_get(const std::shared_ptr<Watch>& w, const std::string& key,
                                                         Millis budget) {
-  auto answer = std::make_shared<std::optional<rdzv::Outcome<std::string>>>();
-  const rdzv::RequestId id = store_.get_async(key, budget, [w, answer](rdzv::Outcome<std::string> got) {
-    std::lock_guard lock(w->mu);
-    *answer = std::move(got);
-    w->wake.notify_all();
-  });
-  std::unique_lock lock(w->mu);
-  // The link ends the request by its deadline (budget + the I/O timeout); the bound is
-  // only a guard.
-  w->wake.wait_for(lock, budget + to_ms(plan_.options.heartbeat_timeout) + Millis(1000),
-                   [&] { return answer->has_value() || w->stopping; });
-  if (!answer->has_value()) {
-    lock.unlock();
-    store_.cancel(id);
-    return std::nullopt;
+  if (!w->answer) {  // park a get, which outlives this slice (kParkFor says why)
+    auto answer = std::make_shared<std::optional<rdzv::Outcome<std::string>>>();
+    w->answer = answer;
+    w->parked_until = Clock::now() + kParkFor + to_ms(plan_.options.heartbeat_timeout) + Millis(1000);
+    w->parked = store_.get_async(key, kParkFor, [w, answer](rdzv::Outcome<std::string> got) {
+      std::lock_guard lock(w->mu);
+      *answer = std::move(got);
+      w->wake.notify_all();
+    });
   }
-  rdzv::Outcome<std::string> got = std::move(**answer);
+  std::unique_lock lock(w->mu);
+  w->wake.wait_until(lock, std::min(Clock::now() + budget, w->parked_until),
+                     [&] { return w->answer->has_value() || w->stopping; });
+  if (!w->answer->has_value()) {
+    lock.unlock();
+    if (Clock::now() >= w->parked_until) {  // the link never ended it: give it up, park anew
+      store_.cancel(w->parked);
+      w->answer.reset();
+    }
+    return std::nullopt;  // no news this slice (or stopping: the next look ends the wait)
+  }
+  rdzv::Outcome<std::string> got = std::move(**w->answer);
   lock.unlock();
+  w->answer.reset();
   try {
     return got.get();
   } catch (const rdzv::StoreTimeout&) {
-    return std::nullopt;
+    return std::nullopt;  // the parked get ran out: the next slice parks another
   }
 }
 

@@ -90,8 +90,8 @@ class RendezvousAgent {
   // for lost members between them) until one comes or stop_watch().
   void watch(const std::shared_ptr<Watch>& w, int attempt, const std::vector<int64_t>& members,
              const std::function<void(const FailureNotice&)>& on_failure);
-  // get(key) for up to `budget` that stop_watch() cuts short (nothing then, and
-  // nothing when the key is still missing).
+  // Waits up to `budget` for the failure key's get parked in the store (parking one
+  // first), cut short by stop_watch(): the value, or nothing (still missing, stopping).
   std::optional<std::string> watched_get(const std::shared_ptr<Watch>& w, const std::string& key,
                                          std::chrono::milliseconds budget);
   std::string store_address() const;
