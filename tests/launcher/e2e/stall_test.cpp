@@ -84,6 +84,29 @@ ProcessOptions daemon_only_env(const TempDir& dir) {
   return env;
 }
 
+// A daemon on a free loopback port, and what the job it serves and `ddprun status` need.
+struct DaemonJob {
+  TempDir dir;
+  int port = e2e::free_port();
+  std::unique_ptr<Process> daemon = start_daemon(dir, port);
+  std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  ProcessOptions env() const {
+    ProcessOptions o = runtime_env(dir);
+    o.set_env["DDPRUN_TOKEN"] = "status-secret";
+    return o;
+  }
+  // `ddprun status --json` of job `id` through the daemon, until it shows `calls` calls (or 15 s).
+  RunResult status_showing(const std::string& id, size_t calls) const {
+    RunResult r;
+    for (int i = 0; i < 150; ++i) {
+      r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=" + id, "--json"}), daemon_only_env(dir), 10s);
+      if (r.status == 0 && count_of(r.out, "all_reduce #") == calls) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    return r;
+  }
+};
+
 // Nothing about a stall for `quiet`; then the job is ended.
 void expect_no_stall_report(Process& p, std::chrono::milliseconds quiet) {
   std::this_thread::sleep_for(quiet);
@@ -271,21 +294,12 @@ TEST_CASE("ddprun status removes the stale runtime file of a dead ddprun and say
 }
 
 TEST_CASE("ddprun status finds a daemon-served job through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
-  TempDir dir;
-  int port = e2e::free_port();
-  auto daemon = start_daemon(dir, port);
-  ProcessOptions env = runtime_env(dir);
-  env.set_env["DDPRUN_TOKEN"] = "status-secret";
-  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  DaemonJob d;
+  const std::string& endpoint = d.endpoint;
   Process job(e2e::ddprun({"--nproc_per_node=2", endpoint, "--rdzv_id=daemonjob", e2e::kWorker, "progress", "steady"}),
-              env);
-  ProcessOptions status_env = daemon_only_env(dir);
-  RunResult r;
-  for (int i = 0; i < 100; ++i) {
-    r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=daemonjob", "--json"}), status_env, 10s);
-    if (r.status == 0 && count_of(r.out, "all_reduce #") == 2) break;
-    std::this_thread::sleep_for(100ms);
-  }
+              d.env());
+  ProcessOptions status_env = daemon_only_env(d.dir);
+  RunResult r = d.status_showing("daemonjob", 2);
   INFO(r.out << r.err << job.err());
   REQUIRE(r.status == 0);
   CHECK(contains(r.out, "\"run_id\":\"daemonjob\",\"attempt\":0,\"world_size\":2"));
@@ -451,4 +465,26 @@ TEST_CASE("ddprun status refuses a malformed node registration with one message"
     CHECK(contains(r.err, c.message));
     CHECK(lines_of(r.err).size() == 1);
   }
+}
+
+TEST_CASE("ddprun status finds an elastic job's ranks through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
+  DaemonJob d;
+  // Two elastic nodes of one worker each: the round closes with both (MAX) at once.
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    nodes.push_back(std::make_unique<Process>(
+        e2e::ddprun({"--nnodes=1:2", "--nproc_per_node=1", d.endpoint, "--rdzv_id=elasticjob", e2e::kWorker,
+                     "progress", "steady"}),
+        d.env()));
+  }
+  RunResult r = d.status_showing("elasticjob", 2);
+  INFO(r.out << r.err << nodes[0]->err() << nodes[1]->err());
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "\"run_id\":\"elasticjob\",\"attempt\":0,\"world_size\":2"));
+  CHECK(count_of(r.out, "\"state\":\"running\"") == 2);
+  auto table = run(e2e::ddprun({"status", d.endpoint, "--rdzv_id=elasticjob"}), daemon_only_env(d.dir), 10s);
+  CHECK(table.status == 0);
+  CHECK(!contains(table.err, "no node registered"));
+  for (auto& node : nodes) node->send_signal(SIGTERM);
+  for (auto& node : nodes) REQUIRE(node->wait(30s).has_value());
 }
