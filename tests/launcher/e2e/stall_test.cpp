@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -123,6 +125,23 @@ ProcessOptions with_stand_in(const TempDir& dir, const std::string& name, const 
   ProcessOptions env = runtime_env(dir);
   env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
   return env;
+}
+
+// The pid of the worker of rank `rank` among `parent`'s children (by RANK in its
+// environment), or -1.
+pid_t worker_pid(pid_t parent, int rank) {
+  const std::string want = std::string("RANK=") + std::to_string(rank);
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream children(task.path() / "children");
+    for (pid_t child; children >> child;) {
+      std::ifstream environ("/proc/" + std::to_string(child) + "/environ");
+      for (std::string var; std::getline(environ, var, '\0');) {
+        if (var == want) return child;
+      }
+    }
+  }
+  return -1;
 }
 
 }  // namespace
@@ -487,4 +506,26 @@ TEST_CASE("ddprun status finds an elastic job's ranks through --rdzv_endpoint an
   CHECK(!contains(table.err, "no node registered"));
   for (auto& node : nodes) node->send_signal(SIGTERM);
   for (auto& node : nodes) REQUIRE(node->wait(30s).has_value());
+}
+
+TEST_CASE("a worker stopped with SIGSTOP is named in the stall report's headline", "[e2e][stall][recorder]") {
+  TempDir runtime;
+  ProcessOptions env = runtime_env(runtime);
+  env.set_env["DDP_TIMEOUT_SEC"] = "120";
+  // Rank 1 sleeps after the barrier (stopped there), ranks 0 and 2 wait in the all_reduce after it.
+  Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", "--stall_timeout=2", "--grace_period=2",
+                         kCollectiveWorker, "stuck", "1"}),
+            env);
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return contains(out, "rank 1: stuck at"); }, 30s));
+  const pid_t victim = worker_pid(p.pid(), 1);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGSTOP) == 0);
+  auto reported = wait_for_stderr(p, [](const std::string& err) { return contains(err, "stall report for job"); }, 40s);
+  INFO(p.err());
+  REQUIRE(reported.has_value());
+  CHECK(contains(p.err(), "rank 1 (pid " + std::to_string(victim) +
+                              ") is stopped (SIGSTOP): the others wait for it in all_reduce #"));
+  CHECK(!p.wait(0ms).has_value());  // report only: the job goes on
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
 }
