@@ -529,3 +529,19 @@ TEST_CASE("a worker stopped with SIGSTOP is named in the stall report's headline
   p.send_signal(SIGTERM);
   REQUIRE(p.wait(30s).has_value());
 }
+
+TEST_CASE("no stall is reported while the node stops its workers", "[e2e][stall]") {
+  TempDir runtime;
+  // Workers that ignore SIGTERM hold the stop for the grace period, rank 0 waiting in
+  // all_reduce #4 all along: longer than --stall_timeout, but the job is being stopped.
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=6", "--",
+                         "/bin/sh", "-c", "trap '' TERM INT; exec \"$0\" progress stall 1 3", e2e::kWorker}),
+            runtime_env(runtime));
+  onset_of(p, 2);
+  p.send_signal(SIGTERM);
+  auto status = p.wait(30s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(p.seconds_since_start() > 6);  // the workers held the stop: the stall timeout passed meanwhile
+  CHECK(!contains(p.err(), "stall"));
+}
