@@ -10,6 +10,7 @@
 #include "ddp/contract/store_keys.hpp"
 #include "errors.hpp"
 #include "rdzv/tcp_store.hpp"
+#include "supervise/process_state.hpp"
 
 namespace ddprun {
 
@@ -45,12 +46,15 @@ void StallMonitor::started(int attempt, const JobLayout& layout, const std::vect
   for (const WorkerOutcome& w : workers) workers_.push_back({w.rank, w.pid});
   stop_job_ = std::move(stop_job);
   present_.assign(static_cast<size_t>(layout.world_size), false);
+  job_stopping_ = false;
   {
     std::lock_guard lock(mutex_);
     stopping_ = false;
   }
   thread_ = std::thread([this] { run(); });
 }
+
+void StallMonitor::stopping(int) { job_stopping_ = true; }
 
 void StallMonitor::ended(int) {
   if (!thread_.joinable()) return;
@@ -163,7 +167,7 @@ void StallMonitor::run() {
         idle_reported = false;
         ++idle_episode;
       }
-      if (!ticks || idle_reported || now - idle_since_ms < timeout_ms) continue;
+      if (!ticks || idle_reported || now - idle_since_ms < timeout_ms || job_stopping_) continue;
       idle_reported = true;
       // Episodes of this kind are tagged apart from those counted by progress.
       report(records,
@@ -187,7 +191,7 @@ void StallMonitor::run() {
     bool failed = any_call_failed(records);
     bool stalled = any_rank_waiting(records) && now - onset >= timeout_ms;
     if (!failed && !stalled) continue;
-    if (!local_workers_alive()) continue;
+    if (!local_workers_alive() || job_stopping_) continue;
     reported = true;
     report(records,
            failed ? "a call failed"
@@ -236,6 +240,17 @@ void StallMonitor::report(const ProgressRecords& records, const std::string& wha
                           uint64_t episode) {
   StallAnalysis analysis = analyse_stall(records, contract::unix_millis_now());
   if (!headline.empty()) analysis.headline = headline;
+  // Read before the stacks: a debugger that attaches changes the state it shows.
+  std::vector<StoppedWorker> stopped;
+  for (const WorkerProcess& w : local_workers(records)) {
+    const char state = process_state_letter(w.pid);
+    if (is_stopped_state(state)) stopped.push_back({w, state == 't'});
+  }
+  if (!stopped.empty()) {
+    analysis.headline = stopped_headline(records, stopped);
+    analysis.stalled.clear();
+    for (const StoppedWorker& s : stopped) analysis.stalled.push_back(s.process.rank);
+  }
   bool stop = options_.action == StallAction::Stop;
   // Said at once: the workers' stacks (below) may take seconds to read.
   if (layout_.node_rank != 0) {

@@ -13,7 +13,11 @@
 // JobKeys(attempt).stall_report(node_rank); node 0 collects the parts (a bounded
 // wait, naming nodes that did not answer) and prints the one report; the others print
 // one line saying where it is. With --stall_action=stop, node 0 then ends the job
-// with the report as its root cause.
+// with the report as its root cause. Once the node stops its workers (a failure, a
+// stop signal, another node's notice), nothing more is detected in that attempt: the
+// waits of workers being stopped are no stall.
+// When some of this node's workers are stopped (SIGSTOP, a tracer), the headline
+// names them as the likely cause; other nodes' ranks are named by their own reports.
 #pragma once
 
 #include <sys/types.h>
@@ -65,6 +69,7 @@ class StallMonitor : public AttemptWatch {
 
   void started(int attempt, const JobLayout& layout, const std::vector<WorkerOutcome>& workers,
                std::function<void(const JobStop&)> stop_job) override;
+  void stopping(int attempt) override;
   void ended(int attempt) override;
 
  private:
@@ -86,6 +91,7 @@ class StallMonitor : public AttemptWatch {
   std::vector<WorkerProcess> workers_;
   std::function<void(const JobStop&)> stop_job_;
   std::vector<bool> present_;  // ranks whose record exists (records are never removed)
+  std::atomic<bool> job_stopping_{false};  // the node stops this attempt's workers
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -188,6 +188,30 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
   return out;
 }
 
+std::string stopped_headline(const ProgressRecords& records, const std::vector<StoppedWorker>& stopped) {
+  std::string names;
+  size_t traced = 0;
+  std::vector<int> ranks;
+  for (const StoppedWorker& s : stopped) {
+    names += (names.empty() ? "" : ", ") + std::to_string(s.process.rank) + " (pid " + std::to_string(s.process.pid) + ")";
+    traced += s.traced ? 1 : 0;
+    ranks.push_back(s.process.rank);
+  }
+  const bool one = stopped.size() == 1;
+  const std::string how = traced == 0                ? "stopped (SIGSTOP)"
+                          : traced == stopped.size() ? "stopped by a tracer"
+                                                     : "stopped (SIGSTOP or a tracer)";
+  std::string out = (one ? "rank " : "ranks ") + names + (one ? " is " : " are ") + how;
+  // The call another rank waits in: what the stopped ones hold up.
+  for (int r = 0; r < static_cast<int>(records.size()); ++r) {
+    if (std::find(ranks.begin(), ranks.end(), r) != ranks.end()) continue;
+    if (const auto call = in_flight_call(records, r)) {
+      return out + ": the others wait for " + (one ? "it" : "them") + " in " + call->name;
+    }
+  }
+  return out + ": the job waits for " + (one ? "it" : "them");
+}
+
 // ---------------------------------------------------------------------------
 // Processes
 // ---------------------------------------------------------------------------

@@ -45,6 +45,16 @@ struct WorkerProcess {
   pid_t pid = -1;
 };
 
+// A worker of this node that is stopped: SIGSTOP (or SIGTSTP), or a tracer.
+struct StoppedWorker {
+  WorkerProcess process;
+  bool traced = false;
+};
+
+// The headline when workers are stopped: the likely cause ("rank 2 (pid 123) is
+// stopped (SIGSTOP): the others wait for it in all_reduce #7 of group 0").
+std::string stopped_headline(const ProgressRecords& records, const std::vector<StoppedWorker>& stopped);
+
 struct ProcessReportOptions {
   std::chrono::milliseconds stack_timeout{10000};  // per process; all run at once
   bool stacks = true;                              // false: state and wchan only

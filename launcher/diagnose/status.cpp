@@ -24,6 +24,7 @@
 #include "diagnose/runtime_file.hpp"
 #include "diagnose/stall_report.hpp"
 #include "diagnose/wait_graph.hpp"
+#include "membership/elastic/elastic_round.hpp"
 #include "supervise/process_state.hpp"
 
 namespace ddprun {
@@ -160,9 +161,51 @@ std::unique_ptr<rdzv::TcpStore> connect(const contract::StoreEndpoint& e) {
 // with the size of what `ddprun status` allocates.
 constexpr long long kMostWorkersPerNode = 65536;
 
+// An elastic job's newest attempt whose member list is closed (the one its workers
+// run in, or ran in last), with its members' hosts and worker counts in group-rank
+// order; false when the job is not elastic or no attempt closed yet.
+bool discover_elastic(rdzv::Store& store, RuntimeInfo& info, std::vector<std::string>& node_hosts,
+                      std::vector<int>& node_nproc) {
+  if (!store.check({contract::JobKeys::elastic_round()})) return false;
+  const std::string round_text = store.get(contract::JobKeys::elastic_round(), Millis(1000));
+  auto round = contract::parse_integer(round_text);
+  if (!round || *round < 0 || *round > (1 << 30)) {
+    throw LaunchError("job " + info.run_id + ": its elastic round record is malformed: \"" +
+                      round_text.substr(0, 40) + "\"");
+  }
+  for (auto attempt = static_cast<int>(*round); attempt >= 0; --attempt) {
+    const contract::JobKeys keys(attempt);
+    if (!store.check({keys.members()})) continue;  // still forming
+    std::string what = "member list";
+    try {
+      const elastic::MemberList members = elastic::MemberList::decode(store.get(keys.members(), Millis(1000)));
+      info.attempt = attempt;
+      info.world_size = 0;
+      for (int64_t id : members.ids) {
+        what = "registration of node id " + std::to_string(id);
+        const elastic::Registration reg = elastic::Registration::decode(store.get(keys.member(id), Millis(1000)));
+        if (info.world_size + reg.nproc > kMostRanks) {
+          throw std::invalid_argument("the members add up to more than " + std::to_string(kMostRanks) + " workers");
+        }
+        node_hosts.push_back(reg.host);
+        node_nproc.push_back(reg.nproc);
+        info.world_size += reg.nproc;
+      }
+    } catch (const std::invalid_argument& e) {
+      throw LaunchError("job " + info.run_id + ": the " + what + " of elastic attempt " + std::to_string(attempt) +
+                        " is malformed: " + e.what());
+    }
+    info.nnodes = static_cast<int>(node_hosts.size());
+    return true;
+  }
+  throw LaunchError("job " + info.run_id + " is an elastic job whose nodes are still forming their first round "
+                    "(no member list closed yet)");
+}
+
 // A daemon-served job: the latest attempt with a node 0, and its nodes' worker counts.
 void discover(rdzv::Store& store, RuntimeInfo& info, std::vector<std::string>& node_hosts,
               std::vector<int>& node_nproc) {
+  if (discover_elastic(store, info, node_hosts, node_nproc)) return;
   int attempt = -1;
   while (store.check({contract::JobKeys(attempt + 1).node(0)})) ++attempt;
   if (attempt < 0) throw LaunchError("job " + info.run_id + " has no node registered with the rendezvous daemon");

@@ -68,6 +68,9 @@ struct AttemptHooks {
   // Every worker the moment it is reaped (any status, also those ddprun stopped);
   // before on_local_failure when both apply. Must not block.
   std::function<void(const WorkerOutcome&)> on_worker_exit;
+  // The node starts stopping its workers (a failure, a stop asked for, a signal): once
+  // per attempt. Must not block.
+  std::function<void()> on_stopping;
 };
 
 }  // namespace ddprun

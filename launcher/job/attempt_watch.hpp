@@ -27,6 +27,9 @@ class AttemptWatch {
   // The attempt's workers started. `stop_job` may be called from any thread until ended().
   virtual void started(int attempt, const JobLayout& layout, const std::vector<WorkerOutcome>& workers,
                        std::function<void(const JobStop&)> stop_job) = 0;
+  // The node started stopping the attempt's workers (ended() follows once they are
+  // gone). Must not block: it comes from wherever the stop began.
+  virtual void stopping(int /*attempt*/) {}
   // The attempt's workers are all gone.
   virtual void ended(int attempt) = 0;
 };

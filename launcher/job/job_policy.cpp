@@ -111,6 +111,9 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
     workers_.stop_for_remote(attempt, {stop.headline, stop.status, NoticeKind::kStop, stop.report});
     membership_.publish_failure(attempt, notice(-1, stop.status, stop.headline, NoticeKind::kStop));
   };
+  hooks.on_stopping = [&] {
+    for (AttemptWatch* w : options_.watches) w->stopping(attempt);
+  };
   hooks.on_started = [&](const std::vector<WorkerOutcome>& started) {
     for (AttemptWatch* w : options_.watches) w->started(attempt, layout, started, stop_job);
   };

@@ -262,6 +262,7 @@ void WorkerGroup::declare_root_cause() {
 }
 
 void WorkerGroup::begin_stop(int sig, const std::string& why) {
+  if (!stopping_ && hooks_.on_stopping) hooks_.on_stopping();
   stopping_ = true;
   stop_sent_ = sig;
   double grace = ctx_.plan.options.grace_period;

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -84,6 +86,29 @@ ProcessOptions daemon_only_env(const TempDir& dir) {
   return env;
 }
 
+// A daemon on a free loopback port, and what the job it serves and `ddprun status` need.
+struct DaemonJob {
+  TempDir dir;
+  int port = e2e::free_port();
+  std::unique_ptr<Process> daemon = start_daemon(dir, port);
+  std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  ProcessOptions env() const {
+    ProcessOptions o = runtime_env(dir);
+    o.set_env["DDPRUN_TOKEN"] = "status-secret";
+    return o;
+  }
+  // `ddprun status --json` of job `id` through the daemon, until it shows `calls` calls (or 15 s).
+  RunResult status_showing(const std::string& id, size_t calls) const {
+    RunResult r;
+    for (int i = 0; i < 150; ++i) {
+      r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=" + id, "--json"}), daemon_only_env(dir), 10s);
+      if (r.status == 0 && count_of(r.out, "all_reduce #") == calls) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    return r;
+  }
+};
+
 // Nothing about a stall for `quiet`; then the job is ended.
 void expect_no_stall_report(Process& p, std::chrono::milliseconds quiet) {
   std::this_thread::sleep_for(quiet);
@@ -100,6 +125,23 @@ ProcessOptions with_stand_in(const TempDir& dir, const std::string& name, const 
   ProcessOptions env = runtime_env(dir);
   env.set_env["PATH"] = dir.path().string() + ":/usr/bin:/bin";
   return env;
+}
+
+// The pid of the worker of rank `rank` among `parent`'s children (by RANK in its
+// environment), or -1.
+pid_t worker_pid(pid_t parent, int rank) {
+  const std::string want = std::string("RANK=") + std::to_string(rank);
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream children(task.path() / "children");
+    for (pid_t child; children >> child;) {
+      std::ifstream environ("/proc/" + std::to_string(child) + "/environ");
+      for (std::string var; std::getline(environ, var, '\0');) {
+        if (var == want) return child;
+      }
+    }
+  }
+  return -1;
 }
 
 }  // namespace
@@ -271,21 +313,12 @@ TEST_CASE("ddprun status removes the stale runtime file of a dead ddprun and say
 }
 
 TEST_CASE("ddprun status finds a daemon-served job through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
-  TempDir dir;
-  int port = e2e::free_port();
-  auto daemon = start_daemon(dir, port);
-  ProcessOptions env = runtime_env(dir);
-  env.set_env["DDPRUN_TOKEN"] = "status-secret";
-  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  DaemonJob d;
+  const std::string& endpoint = d.endpoint;
   Process job(e2e::ddprun({"--nproc_per_node=2", endpoint, "--rdzv_id=daemonjob", e2e::kWorker, "progress", "steady"}),
-              env);
-  ProcessOptions status_env = daemon_only_env(dir);
-  RunResult r;
-  for (int i = 0; i < 100; ++i) {
-    r = run(e2e::ddprun({"status", endpoint, "--rdzv_id=daemonjob", "--json"}), status_env, 10s);
-    if (r.status == 0 && count_of(r.out, "all_reduce #") == 2) break;
-    std::this_thread::sleep_for(100ms);
-  }
+              d.env());
+  ProcessOptions status_env = daemon_only_env(d.dir);
+  RunResult r = d.status_showing("daemonjob", 2);
   INFO(r.out << r.err << job.err());
   REQUIRE(r.status == 0);
   CHECK(contains(r.out, "\"run_id\":\"daemonjob\",\"attempt\":0,\"world_size\":2"));
@@ -451,4 +484,64 @@ TEST_CASE("ddprun status refuses a malformed node registration with one message"
     CHECK(contains(r.err, c.message));
     CHECK(lines_of(r.err).size() == 1);
   }
+}
+
+TEST_CASE("ddprun status finds an elastic job's ranks through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
+  DaemonJob d;
+  // Two elastic nodes of one worker each: the round closes with both (MAX) at once.
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    nodes.push_back(std::make_unique<Process>(
+        e2e::ddprun({"--nnodes=1:2", "--nproc_per_node=1", d.endpoint, "--rdzv_id=elasticjob", e2e::kWorker,
+                     "progress", "steady"}),
+        d.env()));
+  }
+  RunResult r = d.status_showing("elasticjob", 2);
+  INFO(r.out << r.err << nodes[0]->err() << nodes[1]->err());
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "\"run_id\":\"elasticjob\",\"attempt\":0,\"world_size\":2"));
+  CHECK(count_of(r.out, "\"state\":\"running\"") == 2);
+  auto table = run(e2e::ddprun({"status", d.endpoint, "--rdzv_id=elasticjob"}), daemon_only_env(d.dir), 10s);
+  CHECK(table.status == 0);
+  CHECK(!contains(table.err, "no node registered"));
+  for (auto& node : nodes) node->send_signal(SIGTERM);
+  for (auto& node : nodes) REQUIRE(node->wait(30s).has_value());
+}
+
+TEST_CASE("a worker stopped with SIGSTOP is named in the stall report's headline", "[e2e][stall][recorder]") {
+  TempDir runtime;
+  ProcessOptions env = runtime_env(runtime);
+  env.set_env["DDP_TIMEOUT_SEC"] = "120";
+  // Rank 1 sleeps after the barrier (stopped there), ranks 0 and 2 wait in the all_reduce after it.
+  Process p(e2e::ddprun({"--nproc_per_node=3", "--standalone", "--stall_timeout=2", "--grace_period=2",
+                         kCollectiveWorker, "stuck", "1"}),
+            env);
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return contains(out, "rank 1: stuck at"); }, 30s));
+  const pid_t victim = worker_pid(p.pid(), 1);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGSTOP) == 0);
+  auto reported = wait_for_stderr(p, [](const std::string& err) { return contains(err, "stall report for job"); }, 40s);
+  INFO(p.err());
+  REQUIRE(reported.has_value());
+  CHECK(contains(p.err(), "rank 1 (pid " + std::to_string(victim) +
+                              ") is stopped (SIGSTOP): the others wait for it in all_reduce #"));
+  CHECK(!p.wait(0ms).has_value());  // report only: the job goes on
+  p.send_signal(SIGTERM);
+  REQUIRE(p.wait(30s).has_value());
+}
+
+TEST_CASE("no stall is reported while the node stops its workers", "[e2e][stall]") {
+  TempDir runtime;
+  // Workers that ignore SIGTERM hold the stop for the grace period, rank 0 waiting in
+  // all_reduce #4 all along: longer than --stall_timeout, but the job is being stopped.
+  Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--stall_timeout=2", "--grace_period=6", "--",
+                         "/bin/sh", "-c", "trap '' TERM INT; exec \"$0\" progress stall 1 3", e2e::kWorker}),
+            runtime_env(runtime));
+  onset_of(p, 2);
+  p.send_signal(SIGTERM);
+  auto status = p.wait(30s);
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(p.seconds_since_start() > 6);  // the workers held the stop: the stall timeout passed meanwhile
+  CHECK(!contains(p.err(), "stall"));
 }

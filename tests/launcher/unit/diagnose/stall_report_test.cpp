@@ -44,6 +44,18 @@ ProgressRecord rank_at(int rank, int size, uint64_t done, const std::string& sta
 
 }  // namespace
 
+TEST_CASE("stopped workers are named as the likely cause with the call the others wait in", "[stall]") {
+  ProgressRecords recs = {rank_at(0, 3, 4, "started"), rank_at(1, 3, 4, ""), rank_at(2, 3, 4, "started")};
+  CHECK(ddprun::stopped_headline(recs, {{{1, 4242}, false}}) ==
+        "rank 1 (pid 4242) is stopped (SIGSTOP): the others wait for it in all_reduce #5 of group 0");
+  CHECK(ddprun::stopped_headline(recs, {{{1, 7}, true}, {{2, 8}, false}}) ==
+        "ranks 1 (pid 7), 2 (pid 8) are stopped (SIGSTOP or a tracer): the others wait for them in all_reduce #5 of "
+        "group 0");
+  // Nobody else waits: the stopped rank itself is all there is to say.
+  ProgressRecords alone = {rank_at(0, 2, 4, ""), rank_at(1, 2, 4, "started")};
+  CHECK(ddprun::stopped_headline(alone, {{{1, 9}, true}}) == "rank 1 (pid 9) is stopped by a tracer: the job waits for it");
+}
+
 TEST_CASE("the analysis names the rank that never arrived and the ones that wait", "[stall]") {
   ProgressRecords recs = {rank_at(0, 3, 4, "started"), rank_at(1, 3, 4, ""), rank_at(2, 3, 4, "started")};
   CHECK(ddprun::any_rank_waiting(recs));
