@@ -340,6 +340,34 @@ TEST_CASE("flight recorder: marking a call whose slot a newer call took leaves t
   CHECK(ring->calls().back().state == CallState::Completed);
 }
 
+TEST_CASE("flight recorder: a send or recv pending longer than the ring holds it is no longer open",
+          "[recorder]") {
+  using ddp::detail::OpKind;
+  auto r = FlightRecorder::create(2, 0, 2);
+  const auto t = RecorderClock::now();
+  const uint64_t send = r->queued(call(OpKind::Send, 1, 4, 1), t);
+  r->queued(call(OpKind::Recv, 1, 4, 1), t);
+  r->started(send, t + 1ms);
+  CHECK(r->p2p_open() == 2);
+  // Two collectives take both slots while the send and the recv are pending.
+  r->queued(call(OpKind::AllReduce, 1), t + 2ms);
+  r->queued(call(OpKind::AllReduce, 2), t + 3ms);
+  CHECK(r->p2p_open() == 0);
+  r->ended(send, true, t + 4ms);  // its slot is taken: counted once, when it was taken
+  r->ended(send, true, t + 4ms);
+  CHECK(r->p2p_open() == 0);
+  const auto g = r->progress();
+  CHECK(g.p2p_pending.empty());
+  CHECK(g.p2p_completed == 0);  // neither end was seen
+  // Later sends and recvs are counted as before.
+  const uint64_t next = r->queued(call(OpKind::Send, 2, 4, 1), t + 5ms);
+  CHECK(r->p2p_open() == 1);
+  REQUIRE(r->progress().p2p_pending.size() == 1);
+  r->ended(next, true, t + 6ms);
+  CHECK(r->p2p_open() == 0);
+  CHECK(r->progress().p2p_completed == 1);
+}
+
 TEST_CASE("flight recorder: more async calls in flight than DDP_FLIGHT_RECORDER holds", "[recorder]") {
   ScopedEnv two("DDP_FLIGHT_RECORDER", "2");
   auto pg = one_rank_cpu_group();

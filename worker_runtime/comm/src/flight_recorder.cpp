@@ -156,6 +156,13 @@ uint64_t FlightRecorder::queued(const Op& op, RecorderClock::time_point now) {
   const Buffer& b = op.input.count == 0 && op.output.count > 0 ? op.output : op.input;
   Slot& s = slot(id);
   claim(s, 0);  // readers of this slot retry from here on
+  // A send or recv still pending in this slot will not see its end counted (its
+  // ended() finds the slot taken): count it ended now, as not known to complete.
+  if (s.queued.load(relaxed) != 0 && s.state.load(relaxed) < static_cast<uint8_t>(CallState::Completed) &&
+      is_point_to_point(static_cast<OpKind>(s.what.load(relaxed) & 0xff))) {
+    p2p_failed_.fetch_add(1, relaxed);
+    p2p_ended_.fetch_add(1, std::memory_order_release);
+  }
   s.seq.store(op.seq, relaxed);
   s.count.store(b.count, relaxed);
   s.what.store(static_cast<uint32_t>(op.kind) | static_cast<uint32_t>(b.dtype) << 8 |
@@ -205,7 +212,7 @@ void FlightRecorder::ended(uint64_t id, bool ok, RecorderClock::time_point t) {
   const bool collective = !is_point_to_point(static_cast<OpKind>(s.what.load(std::memory_order_relaxed) & 0xff));
   const uint64_t seq = s.seq.load(std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
-  if (!collective) {
+  if (!collective) {  // failed before ended: progress() reads ended first
     if (!ok) p2p_failed_.fetch_add(1, std::memory_order_relaxed);
     if (ok) last_p2p_completed_.store(id, std::memory_order_release);
     p2p_ended_.fetch_add(1, std::memory_order_release);
@@ -269,7 +276,7 @@ contract::GroupProgress FlightRecorder::progress() const {
   g.completed = completed_.load(std::memory_order_relaxed);
   // Ended first: every call it counts was issued before, so issued >= ended.
   const uint64_t ended = p2p_ended_.load(std::memory_order_acquire);
-  const uint64_t open = p2p_issued_.load(std::memory_order_acquire) - ended;
+  const uint64_t open = p2p_issued_.load(std::memory_order_acquire) - ended;  // as p2p_open()
   g.p2p_completed = ended - std::min(p2p_failed_.load(std::memory_order_relaxed), ended);
   if (const auto last = last_p2p_completed_.load(std::memory_order_acquire); last != 0) {
     if (const auto r = read(last)) g.p2p_done_ms = unix_millis(r->ended);

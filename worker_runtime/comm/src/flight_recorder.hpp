@@ -74,6 +74,11 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   void set_name(const std::string& name);
   std::string name() const;
   size_t entries() const { return entries_; }
+  // Sends and recvs issued and not ended (progress() looks back for them while any).
+  uint64_t p2p_open() const {
+    const uint64_t ended = p2p_ended_.load(std::memory_order_acquire);
+    return p2p_issued_.load(std::memory_order_acquire) - ended;
+  }
 
   // Records `op` (numbered already) as queued at `now`; returns its id. Only the
   // thread that issues the group's calls calls this.
@@ -115,6 +120,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   // Sends and recvs only (a collective never touches them): issued (written by the
   // issuing thread alone), ended and failed (progress() looks for pending ones only
   // while issued > ended; completed = ended - failed), and the id of the last to complete.
+  // A pending one whose slot a newer call takes counts as ended and failed then (its
+  // own end, unseen, would have left it open for good).
   std::atomic<uint64_t> p2p_issued_{0};
   std::atomic<uint64_t> p2p_ended_{0};
   std::atomic<uint64_t> p2p_failed_{0};
