@@ -67,15 +67,45 @@ std::string p2p_name(const std::string& group, const ddp::contract::PeerCall& p,
   return group == "0" ? name : name + " of group " + group;
 }
 
+// Whether `peer` has the send or recv that matches `p` of `rank` (in `group`) pending:
+// numbers count per peer and direction, so recv #n from A matches A's send #n.
+bool matched(const ProgressRecords& records, const Members& members, const std::string& group, int rank,
+             const ddp::contract::PeerCall& p, int peer) {
+  if (!records[static_cast<size_t>(peer)]) return false;
+  for (const GroupProgress& g : records[static_cast<size_t>(peer)]->groups) {
+    if (g.group != group) continue;
+    for (const auto& q : g.p2p_pending) {
+      if (q.send() != p.send() && q.op.seq == p.op.seq && members.global(group, q.peer) == rank) return true;
+    }
+  }
+  return false;
+}
+
+// The call `calls` (one rank's) is blocked in: the one entered last, or the started
+// call of its group it is queued behind.
+size_t blocking_index(const std::vector<BlockedCall>& calls) {
+  size_t last = 0;
+  for (size_t i = 1; i < calls.size(); ++i) {
+    if (calls[i].op->since_ms > calls[last].op->since_ms) last = i;
+  }
+  if (calls[last].op->state != "queued") return last;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i].group == calls[last].group && calls[i].op->state == "started") return i;
+  }
+  return last;
+}
+
 // The calls of one rank.
 void add_rank(const ProgressRecords& records, const Members& members, int rank, std::vector<BlockedCall>& out) {
   const auto& rec = records[static_cast<size_t>(rank)];
   if (!rec) return;
+  std::vector<BlockedCall> mine;
   for (const GroupProgress& g : rec->groups) {
     if (!g.current || !in_flight(*g.current) || g.issued <= g.completed) continue;
     BlockedCall c;
     c.rank = rank;
     c.name = call_name(g.group, *g.current);
+    c.group = g.group;
     c.op = &*g.current;
     for (int m = 0; m < g.size; ++m) {
       const int global = members.global(g.group, m);
@@ -84,19 +114,29 @@ void add_rank(const ProgressRecords& records, const Members& members, int rank, 
         if (theirs.group == g.group && theirs.issued < g.current->seq) c.waits_for.push_back(global);
       }
     }
-    out.push_back(std::move(c));
+    mine.push_back(std::move(c));
   }
   for (const GroupProgress& g : rec->groups) {
     for (const auto& p : g.p2p_pending) {
       BlockedCall c;
       c.rank = rank;
-      const int peer = members.global(g.group, p.peer);
-      c.name = p2p_name(g.group, p, peer);
+      c.peer = members.global(g.group, p.peer);
+      c.name = p2p_name(g.group, p, c.peer);
+      c.group = g.group;
       c.op = &p.op;
       c.p2p = true;
-      if (peer >= 0) c.waits_for.push_back(peer);
-      out.push_back(std::move(c));
+      c.send = p.send();
+      c.in_transfer = c.peer >= 0 && matched(records, members, g.group, rank, p, c.peer);
+      if (c.peer >= 0 && !c.in_transfer) c.waits_for.push_back(c.peer);
+      mine.push_back(std::move(c));
     }
+  }
+  if (mine.empty()) return;
+  const size_t blocking = blocking_index(mine);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    mine[i].blocking = i == blocking;
+    if (!mine[i].blocking) mine[i].waits_for.clear();  // pending, but the rank waits elsewhere
+    out.push_back(std::move(mine[i]));
   }
 }
 
@@ -149,6 +189,16 @@ std::string describe_cycle(const std::vector<const BlockedCall*>& cycle) {
   return out + ": a deadlock";
 }
 
+// "the transfer between rank 0 (send #1) and rank 1 (recv #1) is in flight and does
+// not complete", of a send whose peer has the matching recv pending.
+std::string transfer_line(const BlockedCall& send) {
+  const std::string n = " #" + std::to_string(send.op->seq);
+  std::string line = "the transfer between rank " + std::to_string(send.rank) + " (send" + n + ") and rank " +
+                     std::to_string(send.peer) + " (recv" + n + ")";
+  if (send.group != "0") line += " of group " + send.group;
+  return line + " is in flight and does not complete";
+}
+
 }  // namespace
 
 std::string call_name(const std::string& group, const OpSummary& op) {
@@ -167,9 +217,10 @@ std::optional<BlockedCall> in_flight_call(const ProgressRecords& records, int ra
   if (rank < 0 || static_cast<size_t>(rank) >= records.size()) return std::nullopt;
   std::vector<BlockedCall> calls;
   add_rank(records, Members(records), rank, calls);
-  if (calls.empty()) return std::nullopt;
-  return *std::max_element(calls.begin(), calls.end(),
-                           [](const BlockedCall& a, const BlockedCall& b) { return a.op->since_ms < b.op->since_ms; });
+  for (BlockedCall& c : calls) {
+    if (c.blocking) return std::move(c);
+  }
+  return std::nullopt;
 }
 
 WaitAnalysis analyse_waits(const ProgressRecords& records, int64_t now_ms) {
@@ -179,7 +230,7 @@ WaitAnalysis analyse_waits(const ProgressRecords& records, int64_t now_ms) {
   auto blocked_p2p = [&](int r) {
     std::vector<const BlockedCall*> out;
     for (const BlockedCall* c : of[static_cast<size_t>(r)]) {
-      if (c->p2p) out.push_back(c);
+      if (c->p2p && c->blocking) out.push_back(c);
     }
     return out;
   };
@@ -191,8 +242,21 @@ WaitAnalysis analyse_waits(const ProgressRecords& records, int64_t now_ms) {
     if (!c.p2p) continue;
     if (!any_p2p) os << "  sends and recvs not completed:\n";
     any_p2p = true;
-    os << "    rank " << c.rank << " waits in " << c.name << " (" << c.op->what << ", " << c.op->state << ") since "
-       << ddp::contract::clock_time(c.op->since_ms) << ", " << seconds_text(now_ms - c.op->since_ms) << "\n";
+    os << "    rank " << c.rank << (c.blocking ? " waits in " : " has pending ") << c.name << " (" << c.op->what
+       << ", " << c.op->state << ") since " << ddp::contract::clock_time(c.op->since_ms) << ", "
+       << seconds_text(now_ms - c.op->since_ms) << "\n";
+  }
+  // Sends whose recv is posted (and so recvs whose send is): the data should be moving.
+  std::string transfer;  // the first one
+  std::vector<int> transfer_ranks;
+  for (const BlockedCall& c : calls) {
+    if (!c.p2p || !c.send || !c.in_transfer) continue;
+    const std::string line = transfer_line(c);
+    os << "    " << line << "\n";
+    if (transfer.empty()) {
+      transfer = line;
+      transfer_ranks = {std::min(c.rank, c.peer), std::max(c.rank, c.peer)};
+    }
   }
   // Collectives that wait for ranks blocked in a send or recv.
   for (const BlockedCall& c : calls) {
@@ -223,14 +287,21 @@ WaitAnalysis analyse_waits(const ProgressRecords& records, int64_t now_ms) {
       if (!of[static_cast<size_t>(peer)].empty()) continue;
       if (out.headline.empty()) {
         out.headline = "rank " + std::to_string(c.rank) + " waits in " + c.name + ", and rank " +
-                       std::to_string(peer) + " waits in no call";
+                       std::to_string(peer) +
+                       (records[static_cast<size_t>(peer)] ? " waits in no call" : " has published no progress record");
       }
       if (std::find(out.culprits.begin(), out.culprits.end(), peer) == out.culprits.end()) out.culprits.push_back(peer);
     }
   }
+  if (out.headline.empty() && !transfer.empty()) {  // a hung link rather than a deadlock
+    out.headline = transfer;
+    out.culprits = transfer_ranks;
+  }
   if (out.headline.empty() && any_p2p) {  // peers blocked elsewhere, or unknown
-    const auto first = std::find_if(calls.begin(), calls.end(), [](const BlockedCall& c) { return c.p2p; });
-    out.headline = "rank " + std::to_string(first->rank) + " waits in " + first->name + " and it does not complete";
+    auto first = std::find_if(calls.begin(), calls.end(), [](const BlockedCall& c) { return c.p2p && c.blocking; });
+    if (first == calls.end()) first = std::find_if(calls.begin(), calls.end(), [](const BlockedCall& c) { return c.p2p; });
+    out.headline = "rank " + std::to_string(first->rank) + (first->blocking ? " waits in " : " has pending ") +
+                   first->name + " and it does not complete";
   }
   out.text = os.str();
   return out;
