@@ -1,8 +1,8 @@
 // Send/recv deadlocks on one host, end to end: the real ddprun with collective_worker
 // in its "deadlock" mode (after one all_reduce ranks 0 and 1 recv from each other, a
 // third rank waits in a barrier). The stall report names the recv calls, their peers
-// and the cycle within --stall_timeout + 2 s; --stall_action=stop exits 124; `ddprun
-// status` shows the recv each rank waits in.
+// and the cycle (within --stall_timeout + 10 s here; the figure is the bench's);
+// --stall_action=stop exits 124; `ddprun status` shows the recv each rank waits in.
 #include <catch2/catch.hpp>
 #include <signal.h>
 
@@ -49,13 +49,14 @@ Delays report_delays(const Process& p, int ranks) {
   return d;
 }
 
-// The bounds: the deadlock named within --stall_timeout + 2 s, the full report after
-// at most the stacks' own timeout (10 s) more.
+// The bounds: the deadlock named within --stall_timeout + 10 s, the full report after
+// at most the stacks' own timeout (10 s) more. Loose on purpose (a loaded machine must
+// not fail them): the target figure is measured by scripts/bench/deadlock.
 void check_delays(const Delays& d, int ranks) {
   std::printf("deadlock named %.2f s, full report %.2f s after it formed (--stall_timeout=%g, %d ranks)\n", d.named,
               d.reported, kStallTimeout, ranks);
-  CHECK(d.named <= kStallTimeout + 2);
-  CHECK(d.reported <= kStallTimeout + 2 + 10);
+  CHECK(d.named <= kStallTimeout + 10);
+  CHECK(d.reported <= kStallTimeout + 10 + 10);
 }
 
 std::string root_cause(const std::string& err) {

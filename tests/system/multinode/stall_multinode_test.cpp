@@ -116,7 +116,7 @@ void two_host_deadlock(int ranks) {
   }
   std::printf("two hosts, %d ranks: deadlock named %.2f s after it formed (--stall_timeout=3)\n", ranks, named);
   CHECK(named >= 0);
-  CHECK(named <= 3 + 2);
+  CHECK(named <= 3 + 10);  // --stall_timeout + 10 s: the target figure is scripts/bench/deadlock's
   const std::string report = stopped_root_cause(n0, n1);
   INFO("node 0:\n" << n0.err() << "\nnode 1:\n" << n1.err());
   CHECK(contains(report, "wait-for cycle: " + kCycle));
