@@ -310,11 +310,12 @@ void RendezvousAgent::watch(const std::shared_ptr<Watch>& w, int attempt, const 
       return true;
     });
   } catch (const rdzv::StoreError& e) {
-    if (waiting.cancelled()) return;
-    failure_seen_ = true;
-    news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
+    if (!waiting.cancelled()) {  // stopping: a store error is no news then
+      failure_seen_ = true;
+      news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
+    }
   }
-  if (w->answer) store_.cancel(w->parked);  // stopped: the answer is no one's business now
+  if (w->answer) store_.cancel(w->parked);  // the answer is no one's business now
   if (news) on_failure(*news);
 }
 
