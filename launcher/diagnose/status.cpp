@@ -160,6 +160,8 @@ std::unique_ptr<rdzv::TcpStore> connect(const contract::StoreEndpoint& e) {
 // Bounds on what a node registration may claim: a store's bytes are not trusted
 // with the size of what `ddprun status` allocates.
 constexpr long long kMostWorkersPerNode = 65536;
+// How many attempts, newest first, `ddprun status` looks through for a closed member list.
+constexpr int kNewestAttemptsLooked = 16;
 
 // An elastic job's newest attempt whose member list is closed (the one its workers
 // run in, or ran in last), with its members' hosts and worker counts in group-rank
@@ -173,7 +175,10 @@ bool discover_elastic(rdzv::Store& store, RuntimeInfo& info, std::vector<std::st
     throw LaunchError("job " + info.run_id + ": its elastic round record is malformed: \"" +
                       round_text.substr(0, 40) + "\"");
   }
-  for (auto attempt = static_cast<int>(*round); attempt >= 0; --attempt) {
+  // One round trip per attempt looked at: only the newest few, whatever the record says.
+  const int newest = static_cast<int>(*round);
+  const int oldest = std::max(0, newest - kNewestAttemptsLooked + 1);
+  for (int attempt = newest; attempt >= oldest; --attempt) {
     const contract::JobKeys keys(attempt);
     if (!store.check({keys.members()})) continue;  // still forming
     std::string what = "member list";
@@ -197,6 +202,11 @@ bool discover_elastic(rdzv::Store& store, RuntimeInfo& info, std::vector<std::st
     }
     info.nnodes = static_cast<int>(node_hosts.size());
     return true;
+  }
+  if (oldest > 0) {
+    throw LaunchError("job " + info.run_id + " is an elastic job with no member list closed in its newest " +
+                      std::to_string(kNewestAttemptsLooked) + " attempts (" + std::to_string(oldest) + " to " +
+                      std::to_string(newest) + "; older ones not looked at)");
   }
   throw LaunchError("job " + info.run_id + " is an elastic job whose nodes are still forming their first round "
                     "(no member list closed yet)");

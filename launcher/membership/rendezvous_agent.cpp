@@ -114,15 +114,20 @@ std::vector<std::string> RendezvousAgent::patient_multi_get(
 std::string RendezvousAgent::agree_run_id(const std::string& mine) {
   try {
     // An elastic job may have no node 0 (a daemon hosts the store): the first comes first.
-    std::string agreed = plan_.options.node_rank == 0 || elastic_ ? store_.compare_set(contract::JobKeys::run_id(), "", mine)
-                                                       : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout),
-                                                                           [&](const std::vector<std::string>&) {
-                                                                             return "still waiting for node 0 to join at " + store_address();
-                                                                           })[0];
+    // Whoever may set the run id records the job's shape before it: the nodes that wait
+    // for the run id then always find the shape of the node they waited for, and a
+    // misconfigured node that came early cannot claim the shape ahead of node 0.
+    const bool founds = plan_.options.node_rank == 0 || elastic_;
+    if (founds) check_job_shape(store_, mine, plan_);  // before this node registers anything
+    std::string agreed = founds ? store_.compare_set(contract::JobKeys::run_id(), "", mine)
+                                : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout),
+                                                    [&](const std::vector<std::string>&) {
+                                                      return "still waiting for node 0 to join at " + store_address();
+                                                    })[0];
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
     }
-    check_job_shape(store_, agreed, plan_);  // before this node registers anything
+    if (!founds) check_job_shape(store_, agreed, plan_);  // before this node registers anything
     return agreed;
   } catch (const rdzv::StoreTimeout&) {
     throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(plan_.options.join_timeout)) +
@@ -305,11 +310,12 @@ void RendezvousAgent::watch(const std::shared_ptr<Watch>& w, int attempt, const 
       return true;
     });
   } catch (const rdzv::StoreError& e) {
-    if (waiting.cancelled()) return;
-    failure_seen_ = true;
-    news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
+    if (!waiting.cancelled()) {  // stopping: a store error is no news then
+      failure_seen_ = true;
+      news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
+    }
   }
-  if (w->answer) store_.cancel(w->parked);  // stopped: the answer is no one's business now
+  if (w->answer) store_.cancel(w->parked);  // the answer is no one's business now
   if (news) on_failure(*news);
 }
 

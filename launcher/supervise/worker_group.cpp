@@ -33,6 +33,9 @@ constexpr auto kStopSignalHold = std::chrono::milliseconds(200);
 // Once every process is gone, the pipes hold at most their last buffered bytes; a
 // pipe still open after this long is held by something outside ddprun's reach.
 constexpr auto kDrainTimeout = std::chrono::seconds(2);
+// While stopping, how often workers are continued again: a SIGSTOP that comes after the
+// first SIGCONT holds the stop no longer than this.
+constexpr auto kContinueEvery = std::chrono::seconds(1);
 
 // Direct children of this process (workers, orphans re-parented to ddprun as the
 // subreaper, and the guard), from /proc/self/task/<tid>/children.
@@ -66,6 +69,7 @@ WorkerGroup::WorkerGroup(const GroupContext& context, int attempt, const JobLayo
       hooks_(hooks),
       grace_timer_(ctx_.io),
       drain_timer_(ctx_.io),
+      continue_timer_(ctx_.io),
       hold_timer_(ctx_.io) {}
 
 WorkerGroup::~WorkerGroup() {
@@ -270,7 +274,10 @@ void WorkerGroup::begin_stop(int sig, const std::string& why) {
     spdlog::info("{}; sending {} to the remaining workers (SIGKILL after {} s)", why, signal_name(sig), grace);
   }
   signal_everything(sig);
-  if (sig != SIGKILL) continue_stopped();
+  if (sig != SIGKILL) {
+    continue_stopped();
+    keep_continuing();
+  }
   grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace)));
   grace_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) on_grace_expired();
@@ -294,22 +301,38 @@ void WorkerGroup::signal_everything(int sig) {
 // A stopped process keeps the stop signal pending and would hold the stop for the
 // whole grace period: every group (and straggler) is continued, so the signal it was
 // just sent is delivered. SIGCONT does nothing to a process that runs. A process
-// stopped by a tracer stays stopped until the tracer lets go or SIGKILL comes.
+// stopped by a tracer stays stopped until the tracer lets go or SIGKILL comes. Each
+// worker's being stopped is logged once.
 void WorkerGroup::continue_stopped() {
   for (auto& w : workers_) {
     if (!group_alive(*w)) continue;
     const pid_t pid = w->outcome.pid;
     const char state = w->outcome.reaped ? 0 : process_state_letter(pid);
-    if (state == 'T') {
+    bool continued = kill(-pid, SIGCONT) == 0;
+    if (!continued && errno == ESRCH && !w->outcome.reaped) continued = kill(pid, SIGCONT) == 0;
+    if (w->stop_told) continue;
+    if (state == 'T' && continued) {
       spdlog::info("rank {} (pid {}) was stopped (SIGSTOP); continued it so it can terminate", w->outcome.rank, pid);
+      w->stop_told = true;
     } else if (state == 't') {
       spdlog::info("rank {} (pid {}) is stopped by a tracer (a debugger); it ends on SIGKILL after the grace period "
                    "unless the tracer lets it go",
                    w->outcome.rank, pid);
+      w->stop_told = true;
     }
-    if (kill(-pid, SIGCONT) != 0 && errno == ESRCH && !w->outcome.reaped) kill(pid, SIGCONT);
   }
   for (pid_t pid : stragglers()) kill(pid, SIGCONT);
+}
+
+// Until the grace period is over or every process is gone, continues the workers again
+// every kContinueEvery: a SIGSTOP that came after the first SIGCONT is undone too.
+void WorkerGroup::keep_continuing() {
+  continue_timer_.expires_after(kContinueEvery);
+  continue_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || killed_ || processes_gone_) return;
+    continue_stopped();
+    keep_continuing();
+  });
 }
 
 // Direct children that are neither running workers nor the guard: processes the
@@ -348,6 +371,7 @@ void WorkerGroup::check_done() {
 void WorkerGroup::processes_gone() {
   processes_gone_ = true;
   grace_timer_.cancel();
+  continue_timer_.cancel();
   if (open_streams_ > 0) {
     drain_timer_.expires_after(kDrainTimeout);
     drain_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -418,6 +442,7 @@ AttemptResult WorkerGroup::finish() {
   // No handler of this group may outlive it (they would run in the next attempt).
   grace_timer_.cancel();
   drain_timer_.cancel();
+  continue_timer_.cancel();
   hold_timer_.cancel();
   AttemptResult result;
   for (auto& w : workers_) {

@@ -68,6 +68,7 @@ class WorkerGroup {
   struct Worker {
     WorkerOutcome outcome;
     bool group_gone = false;  // its process group is empty: its id may be reused, never signal it
+    bool stop_told = false;   // its being stopped (continued, or held by a tracer) was logged
     std::unique_ptr<Stream> out;
     std::unique_ptr<Stream> err;
   };
@@ -80,6 +81,7 @@ class WorkerGroup {
   void begin_stop(int sig, const std::string& why);
   void signal_everything(int sig);
   void continue_stopped();
+  void keep_continuing();
   std::vector<pid_t> stragglers() const;
   bool group_alive(Worker& w);
   void check_done();
@@ -106,6 +108,7 @@ class WorkerGroup {
   std::set<pid_t> signalled_stragglers_;  // so a re-parented process gets each signal once
   boost::asio::steady_timer grace_timer_;
   boost::asio::steady_timer drain_timer_;
+  boost::asio::steady_timer continue_timer_;  // continues workers stopped again while stopping
   boost::asio::steady_timer hold_timer_;
   std::optional<size_t> held_failure_;  // the first failed worker, not yet declared the root cause
   bool hold_armed_ = false;             // waiting kStopSignalHold for ddprun's own stop signal

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <thread>
 
 #include "e2e.hpp"
 
@@ -23,6 +24,27 @@ bool contains(const std::string& text, const std::string& what) { return text.fi
 std::string refusal(const std::string& flag, const std::string& shown) {
   return "invalid " + flag + " '" + shown + "': expected 1 to 128 letters, digits, '.', '_' or '-' (not '.' or '..')";
 }
+
+// A ddp-rendezvous on loopback taking token `secret`, and the environment of the ddprun
+// processes that use it (this test's runtime folder, so `ddprun status` sees only them).
+struct Daemon {
+  Daemon(const TempDir& dir, const std::string& secret) : port(e2e::free_port()) {
+    write_file(dir / "token", secret + "\n");
+    process = std::make_unique<Process>(std::vector<std::string>{kRendezvousBin, "--host=127.0.0.1",
+                                                                 "--port=" + std::to_string(port), "--token-file",
+                                                                 (dir / "token").string()});
+    REQUIRE(process->wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
+    env.set_env["DDPRUN_TOKEN"] = secret;
+    env.set_env["XDG_RUNTIME_DIR"] = dir.path().string();
+  }
+  void stop() {
+    process->send_signal(SIGTERM);
+    REQUIRE(process->wait(10s).has_value());
+  }
+  int port;
+  std::unique_ptr<Process> process;
+  ProcessOptions env;
+};
 
 }  // namespace
 
@@ -67,15 +89,9 @@ TEST_CASE("job ids outside letters, digits, '.', '_' and '-' are refused alike b
 TEST_CASE("a launch reusing a running job's id on a daemon with another shape is refused and the job goes on",
           "[e2e][job_id]") {
   TempDir dir;
-  write_file(dir / "token", "shape-secret\n");
-  const int port = e2e::free_port();
-  Process daemon({kRendezvousBin, "--host=127.0.0.1", "--port=" + std::to_string(port), "--token-file",
-                  (dir / "token").string()});
-  REQUIRE(daemon.wait_for_stdout([](const std::string& o) { return contains(o, "listening"); }, 10s));
-  ProcessOptions env;
-  env.set_env["DDPRUN_TOKEN"] = "shape-secret";
-  env.set_env["XDG_RUNTIME_DIR"] = dir.path().string();
-  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(port);
+  Daemon daemon(dir, "shape-secret");
+  const ProcessOptions& env = daemon.env;
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(daemon.port);
   auto node = [&](const std::string& nnodes, int rank, int nproc, std::vector<std::string> program) {
     std::vector<std::string> a = {"--nnodes=" + nnodes, "--node_rank=" + std::to_string(rank),
                                   "--nproc_per_node=" + std::to_string(nproc), endpoint, "--rdzv_id=shared",
@@ -135,6 +151,43 @@ TEST_CASE("a launch reusing a running job's id on a daemon with another shape is
   REQUIRE(n0.wait(30s).has_value());
   REQUIRE(n1.wait(30s).has_value());
   CHECK(!contains(n0.err() + n1.err(), "rendezvous: job"));
-  daemon.send_signal(SIGTERM);
-  REQUIRE(daemon.wait(10s).has_value());
+  daemon.stop();
+}
+
+TEST_CASE("a misconfigured node that waits for node 0 is the one refused, not node 0", "[e2e][job_id]") {
+  TempDir dir;
+  Daemon daemon(dir, "order-secret");
+  ProcessOptions env = daemon.env;
+  env.set_env["DDP_WAIT_NOTICE_SEC"] = "1";  // the wait says so within a second
+  auto node = [&](int nnodes, int rank, const std::string& marker) {
+    return e2e::ddprun({"--nnodes=" + std::to_string(nnodes), "--node_rank=" + std::to_string(rank),
+                        "--nproc_per_node=1", "--rdzv_endpoint=127.0.0.1:" + std::to_string(daemon.port),
+                        "--rdzv_id=ordered", "--join_timeout=30", e2e::kWorker, "touch", (dir / marker).string()});
+  };
+  // The wrong node 1 (--nnodes=3) comes first and waits for node 0's run id.
+  Process wrong(node(3, 1, "wrong"), env);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(wrong.err(), "waiting for node 0") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(contains(wrong.err(), "waiting for node 0"));
+  Process n0(node(2, 0, "n0"), env);
+  auto refused = wrong.wait(20s);
+  REQUIRE(refused.has_value());
+  CHECK(*refused == 2);
+  CHECK(contains(wrong.err(), "rendezvous: job 'ordered' is already running with 2 nodes × 1 process; this launch "
+                              "asks for 3 nodes × 1 process"));
+  // Node 0 was not refused: it still waits, and the right node 1 completes the job with it.
+  CHECK(!n0.wait(0ms).has_value());
+  auto right = run(node(2, 1, "n1"), env, 30s);
+  INFO(right.err);
+  CHECK(right.status == 0);
+  auto first = n0.wait(30s);
+  REQUIRE(first.has_value());
+  CHECK(*first == 0);
+  CHECK(!contains(n0.err(), "rendezvous: job"));
+  CHECK(std::filesystem::exists(dir / "n0"));
+  CHECK(std::filesystem::exists(dir / "n1"));
+  CHECK(!std::filesystem::exists(dir / "wrong"));
+  daemon.stop();
 }

@@ -180,3 +180,35 @@ TEST_CASE("a stopped worker: status says stopped, and SIGTERM ends the job long 
   CHECK(!contains(p.err(), "grace period over"));
   for (pid_t w : workers) CHECK(!process_alive(w));
 }
+
+TEST_CASE("a worker stopped again after the stop's SIGTERM and SIGCONT still ends long before the grace period",
+          "[e2e][signals]") {
+  TempDir dir;
+  Process p(e2e::ddprun({"--nproc_per_node=1", "--standalone", "--rdzv_id=sig-restopped", "--grace_period=30",
+                         e2e::kWorker, "term-slowly", "1000"}),
+            noticing(dir));
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 1, "ready"); }, 30s));
+  std::vector<pid_t> workers;
+  for (pid_t c : child_pids(p.pid())) {
+    if (command_name(c) == "test_worker") workers.push_back(c);
+  }
+  REQUIRE(workers.size() == 1);
+  p.send_signal(SIGTERM);
+  const auto sent = std::chrono::steady_clock::now();
+  // The worker got ddprun's SIGTERM (so ddprun's first SIGCONT is behind it); stop it again.
+  REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 1, "got SIGTERM"); }, 10s));
+  REQUIRE(kill(workers[0], SIGSTOP) == 0);
+  const auto status = p.wait(40s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  INFO(p.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 143);
+  CHECK(seconds < 4);  // its 1 s wind-down, continued within about a second; the grace period is 30 s
+  const std::string continued =
+      "rank 0 (pid " + std::to_string(workers[0]) + ") was stopped (SIGSTOP); continued it so it can terminate";
+  const std::string err = p.err();
+  CHECK(err.find(continued) != std::string::npos);
+  CHECK(err.find(continued) == err.rfind(continued));  // said once
+  CHECK(!contains(err, "grace period over"));
+  CHECK(!process_alive(workers[0]));
+}

@@ -486,6 +486,28 @@ TEST_CASE("ddprun status refuses a malformed node registration with one message"
   }
 }
 
+TEST_CASE("ddprun status looks at an elastic job's newest attempts only, whatever round its record claims",
+          "[e2e][status]") {
+  TempDir dir;
+  int port = e2e::free_port();
+  auto daemon = start_daemon(dir, port);
+  rdzv::TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = static_cast<uint16_t>(port);
+  o.token = "status-secret";
+  o.ns = "farround";
+  rdzv::TcpStore store(o);
+  store.set(ddp::contract::JobKeys::elastic_round(), std::to_string(1 << 30));  // no attempt closed
+  auto r = run(e2e::ddprun({"status", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=farround"}),
+               daemon_only_env(dir), 20s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 1);
+  CHECK(r.seconds < 5);  // 16 round trips, not 2^30
+  CHECK(contains(r.err, "job farround is an elastic job with no member list closed in its newest 16 attempts "
+                        "(1073741809 to 1073741824; older ones not looked at)"));
+  CHECK(lines_of(r.err).size() == 1);
+}
+
 TEST_CASE("ddprun status finds an elastic job's ranks through --rdzv_endpoint and --rdzv_id", "[e2e][status]") {
   DaemonJob d;
   // Two elastic nodes of one worker each: the round closes with both (MAX) at once.

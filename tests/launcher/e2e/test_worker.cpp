@@ -7,6 +7,8 @@
 //   trap SIG...                print "ready", then print "got SIGxxx" for each listed
 //                              signal received; exit 0 after SIGTERM/SIGINT/the last one
 //   ignore-term                ignore SIGTERM and SIGINT, print "ready", sleep
+//   term-slowly MS             print "ready"; on SIGTERM print "got SIGTERM", take MS ms
+//                              to wind down, exit 0
 //   tree DIR                   start a grandchild in the worker's group and one that
 //                              leaves it (setsid), write all pids to DIR/pids.RANK, sleep
 //   leave-behind DIR           start a setsid'd grandchild, write its pid, exit 0
@@ -44,6 +46,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "ddp/contract/job_records.hpp"
 #include "ddp/contract/store_keys.hpp"
@@ -241,6 +244,20 @@ int main(int argc, char** argv) {
     return std::atoi(code.c_str());
   }
   if (mode == "trap") return mode_trap(argc, argv);
+  if (mode == "term-slowly" && argc == 3) {
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    struct sigaction sa {};
+    sa.sa_handler = record_signal;
+    sigaction(SIGTERM, &sa, nullptr);
+    sigprocmask(SIG_BLOCK, &term, &old);
+    say("ready");
+    while (g_last_signal != SIGTERM) sigsuspend(&old);
+    say("got SIGTERM");
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[2])));
+    return 0;
+  }
   if (mode == "ignore-term") {
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
