@@ -78,19 +78,26 @@ void ServerCore::erase_orphans() noexcept {
 
 void ServerCore::give_back_soon() noexcept {
   constexpr size_t kGiveBackAfter = size_t{1} << 20;
+  constexpr auto kBurst = Millis(20);       // frees come in bursts: trim once, after
+  constexpr auto kAtMostEvery = Millis(1000);  // a trim walks the whole heap on the one thread
   if (give_back_armed_ || stopped_ || budget_.freed() < kGiveBackAfter) return;
+  auto trim = [this] {
+    budget_.forget_freed();
+    last_give_back_ = std::chrono::steady_clock::now();
+    ++give_backs_;
+    heap::give_back();
+  };
   try {
-    give_back_timer_.expires_after(Millis(20));  // frees come in bursts: trim once, after
-    give_back_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    auto at = std::max(std::chrono::steady_clock::now() + kBurst, last_give_back_ + kAtMostEvery);
+    give_back_timer_.expires_at(at);
+    give_back_timer_.async_wait([self = shared_from_this(), trim](const boost::system::error_code& ec) {
       self->give_back_armed_ = false;
       if (ec || self->stopped_) return;
-      self->budget_.forget_freed();
-      heap::give_back();
+      trim();
     });
     give_back_armed_ = true;
   } catch (const std::exception&) {  // no memory to arm a timer: trim now
-    budget_.forget_freed();
-    heap::give_back();
+    trim();
   }
 }
 
@@ -249,7 +256,7 @@ uint16_t StoreServer::port() const { return impl_->acceptor_.local_endpoint().po
 
 ServerStats StoreServer::stats() const {
   return {impl_->sessions_.size(), impl_->namespaces_.size(), impl_->waiters_, impl_->budget_.stored(),
-          impl_->budget_.held()};
+          impl_->budget_.held(), impl_->give_backs_};
 }
 
 void StoreServer::stop() { impl_->stop(); }

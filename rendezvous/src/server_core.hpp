@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -59,25 +60,32 @@ class MemoryBudget {
   }
   // For a few bytes that must go out even at the limit (an ERROR frame saying so).
   void hold_anyway(size_t n) { held_ += n; }
-  void release(size_t n) {
-    held_ -= n;
-    freed_ += n;
-  }
+  // Gives back a charge. Not counted toward a trim by itself: request bodies, replies
+  // and finished waits come and go with normal traffic, and their blocks are reused.
+  void release(size_t n) { held_ -= n; }
   void store(int64_t delta) {
     stored_ = static_cast<size_t>(static_cast<int64_t>(stored_) + delta);
-    if (delta < 0) freed_ += static_cast<size_t>(-delta);
+    if (stored_ > stored_peak_) stored_peak_ = stored_;
   }
+  // Bytes a closing connection gave back (its session, name, waits and buffers).
+  void torn_down(size_t n) { torn_down_ += n; }
   size_t stored() const { return stored_; }
   size_t held() const { return held_; }
-  // Bytes given back since forget_freed(): when to return free memory to the system.
-  size_t freed() const { return freed_; }
-  void forget_freed() { freed_ = 0; }
+  // Bytes really freed since forget_freed(), when to return free memory to the system:
+  // how far stored bytes fell below their peak since then (values rewritten a little
+  // shorter and longer again count nothing) plus what closed connections gave back.
+  size_t freed() const { return stored_peak_ - stored_ + torn_down_; }
+  void forget_freed() {
+    stored_peak_ = stored_;
+    torn_down_ = 0;
+  }
 
  private:
   size_t limit_;
   size_t stored_ = 0;
   size_t held_ = 0;
-  size_t freed_ = 0;
+  size_t stored_peak_ = 0;
+  size_t torn_down_ = 0;
 };
 
 class ServerCore : public std::enable_shared_from_this<ServerCore> {
@@ -94,8 +102,9 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   void finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w);
   // Erases the namespaces left while a wake() was walking (leave() defers them).
   void erase_orphans() noexcept;
-  // Once a megabyte or more was freed, returns free heap memory to the system when the
-  // burst of frees is over (a job's namespace, a crowd of connections). Never throws.
+  // Once a megabyte or more was freed (MemoryBudget::freed()), returns free heap memory
+  // to the system when the burst of frees is over (a job's namespace, a crowd of
+  // connections), at most once a second. Never throws.
   void give_back_soon() noexcept;
 
   boost::asio::io_context& io_;
@@ -107,6 +116,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   boost::asio::steady_timer retry_timer_;
   boost::asio::steady_timer give_back_timer_;
   bool give_back_armed_ = false;
+  std::chrono::steady_clock::time_point last_give_back_{};  // the last trim
+  size_t give_backs_ = 0;                                   // trims so far (ServerStats::trims)
   // The one owner of every open session; Session::close() takes it out, exactly once.
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::unordered_map<std::string, Namespace> namespaces_;

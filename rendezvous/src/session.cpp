@@ -47,6 +47,9 @@ void Session::close(bool clean) noexcept {
   closed_ = true;
   auto keep = weak_from_this().lock();  // the registry lets go below; this outlives close()
   server_->sessions_.erase(this);
+  // What this closing gives back counts toward a trim (wills it publishes may queue
+  // replies for others meanwhile: then a little less is counted).
+  const size_t held_before = server_->budget_.held();
   if (ns_ != nullptr) {
     std::vector<std::shared_ptr<Waiter>> mine = std::move(waiters_);
     waiters_.clear();
@@ -66,6 +69,8 @@ void Session::close(bool clean) noexcept {
   release_body();
   give_back_output();
   server_->budget_.release(kSessionBytes);  // taken by ServerCore::admit()
+  const size_t held_after = server_->budget_.held();
+  server_->budget_.torn_down(held_before > held_after ? held_before - held_after : 0);
   server_->give_back_soon();
   boost::system::error_code ignored;
   try {

@@ -72,7 +72,7 @@ void Session::check_value(size_t size) const {
 void Session::count_stored(size_t before) {
   size_t now = ns_->table.bytes();
   server_->budget_.store(static_cast<int64_t>(now) - static_cast<int64_t>(before));
-  if (now < before) server_->give_back_soon();
+  if (now < before) server_->give_back_soon();  // counts only a real fall below the peak
 }
 
 // Applies a change to one key, counting its stored bytes exactly once (also when the

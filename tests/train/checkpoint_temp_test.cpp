@@ -21,6 +21,7 @@
 #include "ddp/types.hpp"
 #include "forked.hpp"
 #include "subprocess.hpp"
+#include "temp_file.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -66,8 +67,9 @@ TEST_CASE("a writer killed mid-save leaves a temporary file that the next save o
           "[train][checkpoint]") {
   testing::TempDir dir;
   const std::string path = (dir / "ckpt").string();
-  // Not this host's, or named by another scheme: never touched.
-  const std::string other_host = "ckpt.tmp.some-other-host.4026531836.1.1";
+  // Another machine id's (this host's is another hash, but for once in 4 billion), or
+  // named by the older scheme: never touched.
+  const std::string other_host = "ckpt.tmp.0badf00d.1.1";
   const std::string old_scheme = "ckpt.tmp.12345";
   for (const auto& name : {other_host, old_scheme}) std::ofstream(dir / name) << "partial";
 
@@ -160,4 +162,15 @@ TEST_CASE("a save that fails leaves no temporary file", "[train][checkpoint]") {
                       Catch::Contains("cannot rename the checkpoint into place"));
   }
   CHECK(temps(dir.path()).empty());
+}
+
+TEST_CASE("a checkpoint whose name is 200 bytes long saves, and its temporary file fits", "[train][checkpoint]") {
+  testing::TempDir dir;
+  const std::string base(200, 'c');  // the temporary name adds at most 45 bytes: under NAME_MAX (255)
+  const std::string path = (dir / base).string();
+  auto m = model();
+  ddp::save_checkpoint(path, *m, nullptr, at_epoch(4));
+  CHECK(ddp::load_checkpoint(path, *m, nullptr).epoch == 4);
+  const std::string temp = ddp::temp_file::name_for(path);
+  CHECK(temp.size() - path.size() <= 45);
 }

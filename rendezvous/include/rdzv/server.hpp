@@ -39,6 +39,7 @@ struct ServerStats {
   size_t waiters = 0;
   size_t bytes = 0;  // what namespaces, their keys and values, and wills take in memory
   size_t held = 0;   // the rest of the memory budget in use: connections, partial requests, blocked requests, queued replies
+  size_t trims = 0;  // times free heap memory was handed back to the system (malloc_trim)
 };
 
 class StoreServer {

@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -17,12 +18,7 @@ namespace {
 std::string host_name() {
   char buf[HOST_NAME_MAX + 1] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "unknown-host";
-  std::string host = buf;
-  for (char& c : host) {
-    const bool kept = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.';
-    if (!kept) c = '_';
-  }
-  return host;
+  return buf;
 }
 
 // The inode number of this process's pid namespace ("pid:[4026531836]"), 0 when unknown.
@@ -58,13 +54,30 @@ std::optional<ProcessStart> process_start(long pid) {
   return p;
 }
 
-// This process's "<host>.<pid namespace>.<pid>.<start time>" (the pid part asked each
-// time: a forked child writes under its own).
+// 8 hex digits of the 32-bit FNV-1a hash of `text`: the same in every process and build.
+std::string short_hash(const std::string& text) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  char out[9] = {};
+  std::snprintf(out, sizeof out, "%08x", h);
+  return out;
+}
+
+// This host and pid namespace as short_hash() of "<host name>/<pid namespace inode>".
+const std::string& machine_id() {
+  static const std::string id = short_hash(host_name() + "/" + std::to_string(pid_namespace()));
+  return id;
+}
+
+// This process's "<machine id>.<pid>.<start time>" (the pid part asked each time: a
+// forked child writes under its own).
 std::string writer_id() {
-  static const std::string host = host_name() + "." + std::to_string(pid_namespace());
   const pid_t pid = ::getpid();
   const auto me = process_start(pid);
-  return host + "." + std::to_string(pid) + "." + std::to_string(me ? me->ticks : 0);
+  return machine_id() + "." + std::to_string(pid) + "." + std::to_string(me ? me->ticks : 0);
 }
 
 std::string base_of(const std::string& path) {
@@ -78,21 +91,16 @@ std::optional<uint64_t> number(const std::string& text) {
   return std::strtoull(text.c_str(), nullptr, 10);
 }
 
-// Whether the writer a temporary name's id ("<host>.<ns>.<pid>.<start>") names is known
-// to be gone; false for another host's or namespace's file and for an unreadable name.
-bool writer_gone(const std::string& id, const std::string& host, uint64_t ns) {
-  const auto d3 = id.rfind('.');
-  if (d3 == std::string::npos || d3 == 0) return false;
-  const auto d2 = id.rfind('.', d3 - 1);
+// Whether the writer a temporary name's id ("<machine id>.<pid>.<start>") names is
+// known to be gone; false for another machine id's file and for an unreadable name.
+bool writer_gone(const std::string& id, const std::string& machine) {
+  const auto d2 = id.rfind('.');
   if (d2 == std::string::npos || d2 == 0) return false;
   const auto d1 = id.rfind('.', d2 - 1);
   if (d1 == std::string::npos) return false;
-  const auto their_ns = number(id.substr(d1 + 1, d2 - d1 - 1));
-  const auto pid = number(id.substr(d2 + 1, d3 - d2 - 1));
-  const auto start = number(id.substr(d3 + 1));
-  if (id.substr(0, d1) != host || !their_ns || *their_ns != ns || !pid || !start || *pid == 0 || *pid > INT_MAX) {
-    return false;
-  }
+  const auto pid = number(id.substr(d1 + 1, d2 - d1 - 1));
+  const auto start = number(id.substr(d2 + 1));
+  if (id.substr(0, d1) != machine || !pid || !start || *pid == 0 || *pid > INT_MAX) return false;
   const auto now = process_start(static_cast<long>(*pid));
   return !now || now->state == 'Z' || now->state == 'X' || now->ticks != *start;
 }
@@ -113,14 +121,13 @@ void remove_stale(const std::string& target) {
   if (!process_start(::getpid())) return;
   const std::string dir = directory_of(target);
   const std::string prefix = base_of(target) + ".tmp.";
-  const std::string host = host_name();
-  const uint64_t ns = pid_namespace();
+  const std::string& machine = machine_id();
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    if (!writer_gone(name.substr(prefix.size()), host, ns)) continue;
+    if (!writer_gone(name.substr(prefix.size()), machine)) continue;
     const std::string path = dir + "/" + name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());

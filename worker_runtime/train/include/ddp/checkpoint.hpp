@@ -28,10 +28,14 @@ struct CheckpointInfo {
 // Writes model's parameter values, optimizer's state (when optimizer is not null)
 // and info to path atomically: a temporary file in the same directory is written,
 // fsync'ed and renamed over path, so a crash leaves either the old or the new file.
-// The temporary file is "<path>.tmp.<host>.<pid namespace>.<pid>.<start time>"; a
-// failed save removes its own, and each save first removes those of writers on this
-// host that are gone (killed mid-save). Throws ddp::Error naming the file on any I/O
-// failure.
+// The temporary file is "<path>.tmp.<machine id>.<pid>.<start time>" (machine id: 8
+// hex digits hashing the host name and pid namespace); a failed save removes its own,
+// and each save first removes those of writers on this host that are gone (killed
+// mid-save). Two machines with the same host name, both in the initial pid namespace,
+// that share the folder (NFS) cannot be told apart: a save on one may remove a temporary
+// file that a live writer on the other is filling (its rename then fails). Temporary
+// files of the older scheme "<path>.tmp.<pid>" are never removed: delete them by hand.
+// Throws ddp::Error naming the file on any I/O failure.
 void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info);
 
 // Reads a checkpoint written by save_checkpoint into model (and optimizer, when not
