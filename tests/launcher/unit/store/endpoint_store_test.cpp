@@ -103,3 +103,16 @@ TEST_CASE("endpoint store: the matching node hosts; a taken port makes it a clie
   CHECK_FALSE(far.host);
   CHECK_THAT(far.role, Catch::Contains("neither this host's name"));
 }
+
+TEST_CASE("endpoint store: is_host=true hosts where the endpoint names no address of this host", "[endpoint]") {
+  // A Kubernetes Service's cluster IP, say: HOST reaches this node through the network's
+  // address translation, and only is_host tells the node it is the one.
+  ddprun::EndpointStoreOptions o;
+  o.host = "192.0.2.77";  // TEST-NET-1: never this host's
+  o.port = 0;             // any free port: what matters is that it binds at all
+  o.is_host = true;
+  ddprun::EndpointStore hosted = ddprun::host_endpoint_store(o);
+  REQUIRE(hosted.host);
+  CHECK(hosted.host->port() != 0);
+  CHECK_THAT(hosted.role, Catch::StartsWith("this node hosts the store at 192.0.2.77:0 (is_host=true in --rdzv_conf)"));
+}
