@@ -141,6 +141,41 @@ TEST_CASE("c10d endpoint elastic 1:3: the host runs alone and a node joining lat
   CHECK_THAT(first.err(), Catch::Contains("re-forming the job with more nodes"));
 }
 
+TEST_CASE("c10d recipe: a lost node started again takes its place while restarts remain", "[multinode][endpoint]") {
+  // Ranks by arrival are rounds of MIN = MAX = 2, as torchrun's dynamic rendezvous: a
+  // node lost ends the attempt, the job waits for two nodes again, and the node's
+  // replacement (a pod started again) is admitted. The attempt after the restart finishes.
+  NetnsCluster c(2);
+  const std::string endpoint = c.address(0) + ":29400";
+  const std::vector<std::string> program = {
+      "/bin/sh", "-c",
+      "echo \"world=$WORLD_SIZE rank=$RANK restart=$TORCHELASTIC_RESTART_COUNT\"; "
+      "[ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ] && exit 0; exec sleep 60"};
+  auto node = [&](int i) { return c.on(i, recipe(endpoint, {"--max_restarts=1"}, program)); };
+  auto started = [](int n) {
+    return [n](const std::string& out) {
+      size_t count = 0;
+      for (size_t p = out.find("world=4 "); p != std::string::npos; p = out.find("world=4 ", p + 1)) ++count;
+      return count >= static_cast<size_t>(n);
+    };
+  };
+  Process host(node(0));
+  auto lost = std::make_unique<Process>(node(1));
+  REQUIRE(host.wait_for_stdout(started(2), 30s));
+  REQUIRE(lost->wait_for_stdout(started(2), 30s));
+  lost->send_signal(SIGKILL);
+  REQUIRE(lost->wait(10s).has_value());
+  Process again(node(1));
+  for (Process* p : {&host, &again}) {
+    auto status = p->wait(60s);
+    INFO("stderr: " << p->err() << "\nstdout: " << p->out());
+    REQUIRE(status.has_value());
+    CHECK(*status == 0);
+    CHECK_THAT(p->out(), Catch::Contains("world=4 ") && Catch::Contains("restart=1"));
+  }
+  CHECK_THAT(host.err(), Catch::Contains("re-forming the job without the lost node (restart 1 of 1)"));
+}
+
 TEST_CASE("c10d endpoint: is_host in --rdzv_conf overrides the name match", "[multinode][endpoint]") {
   // Node 0 is called "rdzv", the endpoint's name, but the name leads to node 1: node 0
   // told is_host=false stays a client; node 1 hosts (is_host=true).
