@@ -36,7 +36,12 @@ TEST_CASE("endpoint host: names match this host's name or FQDN, in any case", "[
   CHECK_FALSE(other.matches);
   CHECK_THAT(other.why, Catch::Contains("does not resolve (yet)"));
   CHECK_FALSE(match_endpoint_host("node", {}, node0()).matches);  // a prefix is another name
-  CHECK_FALSE(match_endpoint_host("node0.job", {}, node0()).matches);
+  // A Kubernetes pod's <host>.<subdomain>: the resolver's search list completes it to the FQDN.
+  HostMatch pod = match_endpoint_host("node0.job", {}, node0());
+  CHECK(pod.matches);
+  CHECK_THAT(pod.why, Catch::Contains("begins this host's FQDN"));
+  CHECK_FALSE(match_endpoint_host("node0.jo", {}, node0()).matches);  // labels whole, not cut
+  CHECK_FALSE(match_endpoint_host("node0.other", {}, node0()).matches);
 }
 
 TEST_CASE("endpoint host: addresses match an interface's, loopback always", "[endpoint]") {
