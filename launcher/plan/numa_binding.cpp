@@ -42,7 +42,7 @@ std::optional<int> read_int(const fs::path& path) {
 std::set<int> read_cpu_list(const fs::path& path) {
   auto text = read_text(path);
   if (!text) throw LaunchError("--numa_binding: cannot read " + path.string());
-  return parse_cpu_list(trimmed(*text));
+  return parse_cpu_list(*text);
 }
 
 // The CPUs sharing the highest-level data or unified cache with `cpu_dir`'s CPU.
@@ -172,7 +172,8 @@ const char* numa_binding_name(NumaBinding mode) {
 
 std::set<int> parse_cpu_list(const std::string& text) {
   std::set<int> cpus;
-  std::string_view rest = text;
+  const std::string list = trimmed(text);
+  std::string_view rest = list;
   auto number = [&](std::string_view s) {
     auto n = ddp::contract::parse_integer(s);
     if (!n || *n < 0 || *n >= kMaxCpu) throw LaunchError("--numa_binding: bad CPU list '" + text + "'");
