@@ -248,7 +248,10 @@ std::vector<WorkerBinding> compute_numa_binding(NumaBinding mode, const CpuTopol
     for (const auto& [node, cpus] : t.node_cpus) {
       if (std::any_of(cpus.begin(), cpus.end(), [&](int c) { return allowed.count(c) > 0; })) usable.push_back(node);
     }
-    if (usable.empty()) throw LaunchError("--numa_binding: no NUMA node has a CPU this process may run on");
+    if (usable.empty()) {
+      throw LaunchError("--numa_binding: no NUMA node has a CPU this process may run on (allowed: " +
+                        cpu_list_text(allowed) + ")");
+    }
     for (int lr = 0; lr < nproc; ++lr) nodes.push_back(usable[static_cast<size_t>(lr) * usable.size() / nproc]);
   }
   std::vector<WorkerBinding> out;
