@@ -18,6 +18,7 @@
 #include "plan/launch_plan.hpp"
 #include "remote/launcher_link.hpp"
 #include "cli/options.hpp"
+#include "cli/torchrun_flags.hpp"
 #include "rdzv/token.hpp"
 #include "remote/remote_launch.hpp"
 #include "membership/rendezvous_agent.hpp"

@@ -35,11 +35,13 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
+constexpr NumaBinding kNumaModes[] = {NumaBinding::Node, NumaBinding::Socket, NumaBinding::Exclusive,
+                                       NumaBinding::CoreComplex};
+
 NumaBinding numa_mode(const std::string& text) {
-  if (text == "node") return NumaBinding::Node;
-  if (text == "socket") return NumaBinding::Socket;
-  if (text == "exclusive") return NumaBinding::Exclusive;
-  if (text == "core-complex") return NumaBinding::CoreComplex;
+  for (NumaBinding mode : kNumaModes) {
+    if (text == numa_binding_name(mode)) return mode;
+  }
   invalid("--numa_binding", text, "expected node, socket, exclusive or core-complex");
 }
 
@@ -128,6 +130,43 @@ std::vector<std::string> split_filter_list(const std::string& text) {
     }
   }
   return items;
+}
+
+const char* numa_binding_name(NumaBinding mode) {
+  switch (mode) {
+    case NumaBinding::Node: return "node";
+    case NumaBinding::Socket: return "socket";
+    case NumaBinding::Exclusive: return "exclusive";
+    case NumaBinding::CoreComplex: return "core-complex";
+    case NumaBinding::None: break;
+  }
+  return "none";
+}
+
+std::vector<std::string> torchrun_flag_arguments(const LaunchOptions& o) {
+  std::vector<std::string> args;
+  auto filters = [](const std::vector<std::string>& items) {
+    std::string text;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) text += ',';
+      for (char c : items[i]) text += c == ',' ? std::string(",,") : std::string(1, c);
+    }
+    return text;
+  };
+  if (o.numa_binding != NumaBinding::None) {
+    args.insert(args.end(), {"--numa_binding", numa_binding_name(o.numa_binding)});
+  }
+  if (o.virtual_local_rank) args.push_back("--virtual_local_rank");
+  if (!o.duplicate_stdout_filters.empty()) {
+    args.insert(args.end(), {"--duplicate_stdout_filters", filters(o.duplicate_stdout_filters)});
+  }
+  if (!o.duplicate_stderr_filters.empty()) {
+    args.insert(args.end(), {"--duplicate_stderr_filters", filters(o.duplicate_stderr_filters)});
+  }
+  if (o.log_line_prefix_template) args.insert(args.end(), {"--log_line_prefix_template", *o.log_line_prefix_template});
+  if (o.signals_to_handle != kDefaultSignals) args.insert(args.end(), {"--signals_to_handle", o.signals_to_handle});
+  if (o.run_path) args.push_back("--run_path");
+  return args;
 }
 
 int handled_signal_number(const std::string& name) {

@@ -41,6 +41,13 @@ void add_torchrun_flags(CLI::App& app, TorchrunFlags& raw);
 // the flag or variable) for a bad value.
 void apply_torchrun_flags(const TorchrunFlags& raw, bool grace_period_given, LaunchOptions& options);
 
+// The flags that give another ddprun (an agent of a --hostfile launch) the same values
+// of these options; the grace period travels as --grace_period, the notes stay here.
+std::vector<std::string> torchrun_flag_arguments(const LaunchOptions& options);
+
+// torchrun's name of a --numa_binding mode ("core-complex"); "none" for None.
+const char* numa_binding_name(NumaBinding mode);
+
 // torchrun's comma-separated list: items split at ',', and ",," stands for a ','
 // inside an item.
 std::vector<std::string> split_filter_list(const std::string& text);

@@ -159,17 +159,6 @@ std::set<int> own_affinity() {
 
 }  // namespace
 
-const char* numa_binding_name(NumaBinding mode) {
-  switch (mode) {
-    case NumaBinding::Node: return "node";
-    case NumaBinding::Socket: return "socket";
-    case NumaBinding::Exclusive: return "exclusive";
-    case NumaBinding::CoreComplex: return "core-complex";
-    case NumaBinding::None: break;
-  }
-  return "none";
-}
-
 std::set<int> parse_cpu_list(const std::string& text) {
   std::set<int> cpus;
   const std::string list = trimmed(text);

@@ -73,6 +73,4 @@ std::vector<WorkerBinding> plan_numa_binding(NumaBinding mode, int nproc);
 std::string cpu_list_text(const std::set<int>& cpus);
 std::set<int> parse_cpu_list(const std::string& text);
 
-const char* numa_binding_name(NumaBinding mode);
-
 }  // namespace ddprun

@@ -5,6 +5,7 @@
 
 #include "cli/torchrun_flags.hpp"
 #include "command_line.hpp"
+#include "remote/agent_command.hpp"
 #include "scoped_env.hpp"
 
 using command_line::flags_error;
@@ -103,4 +104,29 @@ TEST_CASE("--start_method, --event_log_handler and --logs_specs are checked and 
 TEST_CASE("--nproc_per_node takes xpu", "[options][torchrun]") {
   CHECK(parse_flags({"--nproc-per-node", "xpu"}).nproc_per_node == "xpu");
   CHECK_THAT(flags_error({"--nproc-per-node", "tpu"}), Catch::Contains("gpu, xpu, cpu or auto"));
+}
+
+TEST_CASE("an agent of a --hosts launch gets the same values of the newer flags", "[options][torchrun][remote]") {
+  testing::ScopedEnv env;
+  env.set("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${hostname}> ");  // the agents are told it as a flag
+  auto l = command_line::parse({"--hosts", "a:2,b:2", "--numa-binding", "core-complex", "--virtual-local-rank",
+                                "--duplicate-stdout-filters", "a,,b,c", "--duplicate-stderr-filters", "E",
+                                "--signals-to-handle", "SIGTERM,SIGUSR1", "--shutdown-timeout", "4", "--run-path",
+                                "/abs/train.py"});
+  ddprun::AgentPlace place;
+  place.nnodes = 2;
+  place.nproc_per_node = "2";
+  place.run_id = "job";
+  place.store_endpoint = "10.0.0.1:4242";
+  env.set("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", std::nullopt);
+  auto a = command_line::parse(ddprun::agent_arguments(l, place));
+  CHECK(a.numa_binding == NumaBinding::CoreComplex);
+  CHECK(a.virtual_local_rank);
+  CHECK(a.duplicate_stdout_filters == std::vector<std::string>{"a,b", "c"});
+  CHECK(a.duplicate_stderr_filters == std::vector<std::string>{"E"});
+  CHECK(a.log_line_prefix_template == "${hostname}> ");
+  CHECK(a.handled_signals == std::vector<int>{SIGTERM, SIGUSR1});
+  CHECK(a.grace_period == 4.0);
+  CHECK(a.run_path);
+  CHECK(ddprun::torchrun_flag_arguments(command_line::parse_flags({})).empty());
 }
