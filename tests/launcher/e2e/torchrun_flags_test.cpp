@@ -25,7 +25,7 @@ bool has_line(const std::string& text, const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("--numa_binding binds each worker to its node's CPUs of a made-up topology", "[e2e][torchrun][numa]") {
+TEST_CASE("numa binding binds each worker to its node's CPUs of a made-up topology", "[e2e][torchrun][numa]") {
   // Two single-CPU nodes on two sockets: CPU 0 on node 0, CPU 1 on node 1 (this machine's two CPUs).
   TempDir sys;
   TopologyShape shape;
@@ -59,7 +59,7 @@ TEST_CASE("--numa_binding binds each worker to its node's CPUs of a made-up topo
   CHECK(has_line(r.out, "[rank1]:Cpus_allowed_list:\t1"));
 }
 
-TEST_CASE("--numa_binding on a topology without usable CPUs stops before any worker starts", "[e2e][torchrun][numa]") {
+TEST_CASE("numa binding on a topology without usable CPUs stops before any worker starts", "[e2e][torchrun][numa]") {
   TempDir sys;
   write_text(sys / "devices/system/node/node0/cpulist", "900-901");
   auto r = run(e2e::ddprun({"--numa-binding=node", "--standalone", "true"}),
@@ -68,7 +68,7 @@ TEST_CASE("--numa_binding on a topology without usable CPUs stops before any wor
   CHECK_THAT(r.err, Catch::Contains("--numa_binding: no NUMA node has a CPU this process may run on (allowed: "));
 }
 
-TEST_CASE("--virtual_local_rank: LOCAL_RANK=0 and one GPU of ddprun's list per worker", "[e2e][torchrun]") {
+TEST_CASE("virtual local rank: LOCAL_RANK=0 and one GPU of ddprun's list per worker", "[e2e][torchrun]") {
   auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--virtual-local-rank", "sh", "-c",
                             "echo L=$LOCAL_RANK C=$CUDA_VISIBLE_DEVICES R=$RANK"}),
                {{{"CUDA_VISIBLE_DEVICES", "5,7"}}, {"HIP_VISIBLE_DEVICES"}});
@@ -86,7 +86,7 @@ TEST_CASE("--virtual_local_rank: LOCAL_RANK=0 and one GPU of ddprun's list per w
   CHECK_THAT(few.err, Catch::Contains("--virtual_local_rank: local rank 2 has no GPU in CUDA_VISIBLE_DEVICES=5,7"));
 }
 
-TEST_CASE("--log_line_prefix_template replaces [rankN]: with torchrun's fields and the host name",
+TEST_CASE("a log line prefix template replaces the rank prefix with torchrun's fields and the host name",
           "[e2e][torchrun][prefix]") {
   auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--role=trainer", "--log-line-prefix-template",
                             "${hostname}:${rank}:${role_name}${local_rank}| ", "echo", "hi"}));
@@ -101,7 +101,7 @@ TEST_CASE("--log_line_prefix_template replaces [rankN]: with torchrun's fields a
   CHECK(has_line(flag_wins.out, "@ hi"));
 }
 
-TEST_CASE("--duplicate_*_filters copy matching lines of every rank to the attempt's filtered logs",
+TEST_CASE("duplicate filters copy matching lines of every rank to the attempt's filtered logs",
           "[e2e][torchrun][duplicate]") {
   TempDir logs;
   auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--rdzv_id=dup", "--log_dir", logs.path().string(),
@@ -118,7 +118,7 @@ TEST_CASE("--duplicate_*_filters copy matching lines of every rank to the attemp
   CHECK(has_line(r.out, "[rank0]:noise"));  // the console still has every line
 }
 
-TEST_CASE("--signals_to_handle: a listed SIGUSR1 goes to the workers and stops the job", "[e2e][torchrun][signals]") {
+TEST_CASE("signals to handle: a listed SIGUSR1 goes to the workers and stops the job", "[e2e][torchrun][signals]") {
   Process p(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--signals-to-handle", "SIGTERM,SIGUSR1", e2e::kWorker,
                          "trap", std::to_string(SIGUSR1)}));
   REQUIRE(p.wait_for_stdout([](const std::string& out) { return e2e::all_ranks_said(out, 2, "ready"); }, 20s));
@@ -135,7 +135,7 @@ TEST_CASE("--signals_to_handle: a listed SIGUSR1 goes to the workers and stops t
   CHECK(has_line(defaults.out, "[rank0]:SIGTERM,SIGINT,SIGHUP,SIGQUIT"));
 }
 
-TEST_CASE("--shutdown_timeout and TORCH_ELASTIC_SHUTDOWN_TIMEOUT set the grace period", "[e2e][torchrun][signals]") {
+TEST_CASE("the shutdown timeout from the flag or TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets the grace period", "[e2e][torchrun][signals]") {
   for (bool from_env : {false, true}) {
     INFO((from_env ? "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1" : "--shutdown-timeout 1"));
     std::vector<std::string> args = {"--nproc_per_node=2", "--standalone"};
@@ -153,7 +153,7 @@ TEST_CASE("--shutdown_timeout and TORCH_ELASTIC_SHUTDOWN_TIMEOUT set the grace p
   }
 }
 
-TEST_CASE("--run_path runs the script with runpy.run_path as __main__, winning over --no_python",
+TEST_CASE("run_path runs the script with runpy.run_path as __main__ and wins over no_python",
           "[e2e][torchrun][python]") {
   TempDir dir;
   write_file(dir / "train.py", "import sys\nprint(__name__, sys.argv, __file__ == sys.argv[0])\n");
@@ -169,14 +169,14 @@ TEST_CASE("--run_path runs the script with runpy.run_path as __main__, winning o
   }
 }
 
-TEST_CASE("--nproc_per_node=xpu counts Intel XPUs, or says why it cannot", "[e2e][torchrun]") {
+TEST_CASE("nproc_per_node=xpu counts Intel XPUs or says why it cannot", "[e2e][torchrun]") {
   auto r = run(e2e::ddprun({"--nproc-per-node", "xpu", "--standalone", "true"}));
   if (r.status == 0) SUCCEED("an XPU is present");  // a machine with Level Zero and an Intel GPU
   CHECK(r.status == 1);
   CHECK_THAT(r.err, Catch::Contains("--nproc_per_node=xpu: "));
 }
 
-TEST_CASE("--start_method, --event_log_handler and --logs_specs each say why they change nothing",
+TEST_CASE("start_method and event_log_handler and logs_specs each say why they change nothing",
           "[e2e][torchrun]") {
   auto r = run(e2e::ddprun({"--standalone", "--start-method=fork", "--event_log_handler", "console", "--logs-specs",
                             "custom", "echo", "ran"}));

@@ -12,7 +12,7 @@ using command_line::flags_error;
 using command_line::parse_flags;
 using ddprun::NumaBinding;
 
-TEST_CASE("--numa_binding takes torchrun's four modes in both spellings", "[options][torchrun]") {
+TEST_CASE("numa_binding takes torchrun's four modes in both spellings", "[options][torchrun]") {
   CHECK(parse_flags({}).numa_binding == NumaBinding::None);
   CHECK(parse_flags({"--numa-binding=node"}).numa_binding == NumaBinding::Node);
   CHECK(parse_flags({"--numa_binding", "socket"}).numa_binding == NumaBinding::Socket);
@@ -22,7 +22,7 @@ TEST_CASE("--numa_binding takes torchrun's four modes in both spellings", "[opti
         "invalid --numa_binding 'core_complex': expected node, socket, exclusive or core-complex");
 }
 
-TEST_CASE("--virtual_local_rank and --run_path are on/off flags", "[options][torchrun]") {
+TEST_CASE("virtual_local_rank and run_path are on/off flags", "[options][torchrun]") {
   auto o = parse_flags({"--virtual-local-rank", "--run_path"});
   CHECK(o.virtual_local_rank);
   CHECK(o.run_path);
@@ -31,7 +31,7 @@ TEST_CASE("--virtual_local_rank and --run_path are on/off flags", "[options][tor
   CHECK_FALSE(d.run_path);
 }
 
-TEST_CASE("duplicate filters split at commas, with ',,' for a comma", "[options][torchrun]") {
+TEST_CASE("duplicate filters split at each comma and a doubled comma stands for one", "[options][torchrun]") {
   auto o = parse_flags({"--duplicate-stdout-filters", "apple,orange", "--duplicate_stderr_filters=a,,b,c"});
   CHECK(o.duplicate_stdout_filters == std::vector<std::string>{"apple", "orange"});
   CHECK(o.duplicate_stderr_filters == std::vector<std::string>{"a,b", "c"});
@@ -39,7 +39,7 @@ TEST_CASE("duplicate filters split at commas, with ',,' for a comma", "[options]
   CHECK(parse_flags({}).duplicate_stdout_filters.empty());
 }
 
-TEST_CASE("the line prefix template comes from the flag, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+TEST_CASE("the line prefix template comes from the flag or else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
           "[options][torchrun]") {
   testing::ScopedEnv env;
   env.set("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", std::nullopt);
@@ -52,7 +52,7 @@ TEST_CASE("the line prefix template comes from the flag, else TORCHELASTIC_LOG_L
                            "breaks");
 }
 
-TEST_CASE("--signals_to_handle names the signals that stop the job", "[options][torchrun]") {
+TEST_CASE("signals_to_handle names the signals that stop the job", "[options][torchrun]") {
   auto d = parse_flags({});
   CHECK(d.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   CHECK(d.handled_signals.empty());
@@ -65,7 +65,7 @@ TEST_CASE("--signals_to_handle names the signals that stop the job", "[options][
   CHECK_THAT(flags_error({"--signals_to_handle", "TERM"}), Catch::Contains("'TERM' is not a signal"));
 }
 
-TEST_CASE("--shutdown_timeout is the grace period; the flags win over TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+TEST_CASE("shutdown_timeout is the grace period and the flags win over TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
           "[options][torchrun]") {
   testing::ScopedEnv env;
   env.set("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", std::nullopt);
@@ -87,7 +87,7 @@ TEST_CASE("--shutdown_timeout is the grace period; the flags win over TORCH_ELAS
   CHECK(flags_error({}) == "invalid TORCH_ELASTIC_SHUTDOWN_TIMEOUT 'soon': expected a whole number of seconds >= 0");
 }
 
-TEST_CASE("--start_method, --event_log_handler and --logs_specs are checked and noted", "[options][torchrun]") {
+TEST_CASE("start_method and event_log_handler and logs_specs are checked and noted", "[options][torchrun]") {
   CHECK(parse_flags({}).torchrun_notes.empty());
   auto o = parse_flags({"--start-method", "forkserver", "--event_log_handler=console", "--logs-specs", "mine"});
   REQUIRE(o.torchrun_notes.size() == 3);
@@ -101,7 +101,7 @@ TEST_CASE("--start_method, --event_log_handler and --logs_specs are checked and 
   CHECK_THAT(flags_error({"--logs_specs", "a b"}), Catch::StartsWith("invalid --logs_specs 'a b'"));
 }
 
-TEST_CASE("--nproc_per_node takes xpu", "[options][torchrun]") {
+TEST_CASE("nproc_per_node takes xpu", "[options][torchrun]") {
   CHECK(parse_flags({"--nproc-per-node", "xpu"}).nproc_per_node == "xpu");
   CHECK_THAT(flags_error({"--nproc-per-node", "tpu"}), Catch::Contains("gpu, xpu, cpu or auto"));
 }

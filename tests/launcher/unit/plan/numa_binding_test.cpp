@@ -44,7 +44,7 @@ TEST_CASE("cpu lists read and print as sysfs writes them", "[numa]") {
   CHECK_THROWS_AS(parse_cpu_list("a"), ddprun::LaunchError);
 }
 
-TEST_CASE("the topology of a 2-socket, 4-node tree is read from sysfs", "[numa]") {
+TEST_CASE("the topology of a 2-socket 4-node tree is read from sysfs", "[numa]") {
   Machine m;
   REQUIRE(m.topology.node_cpus.size() == 4);
   CHECK(cpu_list_text(m.topology.node_cpus.at(1)) == "4-7,20-23");
@@ -53,7 +53,7 @@ TEST_CASE("the topology of a 2-socket, 4-node tree is read from sysfs", "[numa]"
   CHECK(cpu_list_text(m.topology.cpu_llc.at(6)) == "6-7,22-23");  // the L3, not the level-4 instruction cache
 }
 
-TEST_CASE("node: every CPU of the GPU's node; memory from that node", "[numa]") {
+TEST_CASE("node: every CPU of the GPU's node with memory from that node", "[numa]") {
   Machine m;
   // GPUs 0,1 on node 0; 2,3 on node 3.
   CHECK(m.cpus(NumaBinding::Node, {0, 0, 3, 3}, 4) == List{"0-3,16-19 @0", "0-3,16-19 @0", "12-15,28-31 @3",
@@ -65,7 +65,7 @@ TEST_CASE("socket: every CPU of the nodes on the GPU's socket", "[numa]") {
   CHECK(m.cpus(NumaBinding::Socket, {1, 2}, 2) == List{"0-7,16-23 @1", "8-15,24-31 @2"});
 }
 
-TEST_CASE("exclusive: the node's physical cores split among its GPUs, extra cores first", "[numa]") {
+TEST_CASE("exclusive: the node's physical cores split among its GPUs with extra cores first", "[numa]") {
   Machine m;
   // Three GPUs on node 0 (4 cores): 2, 1, 1 cores, each core with both threads.
   CHECK(m.cpus(NumaBinding::Exclusive, {0, 0, 0, 2}, 4) ==
@@ -81,7 +81,7 @@ TEST_CASE("exclusive counts every GPU of the node, also those without a worker",
   CHECK(m.cpus(NumaBinding::Exclusive, {0, 0, 0, 0}, 2) == List{"0,16 @0", "1,17 @0"});
 }
 
-TEST_CASE("core-complex: one L3's CPUs per GPU, wrapping around when there are more GPUs", "[numa]") {
+TEST_CASE("core-complex: one L3's CPUs per GPU wrapping around when there are more GPUs", "[numa]") {
   Machine m;
   CHECK(m.cpus(NumaBinding::CoreComplex, {1, 1, 1}, 3) == List{"4-5,20-21 @1", "6-7,22-23 @1", "4-5,20-21 @1"});
 }
@@ -101,7 +101,7 @@ TEST_CASE("CPU-only workers spread over the nodes in blocks of local ranks", "[n
   CHECK(m.cpus(NumaBinding::CoreComplex, {}, 2) == List{"0-1,16-17 @0", "8-9,24-25 @2"});
 }
 
-TEST_CASE("only the CPUs this process may use are bound; a node without any is an error", "[numa]") {
+TEST_CASE("only the CPUs this process may use are bound and a node without any is an error", "[numa]") {
   Machine m;
   m.all = parse_cpu_list("0-1,4-5");  // e.g. taskset -c 0-1,4-5
   CHECK(m.cpus(NumaBinding::Node, {}, 2) == List{"0-1 @0", "4-5 @1"});
@@ -109,7 +109,7 @@ TEST_CASE("only the CPUs this process may use are bound; a node without any is a
                     Catch::Contains("NUMA node 2 (CPUs 8-11,24-27) has no CPU this process may run on"));
 }
 
-TEST_CASE("a GPU's node comes from its PCI device; -1 (no NUMA) is node 0", "[numa]") {
+TEST_CASE("a GPU's node comes from its PCI device where -1 (no NUMA) is node 0", "[numa]") {
   testing::TopologyShape shape;
   shape.gpus = {{"0000:3b:00.0", 1}, {"0000:5e:00.0", -1}};
   Machine m(shape);

@@ -16,7 +16,7 @@ namespace {
 const ddprun::LinePrefixFields kFields{12, 3, "trainer", "r12i0n8"};
 }
 
-TEST_CASE("without a template the prefix is [rankN]: and is not doubled", "[output][prefix]") {
+TEST_CASE("without a template the prefix is the rank in brackets and is not doubled", "[output][prefix]") {
   auto p = line_prefix(std::nullopt, kFields);
   CHECK(p.text == "[rank12]:");
   CHECK(p.skip_when_present);
@@ -32,7 +32,7 @@ TEST_CASE("a template fills torchrun's fields and the host name as string.Templa
   CHECK_FALSE(line_prefix("${rank}", kFields).skip_when_present);
 }
 
-TEST_CASE("lines holding a filter string also go, prefixed, to the filtered log", "[output][duplicate]") {
+TEST_CASE("lines holding a filter string also go prefixed to the filtered log", "[output][duplicate]") {
   testing::TempDir dir;
   int console[2];
   REQUIRE(pipe(console) == 0);
