@@ -18,6 +18,7 @@
 #include "plan/launch_plan.hpp"
 #include "remote/launcher_link.hpp"
 #include "cli/options.hpp"
+#include "cli/torchrun_flags.hpp"
 #include "rdzv/token.hpp"
 #include "remote/remote_launch.hpp"
 #include "membership/rendezvous_agent.hpp"
@@ -79,6 +80,12 @@ void print_plan(const ddprun::LaunchPlan& plan) {
                  o.standalone ? " (--standalone: free port)" : "");
   }
   if (plan.log_root) spdlog::info("logs: {}", plan.log_root->string());
+  for (size_t lr = 0; lr < plan.numa.size(); ++lr) {
+    const auto& b = plan.numa[lr];
+    spdlog::info("--numa_binding={}: local rank {} ({}): CPUs {}, memory node {}",
+                 ddprun::numa_binding_name(o.numa_binding), lr, b.device, ddprun::cpu_list_text(b.cpus),
+                 b.memory_node);
+  }
 }
 
 // Where this node's ddprun finds the job: a store it hosts itself (one node, node 0
@@ -242,6 +249,7 @@ int run(int argc, char** argv) {
     if (!parsed.options) return 0;  // --help / --version
     // What --rdzv_conf took and ignored: a launching ddprun's too.
     for (const auto& note : parsed.options->rdzv_conf_notes) spdlog::info("{}", note);
+    for (const auto& note : parsed.options->torchrun_notes) spdlog::info("{}", note);
     if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);
     // Started by a launching ddprun: its handoff (token, variables) comes first.
     if (parsed.options->remote.agent_stdin) ddprun::join_launcher(*parsed.options);

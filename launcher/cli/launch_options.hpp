@@ -14,6 +14,15 @@
 
 namespace ddprun {
 
+// --numa_binding: where each worker's CPUs come from (plan/numa_binding.hpp).
+enum class NumaBinding {
+  None,
+  Node,         // every CPU of the worker's NUMA node
+  Socket,       // every CPU of the NUMA nodes of that node's socket
+  Exclusive,    // the node's physical cores, split evenly among the node's workers
+  CoreComplex,  // one L3 cache's CPUs of the node, a different one per worker where there are enough
+};
+
 struct LaunchOptions {
   std::string nproc_per_node = "1";       // "N", "gpu", "cpu" or "auto" (resolved in the plan)
   bool nproc_per_node_given = false;      // --nproc_per_node on the command line (overrides slots)
@@ -35,7 +44,16 @@ struct LaunchOptions {
   bool no_python = false;
   bool module = false;
   double monitor_interval = 0.1;          // seconds; accepted for torchrun compatibility
-  double grace_period = 30.0;             // seconds between SIGTERM and SIGKILL
+  double grace_period = 30.0;             // seconds between SIGTERM and SIGKILL (--shutdown_timeout too)
+  NumaBinding numa_binding = NumaBinding::None;
+  bool virtual_local_rank = false;        // LOCAL_RANK=0 and one visible GPU per worker
+  std::vector<std::string> duplicate_stdout_filters;  // lines holding any of them also go to filtered_stdout.log
+  std::vector<std::string> duplicate_stderr_filters;  // ... filtered_stderr.log
+  std::optional<std::string> log_line_prefix_template;  // ${rank} ${local_rank} ${role_name} ${hostname}
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given (TORCHELASTIC_SIGNALS_TO_HANDLE)
+  std::vector<int> handled_signals;       // the signals of --signals_to_handle that stop the job
+  bool run_path = false;                  // run a .py with runpy.run_path under the interpreter
+  std::vector<std::string> torchrun_notes;  // torchrun flags accepted without effect, and why
   // --rdzv_endpoint HOST[:PORT] (store/endpoint_store.hpp): a ddp-rendezvous daemon there, or,
   // as torchrun's c10d backend, a store the node that HOST names hosts there.
   std::optional<std::string> rdzv_host;

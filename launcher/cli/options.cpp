@@ -10,6 +10,7 @@
 #include "ddp/contract/parse.hpp"
 #include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
+#include "cli/torchrun_flags.hpp"
 #include "rdzv/store.hpp"
 #include "ddp/contract/worker_env.hpp"
 #include "rdzv/token.hpp"
@@ -169,8 +170,8 @@ RdzvConf parse_rdzv_conf(const std::string& text) {
 }
 
 void validate_nproc(const std::string& text) {
-  if (text == "gpu" || text == "cpu" || text == "auto") return;
-  integer_in("--nproc_per_node", text, 1, 4096, "expected a worker count (1-4096), gpu, cpu or auto");
+  if (text == "gpu" || text == "xpu" || text == "cpu" || text == "auto") return;
+  integer_in("--nproc_per_node", text, 1, 4096, "expected a worker count (1-4096), gpu, xpu, cpu or auto");
 }
 
 std::set<int> parse_rank_list(const std::string& text) {
@@ -250,7 +251,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   RawFlags raw;
   LaunchOptions opts;
   app.add_option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node,
-                 "Workers on this node: a number, gpu (one per visible GPU), cpu (one per usable CPU) "
+                 "Workers on this node: a number, gpu (one per visible GPU), xpu (one per Intel XPU), cpu (one per usable CPU) "
                  "or auto (gpu if any, else cpu)")->default_str("1");
   app.add_option("--nnodes", raw.nnodes,
                  "Number of nodes: N (one ddprun per node, each with its own --node_rank), or MIN:MAX for an "
@@ -358,6 +359,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "with --hostfile, the address the hosts reach this ddprun's store at")
       ->type_name("ADDR");
   app.add_flag("--agent_stdin", opts.remote.agent_stdin)->group("");  // started by a launching ddprun
+  TorchrunFlags torchrun;  // torchrun 2.x's newer flags (torchrun_flags.hpp)
+  add_torchrun_flags(app, torchrun);
 
   try {
     app.parse(argc, const_cast<char**>(argv));
@@ -414,6 +417,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   if (!raw.local_ranks_filter.empty()) opts.local_ranks_filter = parse_rank_list(raw.local_ranks_filter);
   opts.monitor_interval = seconds_in("--monitor_interval", raw.monitor_interval, true);
   opts.grace_period = seconds_in("--grace_period", raw.grace_period, true);
+  apply_torchrun_flags(torchrun, app.count("--grace_period") > 0, opts);
   if (opts.module && opts.no_python) throw UsageError("--module and --no_python cannot be used together");
 
   if (opts.nnodes == 1 && !raw.rdzv_endpoint.empty() && raw.rdzv_endpoint.size() > 2 &&

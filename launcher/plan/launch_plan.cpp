@@ -29,6 +29,12 @@ int resolve_nproc(const std::string& spec) {
     if (gpus.count == 0) throw LaunchError("--nproc_per_node=gpu: no GPU is visible (check CUDA_VISIBLE_DEVICES)");
     return gpus.count;
   }
+  if (spec == "xpu") {
+    XpuCount xpus = count_xpus();
+    if (!xpus.error.empty()) throw LaunchError("--nproc_per_node=xpu: cannot count XPUs: " + xpus.error);
+    if (xpus.count == 0) throw LaunchError("--nproc_per_node=xpu: no XPU is visible (check ZE_AFFINITY_MASK)");
+    return xpus.count;
+  }
   return std::stoi(spec);  // validated by the parser
 }
 
@@ -36,9 +42,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// What torchrun's --run_path runs in its worker: the script as __main__ with sys.argv
+// set to the script and its arguments.
+constexpr const char* kRunPathCode =
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+
 WorkerCommand build_command(const LaunchOptions& o) {
   WorkerCommand cmd;
-  bool python = o.module || (!o.no_python && ends_with(o.program, ".py"));
+  bool python = o.run_path || o.module || (!o.no_python && ends_with(o.program, ".py"));
   if (!python) {
     cmd.path = resolve_executable(o.program, "program");
     cmd.argv.push_back(o.program);
@@ -47,15 +58,50 @@ WorkerCommand build_command(const LaunchOptions& o) {
     std::string interpreter = exec != nullptr && *exec != '\0' ? exec : "python3";
     cmd.path = resolve_executable(interpreter, "Python interpreter (PYTHON_EXEC)");
     cmd.argv = {interpreter, "-u"};
-    if (o.module) {
+    if (o.run_path) {  // wins over --module and --no_python, as in torchrun
+      cmd.argv.insert(cmd.argv.end(), {"-c", kRunPathCode});
+    } else if (o.module) {
       cmd.argv.push_back("-m");
-    } else if (access(o.program.c_str(), R_OK) != 0) {
+    }
+    if ((o.run_path || !o.module) && access(o.program.c_str(), R_OK) != 0) {
       throw LaunchError("script '" + o.program + "' cannot be read: " + std::strerror(errno));
     }
     cmd.argv.push_back(o.program);
   }
   cmd.argv.insert(cmd.argv.end(), o.program_args.begin(), o.program_args.end());
   return cmd;
+}
+
+// torchrun's virtual local rank: worker i sees the i-th GPU of the launcher's own list
+// (HIP_VISIBLE_DEVICES when set, else CUDA_VISIBLE_DEVICES), or GPU i when none is set.
+void plan_visible_devices(LaunchPlan& plan) {
+  const char* hip = std::getenv("HIP_VISIBLE_DEVICES");
+  plan.hip_visible_devices = hip != nullptr && *hip != '\0';
+  const char* var = plan.hip_visible_devices ? "HIP_VISIBLE_DEVICES" : "CUDA_VISIBLE_DEVICES";
+  const char* list = plan.hip_visible_devices ? hip : std::getenv("CUDA_VISIBLE_DEVICES");
+  std::vector<std::string> gpus;
+  if (list != nullptr) {
+    std::string_view rest = list;
+    while (true) {
+      auto comma = rest.find(',');
+      std::string item(rest.substr(0, comma));
+      item.erase(0, item.find_first_not_of(' '));
+      item.erase(item.find_last_not_of(' ') + 1);
+      gpus.push_back(item);
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  for (int lr = 0; lr < plan.nproc; ++lr) {
+    if (list == nullptr) {
+      plan.visible_devices.push_back(std::to_string(lr));
+    } else if (lr < static_cast<int>(gpus.size())) {
+      plan.visible_devices.push_back(gpus[lr]);
+    } else {
+      throw LaunchError("--virtual_local_rank: local rank " + std::to_string(lr) + " has no GPU in " + var + "=" +
+                        list);
+    }
+  }
 }
 
 }  // namespace
@@ -147,11 +193,15 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
   plan.set_omp_num_threads =
       ddp::contract::WorkerEnv::wants_single_omp_thread(ddp::contract::Variables::from_process(), plan.nproc);
 
+  if (options.virtual_local_rank) plan_visible_devices(plan);
+  if (options.numa_binding != NumaBinding::None) plan.numa = plan_numa_binding(options.numa_binding, plan.nproc);
+
   // torchrun keeps logs when asked for a log dir, and makes a temporary one when
-  // --redirects/--tee need files but no dir was given.
+  // --redirects/--tee/--duplicate_*_filters need files but no dir was given.
+  bool duplicates = !options.duplicate_stdout_filters.empty() || !options.duplicate_stderr_filters.empty();
   if (options.log_dir) {
     plan.log_base = std::filesystem::path(*options.log_dir);
-  } else if (options.redirects.any() || options.tee.any()) {
+  } else if (options.redirects.any() || options.tee.any() || duplicates) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "ddprun_XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) {
       throw LaunchError("cannot create a temporary log dir: " + std::string(std::strerror(errno)));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/launch_options.hpp"
+#include "plan/numa_binding.hpp"
 
 namespace ddprun {
 
@@ -29,6 +30,11 @@ struct LaunchPlan {
   std::optional<std::filesystem::path> log_base;  // --log_dir, or a temporary dir for --redirects/--tee
   std::optional<std::filesystem::path> log_root;  // <log_base>/<run_id>, when logs are kept
   bool set_omp_num_threads = false;               // OMP_NUM_THREADS=1 for the workers
+  std::vector<WorkerBinding> numa;                // --numa_binding: one per local rank; empty: none
+  // --virtual_local_rank: the GPU each local rank sees alone, and the variable(s) that
+  // say so (CUDA_VISIBLE_DEVICES; HIP_VISIBLE_DEVICES too when ddprun has it).
+  std::vector<std::string> visible_devices;
+  bool hip_visible_devices = false;
 };
 
 // Resolves and checks everything; throws UsageError or LaunchError.

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/torchrun_flags.hpp"
+
 namespace ddprun {
 namespace {
 
@@ -57,6 +59,8 @@ std::vector<std::string> agent_arguments(const LaunchOptions& o, const AgentPlac
   add("--exit_barrier_timeout", seconds_text(o.exit_barrier_timeout));
   add("--stall_timeout", seconds_text(o.stall_timeout));
   add("--stall_action", o.stall_stop ? "stop" : "report");
+  auto newer = torchrun_flag_arguments(o);
+  args.insert(args.end(), newer.begin(), newer.end());
   if (o.verbose) args.push_back("-v");
   args.push_back("--agent_stdin");
   args.push_back("--");

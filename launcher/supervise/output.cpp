@@ -1,11 +1,13 @@
 #include "supervise/output.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include "errors.hpp"
 #include "supervise/console.hpp"
 #include "supervise/write_fully.hpp"
 
@@ -14,6 +16,25 @@ namespace ddprun {
 void TailBuffer::push(std::string_view line) {
   if (lines_.size() == kLines) lines_.pop_front();
   lines_.emplace_back(line.substr(0, kLineChars));
+}
+
+FilteredLog::FilteredLog(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw LaunchError("cannot open log file '" + path_ + "': " + strerror(errno));
+}
+
+FilteredLog::~FilteredLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FilteredLog::write_line(const std::string& prefixed_line) {
+  if (fd_ < 0) return;
+  if (write_fully(fd_, prefixed_line) < prefixed_line.size()) {
+    spdlog::error("cannot write log file '{}': {}; filtered lines are no longer written to it", path_,
+                  strerror(errno));
+    ::close(fd_);
+    fd_ = -1;
+  }
 }
 
 WorkerStream::WorkerStream(Options options) : options_(std::move(options)) {}
@@ -54,7 +75,7 @@ void WorkerStream::finish() {
 
 void WorkerStream::split(std::string_view data) {
   // A log-only stream is split too: the line in progress must be at hand if the log fails.
-  if (options_.console == nullptr && !options_.keep_tail && options_.log_fd < 0) return;
+  if (options_.console == nullptr && !options_.keep_tail && options_.log_fd < 0 && !options_.duplicate) return;
   splitter_.feed(data, [this](std::string_view line) { take_line(line); });
   flush_batch();
 }
@@ -77,9 +98,17 @@ void WorkerStream::log_failed(int error, bool stream_ended) {
 
 void WorkerStream::take_line(std::string_view line) {
   if (options_.keep_tail) tail_.push(line);
-  if (options_.console == nullptr) return;
   // PyTorch 2.x prefixes some lines itself ("[rank0]: Traceback ..."): one prefix is enough.
-  if (!line.starts_with(options_.prefix)) batch_.append(options_.prefix);
+  const bool prefixed = !(options_.skip_present_prefix && line.starts_with(options_.prefix));
+  if (options_.duplicate) {
+    for (const auto& needle : options_.filters) {
+      if (line.find(needle) == std::string_view::npos) continue;
+      options_.duplicate->write_line((prefixed ? options_.prefix : std::string()) + std::string(line) + "\n");
+      break;
+    }
+  }
+  if (options_.console == nullptr) return;
+  if (prefixed) batch_.append(options_.prefix);
   batch_.append(line).push_back('\n');
 }
 

@@ -1,6 +1,8 @@
 // Worker output: every worker's stdout and stderr come through pipes to ddprun,
 // which writes them to the console one whole line at a time, each line prefixed
-// with "[rankN]:" (unless it already starts with its own, as PyTorch 2.x writes some), and (with a log dir) to per-rank log files byte for byte.
+// with "[rankN]:" or --log_line_prefix_template's prefix (line_prefix.hpp), and (with a
+// log dir) to per-rank log files byte for byte. Lines holding one of the
+// --duplicate_*_filters strings also go, prefixed, to the attempt's filtered log.
 // ddprun is the only writer of its stdout/stderr and writes whole lines per
 // write(), so lines of different ranks never mix mid-line. When a log file cannot
 // be written (disk full, I/O error), ddprun says so once and the stream goes to
@@ -10,9 +12,11 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "job/attempt_result.hpp"
 #include "supervise/line_splitter.hpp"
@@ -34,6 +38,25 @@ class TailBuffer {
   std::deque<std::string> lines_;
 };
 
+// The file every worker stream of an attempt duplicates its filtered lines to
+// (<attempt dir>/filtered_stdout.log or filtered_stderr.log, as torchrun names them).
+// Each line goes out in one write() to a file opened for appending, so lines of
+// different ranks never mix. A failed write is reported once and the file dropped.
+class FilteredLog {
+ public:
+  // Throws LaunchError naming the file when it cannot be created.
+  explicit FilteredLog(std::string path);
+  ~FilteredLog();
+  FilteredLog(const FilteredLog&) = delete;
+  FilteredLog& operator=(const FilteredLog&) = delete;
+
+  void write_line(const std::string& prefixed_line);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 // One worker stream (stdout or stderr): console copy with prefix, optional log file,
 // and (for stderr) the tail for the summary.
 //
@@ -45,6 +68,9 @@ class WorkerStream {
  public:
   struct Options {
     std::string prefix;          // e.g. "[rank3]:"
+    bool skip_present_prefix = true;  // a line already starting with `prefix` gets no second one
+    std::shared_ptr<FilteredLog> duplicate;  // lines holding one of `filters` also go here
+    std::vector<std::string> filters;
     Console* console = nullptr;  // Console::out() or err(); nullptr keeps it off the console
     int log_fd = -1;             // an open log file, owned by this object; -1 for none
     bool keep_tail = false;

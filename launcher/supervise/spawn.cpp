@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,6 +22,25 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   return out;
 }
 
+constexpr int kMpolPreferred = 1;  // MPOL_PREFERRED (linux/mempolicy.h)
+
+void write_error(const char* head, const char* what) {
+  (void)!write(STDERR_FILENO, head, std::strlen(head));
+  (void)!write(STDERR_FILENO, what, std::strlen(what));
+  (void)!write(STDERR_FILENO, "\n", 1);
+}
+
+// In the child: the binding's CPUs (a failure ends the worker) and preferred memory node
+// (a preference: a kernel without NUMA support refusing it changes nothing).
+void apply_binding(const WorkerBinding& b) {
+  if (syscall(SYS_sched_setaffinity, 0, b.cpu_mask.size() * sizeof(unsigned long), b.cpu_mask.data()) != 0) {
+    write_error("ddprun: cannot bind the worker to its --numa_binding CPUs: ", std::strerror(errno));
+    _exit(126);
+  }
+  // maxnode counts one bit more than the mask holds (the kernel reads maxnode - 1 bits).
+  (void)syscall(SYS_set_mempolicy, kMpolPreferred, b.node_mask.data(), b.node_mask.size() * 8 * sizeof(unsigned long) + 1);
+}
+
 // Runs in the child between fork and exec: only plain system calls, no allocation.
 [[noreturn]] void exec_child(const SpawnRequest& req, pid_t parent, char* const* argv, char* const* envp) {
   // Its own session (and so process group): job-control signals from ddprun's terminal
@@ -38,6 +58,7 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
 
   if (dup2(req.stdout_fd, STDOUT_FILENO) < 0 || dup2(req.stderr_fd, STDERR_FILENO) < 0) _exit(126);
   close_range(3, ~0U, 0);  // nothing ddprun inherited from its own parent leaks into workers
+  if (req.binding != nullptr) apply_binding(*req.binding);
   execve(req.command->path.c_str(), argv, envp);
 
   int err = errno;

@@ -32,6 +32,7 @@ Supervisor::Supervisor(const LaunchPlan& plan)
   Console::err().on_drained(resume);
   for (int sig : kStopSignals) signals_.add(sig);
   for (int sig : kForwardOnlySignals) signals_.add(sig);
+  for (int sig : plan.options.handled_signals) signals_.add(sig);  // adding one twice is harmless
   signals_.add(SIGCHLD);
 }
 
@@ -56,7 +57,7 @@ int Supervisor::poll_stop_signal() {
       io_.poll();  // runs the cancelled handler while `fired` and `got` still exist
       return 0;
     }
-    if (is_stop_signal(got)) return got;
+    if (stops_job(got, plan_.options)) return got;
     // SIGCHLD (the guard is the only child now) or USR1/USR2 with no workers to forward to.
   }
 }

@@ -8,6 +8,7 @@
 //                      one skips the grace period
 //   USR1 USR2          forwarded to every worker group; the job goes on (e.g. Slurm's
 //                      --signal=USR1@T asks workers to checkpoint)
+//   --signals_to_handle's signals: forwarded, then the same stop as INT or TERM
 //   worker pipes       output to the console and log files (output.hpp)
 //   grace timer        SIGKILL to whatever is left
 #pragma once

@@ -16,7 +16,12 @@ contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& lay
   w.launcher = contract::Launcher::Ddprun;
   w.rank = layout.rank_offset + local_rank;
   w.world_size = layout.world_size;
-  w.local_rank = local_rank;
+  w.local_rank = o.virtual_local_rank ? 0 : local_rank;  // each worker's one GPU is its device 0
+  if (o.virtual_local_rank) {
+    w.visible_device = plan.visible_devices[local_rank];
+    w.hip_visible_device = plan.hip_visible_devices;
+  }
+  w.signals_to_handle = o.signals_to_handle;
   w.local_world_size = plan.nproc;
   w.group_rank = layout.node_rank;
   w.group_world_size = layout.nnodes;

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "errors.hpp"
+#include "supervise/line_prefix.hpp"
 #include "supervise/console.hpp"
 #include "supervise/process_state.hpp"
 #include "supervise/spawn.hpp"
@@ -106,7 +107,12 @@ std::unique_ptr<WorkerGroup::Stream> WorkerGroup::open_stream(int read_fd, int l
   const LaunchOptions& o = plan.options;
   WorkerStream::Options opts;
   std::string rank = std::to_string(layout_.rank_offset + local_rank);
-  opts.prefix = "[rank" + rank + "]:";
+  LinePrefix prefix = line_prefix(o.log_line_prefix_template,
+                                  {layout_.rank_offset + local_rank, local_rank, o.role, plan.hostname});
+  opts.prefix = std::move(prefix.text);
+  opts.skip_present_prefix = prefix.skip_when_present;
+  opts.duplicate = which == kStdout ? filtered_stdout_ : filtered_stderr_;
+  opts.filters = which == kStdout ? o.duplicate_stdout_filters : o.duplicate_stderr_filters;
   // --tee wins over --redirects: a teed stream is on the console as well.
   bool redirected = (o.redirects.for_rank(local_rank) & which) != 0 && (o.tee.for_rank(local_rank) & which) == 0;
   bool filtered_out = o.local_ranks_filter && o.local_ranks_filter->count(local_rank) == 0;
@@ -131,6 +137,16 @@ void WorkerGroup::start() {
   const LaunchPlan& plan = ctx_.plan;
   // First every pipe and log file, so nothing that can fail is left once workers run.
   std::vector<std::pair<int, int>> write_ends;  // stdout, stderr of each worker
+  if (plan.log_root) {
+    auto attempt_dir = worker_log_dir(plan, attempt_, 0).parent_path();
+    const LaunchOptions& o = plan.options;
+    if (!o.duplicate_stdout_filters.empty()) {
+      filtered_stdout_ = std::make_shared<FilteredLog>((attempt_dir / "filtered_stdout.log").string());
+    }
+    if (!o.duplicate_stderr_filters.empty()) {
+      filtered_stderr_ = std::make_shared<FilteredLog>((attempt_dir / "filtered_stderr.log").string());
+    }
+  }
   try {
     for (int lr = 0; lr < plan.nproc; ++lr) {
       auto w = std::make_unique<Worker>();
@@ -158,6 +174,7 @@ void WorkerGroup::start() {
     std::vector<std::string> env =
         worker_environment(plan, layout_, w.outcome.local_rank, w.outcome.error_file);
     SpawnRequest req{&plan.command, &env, write_ends[i].first, write_ends[i].second};
+    if (!plan.numa.empty()) req.binding = &plan.numa[w.outcome.local_rank];
     pid_t pid = -1;
     try {
       pid = spawn_worker(req);
@@ -398,7 +415,7 @@ void WorkerGroup::maybe_complete() {
 }
 
 void WorkerGroup::on_signal(int sig) {
-  if (!is_stop_signal(sig)) {
+  if (!stops_job(sig, ctx_.plan.options)) {
     spdlog::info("received {}; forwarding it to the workers", signal_name(sig));
     signal_everything(sig);
     return;

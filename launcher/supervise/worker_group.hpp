@@ -36,6 +36,14 @@ inline bool is_stop_signal(int sig) {
   return false;
 }
 
+// A stop signal, or one --signals_to_handle names (torchrun stops its workers on each).
+inline bool stops_job(int sig, const LaunchOptions& options) {
+  for (int s : options.handled_signals) {
+    if (s == sig) return true;
+  }
+  return is_stop_signal(sig);
+}
+
 // What a group uses of the Supervisor that runs it (all outlive the group).
 struct GroupContext {
   const LaunchPlan& plan;
@@ -99,6 +107,8 @@ class WorkerGroup {
   bool stopping_ = false;
   bool killed_ = false;   // SIGKILL sent
   size_t open_streams_ = 0;
+  std::shared_ptr<FilteredLog> filtered_stdout_;  // --duplicate_stdout_filters' file, this attempt's
+  std::shared_ptr<FilteredLog> filtered_stderr_;
   bool processes_gone_ = false;  // every worker and descendant reaped (or given up on)
   bool done_ = false;            // ...and every pipe read to the end: the attempt is over
   bool finished_ = false;  // finish() ran: outcomes handed out, nothing left to clean up

@@ -247,3 +247,16 @@ TEST_CASE("OMP_NUM_THREADS=1 is chosen for several workers only when the user le
   CHECK_FALSE(WorkerEnv::wants_single_omp_thread(Variables(Vars{{"OMP_NUM_THREADS", "4"}}), 8));
   CHECK(WorkerEnv::wants_single_omp_thread(Variables(Vars{{"OMP_NUM_THREADS", ""}}), 2));  // empty counts as unset
 }
+
+TEST_CASE("a virtual local rank's one GPU is written as CUDA_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES when asked", "[worker_env]") {
+  WorkerEnv w;
+  CHECK(w.to_env().count("CUDA_VISIBLE_DEVICES") == 0);  // inherited from the launcher
+  w.visible_device = "7";
+  auto vars = w.to_env();
+  CHECK(vars.at("CUDA_VISIBLE_DEVICES") == "7");
+  CHECK(vars.count("HIP_VISIBLE_DEVICES") == 0);
+  w.hip_visible_device = true;
+  vars = w.to_env();
+  CHECK(vars.at("CUDA_VISIBLE_DEVICES") == "7");
+  CHECK(vars.at("HIP_VISIBLE_DEVICES") == "7");
+}

@@ -164,6 +164,10 @@ std::map<std::string, std::string> WorkerEnv::to_env() const {
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl_async_error_handling},
   };
   if (!error_file.empty()) env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  if (!visible_device.empty()) {
+    env["CUDA_VISIBLE_DEVICES"] = visible_device;
+    if (hip_visible_device) env["HIP_VISIBLE_DEVICES"] = visible_device;
+  }
   if (store) {
     env["DDPRUN_STORE_ADDR"] = store->addr;
     env["DDPRUN_STORE_PORT"] = std::to_string(store->port);

@@ -73,6 +73,10 @@ struct WorkerEnv {
   std::string nccl_async_error_handling = "1";
   // TORCHELASTIC_SIGNALS_TO_HANDLE: the signals the launcher forwards to its workers.
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // CUDA_VISIBLE_DEVICES (and HIP_VISIBLE_DEVICES when hip_visible_device) as torchrun's
+  // --virtual_local_rank sets them: the one GPU this worker sees; empty: inherited.
+  std::string visible_device;
+  bool hip_visible_device = false;
   // OMP_NUM_THREADS=1, which ddprun sets for several workers when the user did not.
   bool single_omp_thread = false;
   // The rule for single_omp_thread, as torchrun has it: more than one worker on the
