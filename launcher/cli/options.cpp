@@ -8,6 +8,7 @@
 
 #include "errors.hpp"
 #include "ddp/contract/parse.hpp"
+#include "cli/env_defaults.hpp"
 #include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
 #include "rdzv/store.hpp"
@@ -183,7 +184,8 @@ std::pair<std::string, int> parse_endpoint(const std::string& text) {
   return {host, port};
 }
 
-ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+// parse_command_line without the wording of errors about values from PET_*.
+static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvDefaults& sources) {
   CLI::App app{"ddprun: launch and supervise one worker process per GPU or CPU slot (a torchrun replacement).",
                "ddprun"};
   auto formatter = std::make_shared<UsageFormatter>();
@@ -324,6 +326,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  // PET_* fill in what the command line left open; an agent started by a launching
+  // ddprun got every value from it as a flag.
+  if (!opts.remote.agent_stdin) sources = EnvDefaults::apply(app);
+  opts.value_notes = sources.notes();
 
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());  // "ddprun [options] -- PROGRAM"
@@ -448,6 +454,17 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                                 : ""));
   }
   return {std::move(opts)};
+}
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+  EnvDefaults sources;
+  try {
+    return parse_and_check(argc, argv, sources);
+  } catch (const UsageError& e) {
+    throw UsageError(sources.explain(e.what()));
+  } catch (const LaunchError& e) {
+    throw LaunchError(sources.explain(e.what()));
+  }
 }
 
 }  // namespace ddprun
