@@ -118,3 +118,9 @@ TEST_CASE("a launch from PET_HOSTS: the local agents ignore the PET_* they inher
     CHECK(has(ranks[rank], "GROUP_RANK=" + std::to_string(rank)));
   }
 }
+
+TEST_CASE("--help says where defaults come from", "[e2e][pet]") {
+  auto h = run(e2e::ddprun({"--help"}));
+  CHECK(h.status == 0);
+  CHECK_THAT(h.out, Catch::Contains("An option not given takes its value from PET_<OPTION>, as under torchrun"));
+}
