@@ -106,7 +106,11 @@ EnvDefaults EnvDefaults::apply(CLI::App& app) {
     } else {
       o->add_result(value);
     }
-    o->run_callback();
+    try {
+      o->run_callback();  // stores the value where the option keeps it, through the option's checks
+    } catch (const CLI::ParseError& e) {
+      invalid_env(variable, value, flag, e.what());
+    }
     out.given_.push_back({flag, long_spellings(*o), variable, value, is_on_off(*o)});
   }
   return out;

@@ -25,6 +25,20 @@ std::vector<std::string> probe_with(std::vector<std::string> flags) {
   return args;
 }
 
+// The workers' lines of a run that must have succeeded with two workers, each with its
+// own RANK and WORLD_SIZE=2.
+std::map<int, std::vector<std::string>> two_workers(const RunResult& r) {
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  REQUIRE(ranks.size() == 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(has(ranks[rank], "RANK=" + std::to_string(rank)));
+    CHECK(has(ranks[rank], "WORLD_SIZE=2"));
+  }
+  return ranks;
+}
+
 }  // namespace
 
 TEST_CASE("a pod's PET_* set the job; pod-level RANK and WORLD_SIZE reach no worker", "[e2e][pet]") {
@@ -33,13 +47,8 @@ TEST_CASE("a pod's PET_* set the job; pod-level RANK and WORLD_SIZE reach no wor
                                                   {"RANK", "1"},  {"WORLD_SIZE", "2"},
                                                   {"MASTER_ADDR", "job-master-0"}, {"MASTER_PORT", "23456"}};
   auto r = run(probe_with({"-v"}), {pod, {}}, 60s);
-  INFO(r.err);
-  REQUIRE(r.status == 0);
-  auto ranks = e2e::by_rank(r.out);
-  REQUIRE(ranks.size() == 2);
+  auto ranks = two_workers(r);
   for (int rank = 0; rank < 2; ++rank) {
-    CHECK(has(ranks[rank], "RANK=" + std::to_string(rank)));
-    CHECK(has(ranks[rank], "WORLD_SIZE=2"));
     CHECK(has(ranks[rank], "MASTER_ADDR=127.0.0.1"));
     CHECK_FALSE(has(ranks[rank], "MASTER_PORT=23456"));
     CHECK(has(ranks[rank], "PET_NPROC_PER_NODE=2"));  // inherited, as torchrun's workers inherit it
@@ -108,15 +117,8 @@ TEST_CASE("a launch from PET_HOSTS: the local agents ignore the PET_* they inher
   // Each agent here is the launcher's child and inherits PET_HOSTS; were it read, an agent
   // would refuse it or launch again. Its flags come from the launcher alone.
   auto r = run(probe_with({}), {{{"PET_HOSTS", "localhost:1,127.0.0.1:1"}, {"PET_NPROC_PER_NODE", "1"}}, {}}, 60s);
-  INFO(r.out << r.err);
-  REQUIRE(r.status == 0);
-  auto ranks = e2e::by_rank(r.out);
-  REQUIRE(ranks.size() == 2);
-  for (int rank = 0; rank < 2; ++rank) {
-    CHECK(has(ranks[rank], "RANK=" + std::to_string(rank)));
-    CHECK(has(ranks[rank], "WORLD_SIZE=2"));
-    CHECK(has(ranks[rank], "GROUP_RANK=" + std::to_string(rank)));
-  }
+  auto ranks = two_workers(r);
+  for (int rank = 0; rank < 2; ++rank) CHECK(has(ranks[rank], "GROUP_RANK=" + std::to_string(rank)));
 }
 
 TEST_CASE("--help says where defaults come from", "[e2e][pet]") {
