@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/env_defaults.hpp"
 #include "command_line.hpp"
 #include "scoped_env.hpp"
@@ -216,4 +218,36 @@ TEST_CASE("PET_* beats a Slurm step's variables; Slurm fills the rest", "[option
   CHECK(o.master_addr == "pod-0");
   CHECK(o.run_id == "slurm-77.0");  // not given by PET_*: Slurm's
   CHECK(o.slurm_notes.size() == 2);  // the port and the run id
+}
+
+TEST_CASE("an option added to the command line later gets its PET_* with no more code", "[options][pet]") {
+  // As a new flag would be added to ddprun's CLI11 app: only its name says which variable.
+  CLI::App app{"later"};
+  std::string seconds;
+  bool virtual_rank = false;
+  app.add_option("--shutdown_timeout,--shutdown-timeout", seconds)->check(CLI::Range(0, 3600));
+  app.add_flag("--virtual_local_rank,--virtual-local-rank", virtual_rank);
+  const char* argv[] = {"later"};
+  app.parse(1, const_cast<char**>(argv));
+  ScopedEnv env;
+  env.set("PET_SHUTDOWN_TIMEOUT", "12");
+  env.set("PET_VIRTUAL_LOCAL_RANK", "1");
+  const auto sources = ddprun::EnvDefaults::apply(app);
+  CHECK(seconds == "12");
+  CHECK(virtual_rank);
+  CHECK(app.count("--shutdown_timeout") == 1);  // counts as given
+  CHECK(sources.notes() == std::vector<std::string>{"--shutdown_timeout=12 from PET_SHUTDOWN_TIMEOUT",
+                                                    "--virtual_local_rank from PET_VIRTUAL_LOCAL_RANK='1'"});
+  // The option's own check refuses a value: the message names the variable.
+  CLI::App again{"later"};
+  again.add_option("--shutdown_timeout", seconds)->check(CLI::Range(0, 3600));
+  again.parse(1, const_cast<char**>(argv));
+  env.set("PET_SHUTDOWN_TIMEOUT", "7200");
+  try {
+    ddprun::EnvDefaults::apply(again);
+    FAIL("expected a UsageError");
+  } catch (const ddprun::UsageError& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("invalid PET_SHUTDOWN_TIMEOUT '7200' (from the environment, for "
+                                           "--shutdown_timeout): "));
+  }
 }
