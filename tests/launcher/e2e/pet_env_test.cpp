@@ -41,7 +41,7 @@ std::map<int, std::vector<std::string>> two_workers(const RunResult& r) {
 
 }  // namespace
 
-TEST_CASE("a pod's PET_* set the job; pod-level RANK and WORLD_SIZE reach no worker", "[e2e][pet]") {
+TEST_CASE("a pod's PET_* set the job, and pod-level RANK and WORLD_SIZE reach no worker", "[e2e][pet]") {
   // What a PyTorchJob pod carries beside PET_*: its own node rank and node count.
   const std::map<std::string, std::string> pod = {{"PET_NPROC_PER_NODE", "2"}, {"PET_STANDALONE", "1"},
                                                   {"RANK", "1"},  {"WORLD_SIZE", "2"},
@@ -70,7 +70,7 @@ TEST_CASE("the command line beats PET_*", "[e2e][pet]") {
   CHECK(has(own, "ddprun: info: PET_STANDALONE='0' not used: --standalone is on the command line"));
 }
 
-TEST_CASE("PET_* beat a Slurm step's variables; Slurm fills what they leave open", "[e2e][pet]") {
+TEST_CASE("PET_* beat a Slurm step's variables, and Slurm fills what they leave open", "[e2e][pet]") {
   // Node 1 of a two-node step, told by PET_* that it is a one-node job of its own.
   const std::string port = std::to_string(e2e::free_port());
   const std::map<std::string, std::string> env = {

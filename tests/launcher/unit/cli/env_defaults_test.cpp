@@ -182,7 +182,7 @@ TEST_CASE("a refusal about a flag set by PET_* names the variable", "[options][p
                            "PET_NO_PYTHON=1, --module is PET_MODULE=1)");
 }
 
-TEST_CASE("only the first long spelling names a variable; hidden flags have none", "[options][pet]") {
+TEST_CASE("only the first long spelling names a variable, and hidden flags have none", "[options][pet]") {
   ScopedEnv env;
   env.set("PET_RUN_ID", "x");           // --run_id is a second spelling of --rdzv_id
   env.set("PET_NPROC-PER-NODE", "3");   // not a name torchrun reads either
@@ -206,7 +206,7 @@ TEST_CASE("an agent started by a launching ddprun reads no PET_*", "[options][pe
   CHECK(o.value_notes.empty());
 }
 
-TEST_CASE("PET_* beats a Slurm step's variables; Slurm fills the rest", "[options][pet]") {
+TEST_CASE("PET_* beats a Slurm step's variables, and Slurm fills the rest", "[options][pet]") {
   ScopedEnv env;
   set_all(env, {{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_STEP_NUM_NODES", "2"},
                 {"SLURM_NODEID", "1"}, {"SLURM_STEP_NODELIST", "n[0-1]"}, {"SLURM_JOB_NODELIST", "n[0-1]"},
