@@ -247,6 +247,9 @@ int run(int argc, char** argv) {
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
+    if (parsed.options->verbose) {
+      for (const auto& note : parsed.options->value_notes) spdlog::info("{}", note);
+    }
     // What --rdzv_conf took and ignored: a launching ddprun's too.
     for (const auto& note : parsed.options->rdzv_conf_notes) spdlog::info("{}", note);
     for (const auto& note : parsed.options->torchrun_notes) spdlog::info("{}", note);

@@ -78,6 +78,7 @@ struct LaunchOptions {
   std::optional<std::string> local_addr;  // --local_addr: the address this node advertises to the others
   RemoteOptions remote;                   // --hostfile/--hosts launches and the agents they start
   std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
+  std::vector<std::string> value_notes;   // -v: values from the command line and PET_* (cli/env_defaults.hpp)
   std::string program;
   std::vector<std::string> program_args;
 

@@ -8,6 +8,7 @@
 
 #include "errors.hpp"
 #include "ddp/contract/parse.hpp"
+#include "cli/env_defaults.hpp"
 #include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
 #include "cli/torchrun_flags.hpp"
@@ -223,7 +224,8 @@ std::pair<std::string, int> parse_endpoint(const std::string& text) {
   return {host, port};
 }
 
-ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+// parse_command_line without the wording of errors about values from PET_*.
+static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvDefaults& sources) {
   CLI::App app{"ddprun: launch and supervise one worker process per GPU or CPU slot (a torchrun replacement).",
                "ddprun"};
   auto formatter = std::make_shared<UsageFormatter>();
@@ -234,6 +236,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
       "interpreter); -m runs a Python module. Everything after PROGRAM goes to the program.\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
       "ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_* as under torchrun.\n"
+      "An option not given takes its value from PET_<OPTION>, as under torchrun (PET_NNODES=2,\n"
+      "PET_STANDALONE=1, ...); the command line wins over PET_*, and PET_* over a Slurm step's variables.\n"
       "Exit status: 0 on success; the first failed worker's status (128+N when killed by signal N);\n"
       "128+N when ddprun itself got signal N; 124 when --stall_action=stop ended a stalled job;\n"
       "2 for a bad command line; 1 when the launch cannot start.\n"
@@ -370,6 +374,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  // PET_* fill in what the command line left open; an agent started by a launching
+  // ddprun got every value from it as a flag.
+  if (!opts.remote.agent_stdin) sources = EnvDefaults::apply(app);
+  opts.value_notes = sources.notes();
 
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());  // "ddprun [options] -- PROGRAM"
@@ -497,6 +505,17 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                                 : ""));
   }
   return {std::move(opts)};
+}
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+  EnvDefaults sources;
+  try {
+    return parse_and_check(argc, argv, sources);
+  } catch (const UsageError& e) {
+    throw UsageError(sources.explain(e.what()));
+  } catch (const LaunchError& e) {
+    throw LaunchError(sources.explain(e.what()));
+  }
 }
 
 }  // namespace ddprun
