@@ -19,8 +19,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// What the other pods exit with when a pod of a fixed job is lost.
-constexpr int kExitPodLost = 1;
+// What the other pods exit with when a pod of a fixed job is lost (ddprun's kExitNodeLost).
+constexpr int kExitPodLost = 75;
 
 // How long the cluster DNS takes to answer for the name marked `later`.
 constexpr auto kNameDelay = 3s;
