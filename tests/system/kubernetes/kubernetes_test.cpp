@@ -30,6 +30,7 @@ struct Report {
   std::string pod;
   int rank = -1, local_rank = -1, world = -1, local_world = -1, group_rank = -1, group_world = -1, restart = -1;
   std::string master;
+  std::string run_id;
 };
 
 // The container's program: one line of the worker's environment, then the test
@@ -40,7 +41,7 @@ std::string write_program(const TempDir& dir) {
              "#!/bin/sh\n"
              "echo \"report pod=$(hostname) rank=$RANK local_rank=$LOCAL_RANK world=$WORLD_SIZE"
              " local_world=$LOCAL_WORLD_SIZE group_rank=$GROUP_RANK group_world=$GROUP_WORLD_SIZE"
-             " restart=$TORCHELASTIC_RESTART_COUNT master=$MASTER_ADDR:$MASTER_PORT\"\n"
+             " restart=$TORCHELASTIC_RESTART_COUNT master=$MASTER_ADDR:$MASTER_PORT run_id=$TORCHELASTIC_RUN_ID\"\n"
              "if [ \"$1\" = until ]; then\n"
              "  i=0\n"
              "  while [ ! -e \"$2\" ]; do i=$((i + 1)); [ $i -gt 600 ] && exit 99; sleep 0.1; done\n"
@@ -55,20 +56,25 @@ std::string write_program(const TempDir& dir) {
 std::vector<Report> reports(const std::string& out) {
   static const std::regex re(
       R"(report pod=(\S+) rank=(\d+) local_rank=(\d+) world=(\d+) local_world=(\d+) group_rank=(\d+) )"
-      R"(group_world=(\d+) restart=(\d+) master=(\S*))");
+      R"(group_world=(\d+) restart=(\d+) master=(\S*) run_id=(\S*))");
   std::vector<Report> found;
   for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) {
     const auto& m = *it;
     found.push_back({m[1], std::stoi(m[2]), std::stoi(m[3]), std::stoi(m[4]), std::stoi(m[5]), std::stoi(m[6]),
-                     std::stoi(m[7]), std::stoi(m[8]), m[9]});
+                     std::stoi(m[7]), std::stoi(m[8]), m[9], m[10]});
   }
   return found;
 }
 
-// Starts every pod, publishes the late names after kNameDelay.
+// Starts every pod, publishes the late names after kNameDelay. Until then no pod can
+// reach the one that hosts the store, so no worker may have started.
 void start_all(k8s::Pods& pods, const std::function<std::vector<std::string>(int)>& command) {
   for (int p = 0; p < pods.size(); ++p) pods.start(p, command(p));
   std::this_thread::sleep_for(kNameDelay);
+  for (size_t c = 0; c < pods.containers(); ++c) {
+    INFO(pods.transcript());
+    CHECK(reports(pods.container(c).out()).empty());
+  }
   pods.publish();
 }
 
@@ -243,6 +249,7 @@ TEST_CASE("Elastic PyTorchJob pods (2:3 with the c10d endpoint on worker-0): a k
       CHECK(r.local_world == 1);
       CHECK(r.group_world == 3);
       CHECK(r.group_rank == r.rank);
+      CHECK(r.run_id == "el");  // PET_RDZV_ID
       ranks.insert(r.rank);
     }
   }
@@ -270,4 +277,26 @@ TEST_CASE("Trainer v2 TrainJob pods (a JobSet of 2 nodes x 2) form one job from 
   auto& pods = job.pods;
   start_all(pods, [&](int) { return std::vector<std::string>{job.program, "store"}; });
   check_formed(pods, 2);
+}
+
+TEST_CASE("Elastic PyTorchJob pods without rdzvId or rdzvConf form at maxReplicas with the run id none",
+          "[k8s][elastic]") {
+  // No PET_RDZV_ID (torchrun's --rdzv_id default "none") and no PET_RDZV_CONF: the job
+  // forms as soon as maxReplicas pods have joined, without a last call.
+  PodJob job(k8s::elastic_pytorchjob({.job = "plain", .rdzv_id = "", .rdzv_conf = ""}));
+  auto& pods = job.pods;
+  start_all(pods, [&](int) { return std::vector<std::string>{job.program, "store"}; });
+  auto status = wait_all(pods, 45s);
+  INFO(pods.transcript());
+  for (int s : status) CHECK(s == 0);
+  std::set<int> ranks;
+  for (size_t c = 0; c < pods.containers(); ++c) {
+    for (const auto& r : reports(pods.container(c).out())) {
+      CHECK(r.world == 3);
+      CHECK(r.run_id == "none");
+      ranks.insert(r.rank);
+    }
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  check_store_joined(pods, 1);
 }

@@ -1,10 +1,10 @@
 // Kubernetes pods without Kubernetes: each pod is a network-namespace host
-// (tests/support/netns.hpp) with what a container sees of its pod:
+// (tests/support/netns.hpp, netns_names.hpp) with what a container sees of its pod:
 //  - its own host name (the pod's hostname), set in a UTS namespace of its own;
 //  - a hosts file, /etc/netns/<namespace>/hosts, which `ip netns exec` mounts on
 //    /etc/hosts: what the cluster DNS answers. A name can be published later (a
-//    headless Service lists a pod only once it has an address): the line is added
-//    to the same file in place, so a pod already running sees it on its next lookup;
+//    headless Service lists a pod only once it has an address): the file is
+//    rewritten in place, so a pod already running sees it at its next lookup;
 //  - exactly the environment its controller puts in the container spec, and none of
 //    the test's own launcher variables;
 //  - a command as a container's would be: `ddprun PROGRAM ARGS`, no other flags.
@@ -15,8 +15,6 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +22,7 @@
 
 #include "e2e.hpp"
 #include "netns.hpp"
+#include "netns_names.hpp"
 
 namespace k8s {
 
@@ -60,24 +59,7 @@ class Pods {
  public:
   Pods(std::vector<PodSpec> pods, std::vector<ServiceName> names)
       : specs_(std::move(pods)), names_(std::move(names)), cluster_(static_cast<int>(specs_.size())) {
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      const auto dir = std::filesystem::path("/etc/netns") / cluster_.netns(static_cast<int>(i));
-      std::filesystem::create_directories(dir);
-      dirs_.push_back(dir);
-      // The kubelet's part: localhost and the pod's own name.
-      std::string hosts = "127.0.0.1 localhost\n" + cluster_.address(static_cast<int>(i)) + " " + specs_[i].name + "\n";
-      for (const auto& n : names_) {
-        if (!n.later) hosts += line(n);
-      }
-      testing::write_file(dir / "hosts", hosts);
-    }
-  }
-  ~Pods() {
-    nodes_.clear();  // SIGKILLs what still runs before the namespaces go
-    for (const auto& d : dirs_) {
-      std::error_code ignored;
-      std::filesystem::remove_all(d, ignored);
-    }
+    write_hosts_files();
   }
   Pods(const Pods&) = delete;
   Pods& operator=(const Pods&) = delete;
@@ -86,30 +68,26 @@ class Pods {
   const PodSpec& spec(int pod) const { return specs_.at(pod); }
   std::string address(int pod) const { return cluster_.address(pod); }
 
-  // Publishes every name marked `later` in every pod's hosts file, in place (same
-  // inode: the file is bind-mounted into running pods).
+  // Publishes every name marked `later` in every pod's hosts file, in place (the file
+  // is bind-mounted into running pods).
   void publish() {
-    for (const auto& d : dirs_) {
-      std::ofstream out(d / "hosts", std::ios::app);
-      for (const auto& n : names_) {
-        if (n.later) out << line(n);
-      }
-    }
+    published_ = true;
+    write_hosts_files();
   }
 
   // Starts pod `pod`'s container: `ddprun program...` in the pod. A pod started again
   // (a restarted container) keeps its name, address and hosts file; the earlier
   // process is kept for its output. Returns the container's index for container().
   size_t start(int pod, const std::vector<std::string>& program) {
-    std::vector<std::string> argv = {"unshare", "--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"",
-                                     specs_.at(pod).name, e2e::kDdprun};
-    argv.insert(argv.end(), program.begin(), program.end());
+    std::vector<std::string> command = {e2e::kDdprun};
+    command.insert(command.end(), program.begin(), program.end());
     testing::ProcessOptions o;
     o.set_env = specs_.at(pod).env;
     for (const auto& name : foreign_variables()) {
       if (!o.set_env.count(name)) o.unset_env.push_back(name);
     }
-    nodes_.push_back(std::make_unique<testing::Process>(cluster_.on(pod, argv), o));
+    nodes_.push_back(
+        std::make_unique<testing::Process>(testing::on_named(cluster_, pod, specs_.at(pod).name, command), o));
     pod_of_.push_back(pod);
     return nodes_.size() - 1;
   }
@@ -128,12 +106,24 @@ class Pods {
   }
 
  private:
-  std::string line(const ServiceName& n) const { return cluster_.address(n.pod) + " " + n.name + "\n"; }
+  // Each pod's hosts file: the kubelet's line for the pod itself, then the names the
+  // cluster DNS answers now.
+  void write_hosts_files() {
+    for (int p = 0; p < size(); ++p) {
+      std::vector<testing::HostsEntry> entries = {{cluster_.address(p), {specs_[p].name}}};
+      for (const auto& n : names_) {
+        if (!n.later || published_) entries.push_back({cluster_.address(n.pod), {n.name}});
+      }
+      hosts_.write(p, entries);
+    }
+  }
 
   std::vector<PodSpec> specs_;
   std::vector<ServiceName> names_;
+  bool published_ = false;
   testing::NetnsCluster cluster_;
-  std::vector<std::filesystem::path> dirs_;
+  testing::NetnsHostsFiles hosts_{cluster_};
+  // Last: the containers end (SIGKILL) before the hosts files and namespaces go.
   std::vector<std::unique_ptr<testing::Process>> nodes_;
   std::vector<int> pod_of_;
 };
