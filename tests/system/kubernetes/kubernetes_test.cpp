@@ -194,6 +194,33 @@ TEST_CASE("PyTorchJob pods (master-0 and 2 workers with nprocPerNode 2) form one
   check_formed(pods, 2);
 }
 
+TEST_CASE("PyTorchJob pods whose command names no master are told at once how to name it", "[k8s][pytorchjob]") {
+  PodJob job(k8s::pytorchjob({.master_name_later = false}));
+  auto& pods = job.pods;
+  for (int p = 0; p < pods.size(); ++p) pods.start(p, {job.program, "store"});
+  // Every pod looks for node 0's store at 127.0.0.1, its own loopback, as torchrun's
+  // would: each says so and how to pass the pod's MASTER_ADDR, before it waits.
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  auto all_told = [&] {
+    for (size_t c = 0; c < pods.containers(); ++c) {
+      if (pods.container(c).err().find("--master_addr=$(MASTER_ADDR) --master_port=$(MASTER_PORT)") ==
+          std::string::npos) {
+        return false;
+      }
+    }
+    return true;
+  };
+  while (!all_told() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  INFO(pods.transcript());
+  CHECK(all_told());
+  for (size_t c = 0; c < pods.containers(); ++c) {
+    CHECK_THAT(pods.container(c).err(), Catch::Contains("MASTER_ADDR=pt-master-0"));
+    CHECK(reports(pods.container(c).out()).empty());
+    pods.container(c).send_signal(SIGTERM);  // as Kubernetes stops a pod
+  }
+  for (size_t c = 0; c < pods.containers(); ++c) CHECK(pods.container(c).wait(20s) == 128 + SIGTERM);
+}
+
 TEST_CASE("A PyTorchJob worker's failure ends every pod with its exit status and its rank named in each",
           "[k8s][pytorchjob]") {
   PodJob job(k8s::pytorchjob({}));
@@ -299,4 +326,19 @@ TEST_CASE("Elastic PyTorchJob pods without rdzvId or rdzvConf form at maxReplica
   }
   CHECK(ranks == std::set<int>{0, 1, 2});
   check_store_joined(pods, 1);
+}
+
+TEST_CASE("TrainJob pods: losing node-0-0 (the store's host) ends the other pods with status 75", "[k8s][trainjob]") {
+  PodJob job(k8s::trainjob({.num_nodes = 3, .nproc_per_node = 1}));
+  auto& pods = job.pods;
+  start_all(pods, [&](int) { return std::vector<std::string>{job.program, "until", (job.dir / "never").string()}; });
+  for (int p = 0; p < pods.size(); ++p) wait_report(pods, p, 3, 0, 30s);
+  pods.container(0).send_signal(SIGKILL);
+  auto status = wait_all(pods, 30s);
+  INFO(pods.transcript());
+  CHECK(status[0] == 128 + SIGKILL);
+  for (int p = 1; p < pods.size(); ++p) {
+    CHECK(status[p] == kExitPodLost);
+    CHECK_THAT(root_cause_part(pods.container(p).err()), Catch::Contains("tj-node-0-0.tj") && Catch::Contains("gone"));
+  }
 }
