@@ -36,7 +36,12 @@ TEST_CASE("endpoint host: names match this host's name or FQDN, in any case", "[
   CHECK_FALSE(other.matches);
   CHECK_THAT(other.why, Catch::Contains("does not resolve (yet)"));
   CHECK_FALSE(match_endpoint_host("node", {}, node0()).matches);  // a prefix is another name
-  CHECK_FALSE(match_endpoint_host("node0.job", {}, node0()).matches);
+  // A Kubernetes pod's <host>.<subdomain>: the resolver's search list completes it to the FQDN.
+  HostMatch pod = match_endpoint_host("node0.job", {}, node0());
+  CHECK(pod.matches);
+  CHECK_THAT(pod.why, Catch::Contains("begins this host's FQDN"));
+  CHECK_FALSE(match_endpoint_host("node0.jo", {}, node0()).matches);  // labels whole, not cut
+  CHECK_FALSE(match_endpoint_host("node0.other", {}, node0()).matches);
 }
 
 TEST_CASE("endpoint host: addresses match an interface's, loopback always", "[endpoint]") {
@@ -67,7 +72,7 @@ TEST_CASE("endpoint host: this machine as the system sees it", "[endpoint]") {
   CHECK(ddprun::resolve_addresses("no-such-host.invalid").empty());
 }
 
-TEST_CASE("endpoint store: the matching node hosts; a taken port makes it a client; is_host decides", "[endpoint]") {
+TEST_CASE("endpoint store: the matching node hosts, a taken port makes it a client, is_host decides", "[endpoint]") {
   ddprun::EndpointStoreOptions o;
   o.host = "127.0.0.1";
   o.server.token = "t";
