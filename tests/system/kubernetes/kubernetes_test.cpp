@@ -94,13 +94,20 @@ std::vector<int> wait_all(k8s::Pods& pods, std::chrono::seconds limit) {
 // The job every pod of a fixed-size set formed: each pod's workers report the pod's
 // node rank (PET_NODE_RANK) as GROUP_RANK, consecutive global ranks from
 // node rank × nproc, local ranks 0..nproc-1, and the whole world; ranks are unique.
-void check_fixed_world(k8s::Pods& pods, int nproc, int container_offset = 0) {
+// Every worker's MASTER_ADDR names node 0's pod: its address, its host name, or the
+// name the command or PET_MASTER_ADDR gave for it.
+void check_fixed_world(k8s::Pods& pods, int nproc) {
   const int world = pods.size() * nproc;
+  const auto& env0 = pods.spec(0).env;
+  std::set<std::string> node0 = {pods.address(0), pods.spec(0).name};
+  for (const char* name : {"PET_MASTER_ADDR", "MASTER_ADDR"}) {
+    if (env0.count(name)) node0.insert(env0.at(name));
+  }
   std::set<int> ranks;
   for (int p = 0; p < pods.size(); ++p) {
     const auto& spec = pods.spec(p);
     const int node_rank = std::stoi(spec.env.at("PET_NODE_RANK"));
-    auto got = reports(pods.container(container_offset + p).out());
+    auto got = reports(pods.container(p).out());
     INFO(pods.transcript());
     REQUIRE(got.size() == static_cast<size_t>(nproc));
     for (const auto& r : got) {
@@ -111,6 +118,7 @@ void check_fixed_world(k8s::Pods& pods, int nproc, int container_offset = 0) {
       CHECK(r.group_world == pods.size());
       CHECK(r.rank == node_rank * nproc + r.local_rank);
       CHECK(r.restart == 0);
+      CHECK(node0.count(r.master.substr(0, r.master.rfind(':'))) == 1);
       ranks.insert(r.rank);
     }
   }
