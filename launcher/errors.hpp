@@ -23,5 +23,10 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitLaunch = 1;
 // --stall_action=stop ended a job that made no progress (as timeout(1) exits).
 inline constexpr int kExitStalled = 124;
+// The job ended because a node was lost (its ddprun killed, frozen or cut off; the
+// store's host gone), not because a worker exited: every other node exits with this,
+// so a scheduler can tell a lost node from the program's own exit statuses
+// (sysexits.h's EX_TEMPFAIL: trying again may succeed).
+inline constexpr int kExitNodeLost = 75;
 
 }  // namespace ddprun

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string.h>
 
@@ -16,6 +17,7 @@
 #include "job/job_policy.hpp"
 #include "job_adapters.hpp"
 #include "plan/launch_plan.hpp"
+#include "plan/master_hint.hpp"
 #include "remote/launcher_link.hpp"
 #include "cli/options.hpp"
 #include "cli/torchrun_flags.hpp"
@@ -265,6 +267,9 @@ int run(int argc, char** argv) {
     if (plan.set_omp_num_threads) {
       spdlog::warn("OMP_NUM_THREADS is not set; setting it to 1 for each of the {} workers so they do not "
                    "oversubscribe the CPUs (set it yourself to tune)", plan.nproc);
+    }
+    if (auto hint = ddprun::unused_master_addr_hint(plan.options, std::getenv("MASTER_ADDR"))) {
+      spdlog::warn("{}", *hint);
     }
     if (plan.log_root && !plan.options.log_dir) {
       spdlog::info("--redirects/--tee without --log_dir: worker logs go to {}", plan.log_root->string());

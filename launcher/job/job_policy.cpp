@@ -133,7 +133,7 @@ JobPolicy::AttemptEnd JobPolicy::run_attempt(int asked) {
   if (result.stop_signal != 0 && !result.root_cause && options_.launcher_lost && options_.launcher_lost()) {
     // Nobody asked for this stop: the node lost its launcher. It is a lost node, as
     // its will would have said, and the store may be gone with the launcher.
-    const FailureNotice lost = notice(-1, 1, "ddprun lost its connection to the launching ddprun and stopped its workers",
+    const FailureNotice lost = notice(-1, kExitNodeLost, "ddprun lost its connection to the launching ddprun and stopped its workers",
                                       NoticeKind::kNodeLost);
     winner = membership_.publish_failure(attempt, lost);
     if (!winner) winner = lost;

@@ -185,7 +185,7 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
   const int me = o.node_rank;
   try {
     // If this ddprun dies or is cut off from here on, the server publishes that for us.
-    FailureNotice will{me, -1, 1, plan_.hostname,
+    FailureNotice will{me, -1, kExitNodeLost, plan_.hostname,
                        "ddprun was lost (killed, crashed or cut off from the store) while the job ran",
                        NoticeKind::kNodeLost};
     store_.set_will(contract::JobKeys(attempt).failure(), will.encode(), silence_limit(to_ms(o.heartbeat_timeout)));
@@ -313,7 +313,7 @@ void RendezvousAgent::watch(const std::shared_ptr<Watch>& w, int attempt, const 
   } catch (const rdzv::StoreError& e) {
     if (!waiting.cancelled()) {  // stopping: a store error is no news then
       failure_seen_ = true;
-      news = FailureNotice{0, -1, 1, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
+      news = FailureNotice{0, -1, kExitNodeLost, "", store_lost_message(e.what()), NoticeKind::kStoreLost};
     }
   }
   if (w->answer) store_.cancel(w->parked);  // the answer is no one's business now
@@ -469,7 +469,8 @@ std::optional<FailureNotice> RendezvousAgent::exit_barrier(int attempt) {
                                      "exit barrier: node rank(s) " + missing + " did not finish within " +
                                          std::to_string(static_cast<int>(o.exit_barrier_timeout)) + " s"});
   } catch (const rdzv::StoreError& e) {
-    return FailureNotice{0, -1, 1, "", "exit barrier: " + store_lost_message(e.what()), NoticeKind::kStoreLost};
+    return FailureNotice{0, -1, kExitNodeLost, "", "exit barrier: " + store_lost_message(e.what()),
+                         NoticeKind::kStoreLost};
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "ddp/contract/parse.hpp"
 #include "ddp/contract/store_keys.hpp"
+#include "errors.hpp"
 #include "membership/elastic/elastic_round.hpp"
 
 namespace ddprun::elastic {
@@ -62,7 +63,7 @@ std::optional<FailureNotice> report_lost_member(rdzv::Store& store, int attempt,
   for (size_t r = 0; r < members.size(); ++r) {
     // A member that finished leaves (and is marked lost) once every member finished.
     if (!store.check({JobKeys::elastic_lost(members[r])}) || store.check({keys.done(static_cast<int>(r))})) continue;
-    FailureNotice lost{static_cast<int>(r), -1, 1, host_of(store, attempt, members[r]),
+    FailureNotice lost{static_cast<int>(r), -1, kExitNodeLost, host_of(store, attempt, members[r]),
                        "ddprun was lost (killed, crashed, cut off from the store or stopped) before it could "
                        "report it",
                        NoticeKind::kNodeLost};

@@ -266,13 +266,13 @@ JobLayout ElasticRendezvous::layout_of(int attempt, const elastic::MemberList& m
 
   // A member now: this node's loss ends the attempt. Then a member lost between the
   // closing and its own will being set is reported here, so nobody waits for it.
-  FailureNotice will{layout.node_rank, -1, 1, plan_.hostname,
+  FailureNotice will{layout.node_rank, -1, kExitNodeLost, plan_.hostname,
                      "ddprun was lost (killed, crashed or cut off from the store) while the job ran",
                      NoticeKind::kNodeLost};
   store_.set_wills({{keys.failure(), will.encode()}, {JobKeys::elastic_lost(id_), "1"}}, silence_limit_);
   for (size_t r = 0; r < members.ids.size(); ++r) {
     if (store_.check({JobKeys::elastic_lost(members.ids[r])})) {
-      FailureNotice lost{static_cast<int>(r), -1, 1, printable_text(regs[r].host),
+      FailureNotice lost{static_cast<int>(r), -1, kExitNodeLost, printable_text(regs[r].host),
                          "ddprun was lost before the attempt started", NoticeKind::kNodeLost};
       store_.compare_set(keys.failure(), "", lost.encode());
       break;
@@ -315,7 +315,7 @@ void ElasticRendezvous::abandon(int attempt) noexcept {
     auto members = read_members(attempt);
     const int rank = members ? members->rank_of(id_) : -1;
     if (rank < 0) return;
-    FailureNotice gone{rank, -1, 1, plan_.hostname, "ddprun left the job while the attempt formed",
+    FailureNotice gone{rank, -1, kExitNodeLost, plan_.hostname, "ddprun left the job while the attempt formed",
                        NoticeKind::kNodeLost};
     store_.compare_set(JobKeys(attempt).failure(), "", gone.encode());
   } catch (...) {
