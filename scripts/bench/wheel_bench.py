@@ -2,6 +2,7 @@
 import argparse
 import glob
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,13 +24,20 @@ def timed(argv, what, **kwargs):
     return seconds, r.stdout
 
 
+def children_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def build_wheel(out_dir):
+    """Returns the wheel, the build's wall seconds and its CPU seconds (pip, CMake, the compilers)."""
+    cpu_before = children_cpu_seconds()
     seconds, _ = timed([PY, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", out_dir,
                         paths.ROOT], "pip wheel", timeout=3600)
     wheels = glob.glob(os.path.join(out_dir, "*.whl"))
     if len(wheels) != 1:
         sys.exit(f"wheel bench: pip wheel made {wheels} in {out_dir}")
-    return wheels[0], seconds
+    return wheels[0], seconds, children_cpu_seconds() - cpu_before
 
 
 def main():
@@ -42,7 +50,7 @@ def main():
         build_s = None
         wheel = args.wheel
         if wheel is None:
-            wheel, build_s = build_wheel(os.path.join(tmp, "dist"))
+            wheel, build_s, build_cpu_s = build_wheel(os.path.join(tmp, "dist"))
         size = os.path.getsize(wheel)
 
         venv_s, install_s, version_s, versions = [], [], [], set()
@@ -66,7 +74,8 @@ def main():
     print(f"wheel size: {size} bytes ({size / 2**20:.2f} MiB)")
     if build_s is not None:
         launcher = os.environ.get("CMAKE_CXX_COMPILER_LAUNCHER", "none")
-        print(f"wheel build (pip wheel, once, compiler launcher: {launcher}): {build_s:.1f} s")
+        print(f"wheel build (pip wheel, once, compiler launcher: {launcher}): {build_s:.1f} s wall, "
+              f"{build_cpu_s:.1f} s CPU (user + sys), on {os.cpu_count()} CPUs")
     print(f"{'':<34} {'median':>9} {'min':>9} {'max':>9}")
     row("fresh venv (python3 -m venv)", venv_s)
     row("pip install of the wheel into it", install_s)

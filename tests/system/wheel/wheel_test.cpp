@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../install/install_steps.hpp"
 #include "subprocess.hpp"
 
 namespace fs = std::filesystem;
@@ -26,19 +27,12 @@ namespace {
 const fs::path kSourceDir = PROJECT_SOURCE_DIR;
 const fs::path kCacheDir = WHEEL_CACHE_DIR;
 const std::string kPython = "/usr/bin/python3";
+using install_steps::needed_libraries;
+using install_steps::step;
 
 // What the wheel is built from: the build definition and the two programs' sources.
 const std::vector<std::string> kWheelInputs = {"pyproject.toml", "CMakeLists.txt", "README.md", "cmake",
                                                "launcher", "rendezvous", "worker_runtime/contract"};
-
-testing::RunResult step(const std::string& name, const std::vector<std::string>& argv,
-                        std::chrono::milliseconds timeout, const testing::ProcessOptions& options = {}) {
-  auto r = testing::run(argv, options, timeout);
-  INFO(name << " exited with " << r.status << " after " << r.seconds << " s\n--- stdout\n"
-            << r.out << "\n--- stderr\n" << r.err);
-  REQUIRE(r.status == 0);
-  return r;
-}
 
 // FNV-1a over the inputs' relative paths and contents, in path order.
 std::string sources_fingerprint() {
@@ -99,18 +93,6 @@ fs::path current_wheel() {
   const fs::path built = cached_wheel();
   REQUIRE(!built.empty());
   return built;
-}
-
-// The shared libraries a program names in its dynamic section.
-std::set<std::string> needed_libraries(const fs::path& program) {
-  auto r = step("readelf", {"readelf", "-d", program.string()}, 30s);
-  std::set<std::string> out;
-  const std::regex needed(R"(\(NEEDED\).*\[(.*)\])");
-  for (const auto& line : testing::lines_of(r.out)) {
-    std::smatch m;
-    if (std::regex_search(line, m, needed)) out.insert(m[1].str());
-  }
-  return out;
 }
 
 }  // namespace
