@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "install_steps.hpp"
 #include "subprocess.hpp"
 
 namespace fs = std::filesystem;
@@ -17,15 +18,7 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string kCmake = CMAKE_COMMAND_PATH;
-
-// Runs a step; on failure the test stops with everything it printed.
-testing::RunResult step(const std::string& name, const std::vector<std::string>& argv,
-                        std::chrono::milliseconds timeout) {
-  auto r = testing::run(argv, {}, timeout);
-  INFO(name << " exited with " << r.status << "\n--- stdout\n" << r.out << "\n--- stderr\n" << r.err);
-  REQUIRE(r.status == 0);
-  return r;
-}
+using install_steps::step;
 
 // Installs this build under `prefix` and configures the consumer project in `build` against it.
 void install_and_configure(const fs::path& prefix, const fs::path& build) {
@@ -47,18 +40,6 @@ std::string link_command(const fs::path& build, const std::string& target) {
   }
   FAIL("no link command for " << target << " under " << build);
   return {};
-}
-
-// The shared libraries a program names in its dynamic section (readelf -d).
-std::string needed_libraries(const fs::path& program) {
-  auto r = step("readelf", {"readelf", "-d", program.string()}, 30s);
-  std::string out;
-  const std::regex needed(R"(\(NEEDED\).*\[(.*)\])");
-  for (const auto& line : testing::lines_of(r.out)) {
-    std::smatch m;
-    if (std::regex_search(line, m, needed)) out += m[1].str() + " ";
-  }
-  return out;
 }
 
 }  // namespace
@@ -113,7 +94,8 @@ TEST_CASE("the installed package builds outside programs that run under the inst
     INFO("library " << lib);
     CHECK(comm_link.find(lib) == std::string::npos);
   }
-  const std::string needed = needed_libraries(build / "comm_consumer");
+  std::string needed;
+  for (const auto& lib : install_steps::needed_libraries(build / "comm_consumer")) needed += lib + " ";
   INFO("comm_consumer NEEDED: " << needed);
   for (const char* lib : {"blas", "libz.", "cublas"}) {
     INFO("library " << lib);
