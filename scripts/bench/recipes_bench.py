@@ -29,6 +29,7 @@ from recipes_rows import BY_KEY, NPROC, ROWS
 WORKER = os.path.join(paths.BENCH_DIR, "recipes_worker.py")
 LAUNCHERS = ("torchrun", "ddprun")
 TARGET = 0.1  # ddprun's start time <= 1/10 of torchrun's
+WRONG_WORLD_SETTLE = 10.0  # s without a new worker after every host ran workers of a wrong world
 # The harness's own variables, taken out of the launchers' environment so that each
 # launcher's workers show what that launcher sets.
 SCRUB_PREFIXES = ("PET_", "DDPRUN_", "TORCHELASTIC_", "TORCH_ELASTIC_", "SLURM_", "OMPI_", "PMI_")
@@ -38,6 +39,8 @@ SCRUB = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCA
 NOTES = {
     "OMP_NUM_THREADS": "torchrun sets 1 when nproc_per_node > 1 and it is unset",
     "TORCHELASTIC_RUN_ID": "torchrun's default --rdzv_id is 'none'; --standalone makes a uuid",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "the harness sets it for torchrun alone (its scale-up hangs without)",
+    "DDPRUN_*": "ddprun's own: where its worker runtime finds the agent's store; torch ignores it",
 }
 
 
@@ -86,7 +89,7 @@ class Launch:
         return [program, *self.row.args(node), WORKER, self.out]
 
     def start(self, node):
-        env = dict(self.env, **self.row.env(node))
+        env = dict(self.env, **self.row.env(node), **(self.row.torchrun_env if self.launcher == "torchrun" else {}))
         with open(self.logs[node], "w") as log:
             self.procs[node] = subprocess.Popen(self.hosts.on(node, self.argv(node)), stdout=log,
                                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -119,6 +122,7 @@ class Launch:
             world = self.world(nodes, after)
             if world is not None:
                 return world
+            self.check_wrong_world(nodes, after)
             for n in nodes:
                 code = self.procs[n].poll()
                 if code is not None:
@@ -126,6 +130,18 @@ class Launch:
                                        f"{NPROC * len(nodes)} was running{self.seen()}")
             time.sleep(0.02)
         raise LaunchFailed(f"no world of {NPROC * len(nodes)} within {self.a.timeout:g} s{self.seen()}")
+
+    def check_wrong_world(self, nodes, after):
+        """Raises LaunchFailed when workers started on every host of `nodes`, all in worlds of
+        another size, and none started for WRONG_WORLD_SETTLE s: the hosts formed other jobs."""
+        recs = [r for r in self.records() if r["t"] > after]
+        hosts = {self.hosts.names[n] for n in nodes}
+        if not recs or not hosts <= {r["host"] for r in recs}:
+            return
+        if time.time() - max(r["t"] for r in recs) < WRONG_WORLD_SETTLE:
+            return
+        if all(r["env"].get("WORLD_SIZE") != str(NPROC * len(nodes)) for r in recs):
+            raise LaunchFailed(f"the workers ran, in worlds other than {NPROC * len(nodes)}{self.seen()}")
 
     def seen(self):
         """What the workers that did start were told: host, RANK/WORLD_SIZE."""
@@ -235,6 +251,8 @@ def report(a, rows, results, failures, worlds):
     for row in rows:
         print(f"{row.title}:")
         print(recipe_text(row, "LAUNCHER"))
+        if row.torchrun_env:
+            print("    torchrun also gets " + " ".join(f"{k}={v}" for k, v in row.torchrun_env.items()))
         for launcher in LAUNCHERS:
             if (row.key, launcher) in failures:
                 print(f"    {launcher} FAILED: {failures[(row.key, launcher)]}")
@@ -260,6 +278,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds a launch may take to bring up its world")
     ap.add_argument("--finish_timeout", type=float, default=5.0,
                     help="seconds the launchers get to finish once the workers were told to exit")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when a launch failed (the smoke test's check); default: report it and exit 0")
     ap.add_argument("--json", help="write the figures, failures and worker records here")
     ap.add_argument("--log_dir", help="keep the launchers' logs here (default: a temporary folder, kept "
                     "only when a launch fails)")
@@ -274,8 +294,11 @@ def main():
     paths.require_root("recipes bench")
     if "ddprun" in a.launchers:
         paths.require("recipes bench", paths.DDPRUN)
-    paths.require_peers("recipes bench", paths.TORCH2)
-    t2 = torch2_env()  # installs torch 2.15 on first use
+    if "torchrun" in a.launchers:
+        paths.require_peers("recipes bench", paths.TORCH2)
+        t2 = torch2_env()  # installs torch 2.15 on first use
+    else:
+        t2 = {"PYTHON_EXEC": paths.PY, "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
     # torch2's own torchrun, as `torch2 torchrun` execs it, without the wrapper's version check
     # in the timed path.
     a.torchrun = os.path.join(paths.TORCH2_VENV, "bin", "torchrun")
@@ -307,6 +330,8 @@ def main():
         print(f"logs: {a.log_dir}")
     else:
         shutil.rmtree(a.log_dir, ignore_errors=True)
+    if a.strict and failures:
+        sys.exit(f"recipes bench: {len(failures)} recipe(s) failed: " + ", ".join(f"{r} by {l}" for r, l in failures))
 
 
 if __name__ == "__main__":
