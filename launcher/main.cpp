@@ -25,6 +25,7 @@
 #include "diagnose/stall_monitor.hpp"
 #include "diagnose/status.hpp"
 #include "store/job_link.hpp"
+#include "store/endpoint_store.hpp"
 #include "store/store_host.hpp"
 #include "supervise/supervisor.hpp"
 
@@ -48,9 +49,15 @@ void set_up_logging() {
   spdlog::set_default_logger(logger);
 }
 
-void print_plan(const ddprun::LaunchPlan& plan) {
+// `store_role`: who hosts the store at a c10d endpoint, and why (endpoint_store.hpp).
+void print_plan(const ddprun::LaunchPlan& plan, const std::string& store_role) {
   const auto& o = plan.options;
-  if (o.elastic()) {
+  if (o.ranks_by_arrival) {
+    spdlog::info("run id {}{}, host {}, {} worker(s) (--nproc_per_node={}), one of {} nodes, node rank by arrival "
+                 "(--rdzv_endpoint without --node_rank)",
+                 plan.run_id, o.run_id_defaulted ? " (torchrun's default)" : "", plan.hostname, plan.nproc,
+                 o.nproc_per_node, o.nnodes);
+  } else if (o.elastic()) {
     spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), elastic job of {} to {} nodes{}", plan.run_id,
                  plan.hostname, plan.nproc, o.nproc_per_node, o.min_nodes, o.nnodes,
                  o.node_rank_given ? ", order hint " + std::to_string(o.node_rank) : std::string());
@@ -61,10 +68,10 @@ void print_plan(const ddprun::LaunchPlan& plan) {
   std::string cmd;
   for (const auto& a : plan.command.argv) cmd += (cmd.empty() ? "" : " ") + a;
   spdlog::info("command: {} (exec {})", cmd, plan.command.path);
-  if (o.rdzv_host) {
-    spdlog::info("rendezvous: {} at {}:{}, job {}",
-                 o.remote.agent_stdin ? "the launching ddprun's store" : "ddp-rendezvous daemon", *o.rdzv_host,
-                 o.rdzv_port, plan.run_id);
+  if (o.rdzv_host && o.remote.agent_stdin) {
+    spdlog::info("rendezvous: the launching ddprun's store at {}:{}, job {}", *o.rdzv_host, o.rdzv_port, plan.run_id);
+  } else if (o.rdzv_host) {
+    spdlog::info("rendezvous: {}, job {}", store_role, plan.run_id);
   } else if (o.nnodes > 1) {
     spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
   } else {
@@ -79,6 +86,7 @@ void print_plan(const ddprun::LaunchPlan& plan) {
 // the rendezvous agent. Destroyed in reverse: the agent, the link, then the store.
 struct Job {
   std::unique_ptr<ddprun::StoreHost> store_host;
+  std::string store_role;  // at a c10d endpoint: who hosts the store, and why
   std::unique_ptr<ddprun::JobLink> link;
   std::unique_ptr<ddprun::RendezvousAgent> agent;
 };
@@ -114,13 +122,22 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     server.host = "0.0.0.0";
     server.port = static_cast<uint16_t>(plan.master_port);
     server.token = o.token;
-    if (o.token.empty()) {
-      spdlog::warn("the rendezvous store on port {} accepts anyone who can reach it; set DDPRUN_TOKEN (or "
-                   "--rdzv_token_file) on every node to require a shared token",
-                   plan.master_port);
-    }
+    if (o.token.empty()) ddprun::warn_open_store(plan.master_port);
     raise_fd_limit();
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
+  }
+  if (o.rdzv_host && !o.remote.agent_stdin) {
+    // torchrun's c10d endpoint: this node may be the one to host the store there.
+    ddprun::EndpointStoreOptions endpoint;
+    endpoint.host = *o.rdzv_host;
+    endpoint.port = o.rdzv_port;
+    endpoint.is_host = o.rdzv_is_host;
+    endpoint.server = server;
+    endpoint.server.token = o.token;
+    raise_fd_limit();
+    ddprun::EndpointStore hosted = ddprun::host_endpoint_store(endpoint);
+    job.store_host = std::move(hosted.host);
+    job.store_role = std::move(hosted.role);
   }
   link.host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
   link.port = o.rdzv_host ? o.rdzv_port : plan.master_port;
@@ -158,7 +175,7 @@ int launch(ddprun::LaunchPlan& plan) {
     return 128 + stop.signal;
   }
   const auto& o = plan.options;
-  if (o.verbose) print_plan(plan);
+  if (o.verbose) print_plan(plan, job.store_role);
 
   ddprun::SupervisorWorkers workers(supervisor, plan, job.agent != nullptr);
   std::unique_ptr<ddprun::Membership> membership;
@@ -187,7 +204,7 @@ int launch(ddprun::LaunchPlan& plan) {
   policy.node_rank = o.node_rank;
   policy.hostname = plan.hostname;
   policy.max_restarts = o.max_restarts;
-  policy.elastic = o.elastic();
+  policy.elastic = o.elastic_rounds();
   policy.hosts_store = job.store_host != nullptr;
   policy.print = [](const std::string& text) { ddprun::Console::err().write(text); };
   if (o.remote.agent_stdin) {
@@ -222,6 +239,9 @@ int run(int argc, char** argv) {
   try {
     ddprun::ParsedCommandLine parsed = ddprun::parse_command_line(argc, argv);
     if (!parsed.options) return 0;  // --help / --version
+    if (parsed.options->verbose) {
+      for (const auto& note : parsed.options->value_notes) spdlog::info("{}", note);
+    }
     // What --rdzv_conf took and ignored: a launching ddprun's too.
     for (const auto& note : parsed.options->rdzv_conf_notes) spdlog::info("{}", note);
     if (parsed.options->remote.launching()) return ddprun::run_remote_launch(*parsed.options);

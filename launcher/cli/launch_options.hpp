@@ -36,8 +36,15 @@ struct LaunchOptions {
   bool module = false;
   double monitor_interval = 0.1;          // seconds; accepted for torchrun compatibility
   double grace_period = 30.0;             // seconds between SIGTERM and SIGKILL
-  std::optional<std::string> rdzv_host;   // --rdzv_endpoint: an outside ddp-rendezvous daemon
-  int rdzv_port = 0;
+  // --rdzv_endpoint HOST[:PORT] (store/endpoint_store.hpp): a ddp-rendezvous daemon there, or,
+  // as torchrun's c10d backend, a store the node that HOST names hosts there.
+  std::optional<std::string> rdzv_host;
+  int rdzv_port = 0;                      // 29400 when the endpoint names no port
+  std::optional<bool> rdzv_is_host;       // --rdzv_conf is_host: whether this node hosts the endpoint's store
+  bool run_id_defaulted = false;          // an endpoint without --rdzv_id: torchrun's "none"
+  // An endpoint, a fixed --nnodes N > 1 and no --node_rank: node ranks by arrival, as
+  // torchrun's c10d rendezvous assigns them (elastic rounds with MIN = MAX = N).
+  bool ranks_by_arrival = false;
   std::string token;                      // --rdzv_token_file or DDPRUN_TOKEN; empty: none given
   double join_timeout = 600.0;            // seconds to wait for every node to join
   double last_call_timeout = 30.0;        // elastic: seconds after MIN nodes joined before starting without MAX
@@ -53,11 +60,14 @@ struct LaunchOptions {
   std::optional<std::string> local_addr;  // --local_addr: the address this node advertises to the others
   RemoteOptions remote;                   // --hostfile/--hosts launches and the agents they start
   std::vector<std::string> slurm_notes;   // what was taken from a Slurm step, and from where
+  std::vector<std::string> value_notes;   // -v: values from the command line and PET_* (cli/env_defaults.hpp)
   std::string program;
   std::vector<std::string> program_args;
 
   // --nnodes MIN:MAX with MIN < MAX: nodes may leave and join while the job runs.
   bool elastic() const { return min_nodes < nnodes; }
+  // Nodes meet in elastic rounds (membership/elastic/): an elastic job, or ranks by arrival.
+  bool elastic_rounds() const { return elastic() || ranks_by_arrival; }
 };
 
 // A duration of the options (seconds) in milliseconds.

@@ -8,6 +8,7 @@
 
 #include "errors.hpp"
 #include "ddp/contract/parse.hpp"
+#include "cli/env_defaults.hpp"
 #include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
 #include "rdzv/store.hpp"
@@ -45,6 +46,19 @@ struct RawFlags {
   std::string stall_action = "report";
   RemoteFlags remote;  // many nodes from one command (remote_flags.hpp), and --local_addr
 };
+
+constexpr int kDefaultEndpointPort = 29400;  // torchrun's c10d default
+
+// torchrun's meaning of an endpoint, once Slurm had its say: the run id defaults to
+// "none", and a fixed node count without node ranks takes them by arrival.
+void apply_endpoint_defaults(LaunchOptions& opts) {
+  if (!opts.rdzv_host || opts.remote.agent_stdin) return;  // an agent's launcher gave it every value
+  if (opts.run_id.empty()) {
+    opts.run_id = "none";
+    opts.run_id_defaulted = true;
+  }
+  opts.ranks_by_arrival = !opts.elastic() && opts.nnodes > 1 && !opts.node_rank_given;
+}
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
   throw UsageError("invalid " + flag + " '" + value + "': " + expected);
@@ -90,8 +104,18 @@ void parse_nnodes(const std::string& text, LaunchOptions& opts) {
 struct RdzvConf {
   std::optional<double> join_timeout;
   std::optional<double> last_call_timeout;
+  std::optional<bool> is_host;
   std::vector<std::string> notes;
 };
+
+// torchrun's boolean settings (RendezvousParameters.get_as_bool): 1/0, true/false,
+// yes/no, y/n, t/f in any case; nothing for anything else.
+std::optional<bool> conf_bool(std::string value) {
+  std::transform(value.begin(), value.end(), value.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (value == "1" || value == "true" || value == "t" || value == "yes" || value == "y") return true;
+  if (value == "0" || value == "false" || value == "f" || value == "no" || value == "n") return false;
+  return std::nullopt;
+}
 
 constexpr const char* kRdzvConfKeys =
     "join_timeout, timeout, last_call_timeout, close_timeout, read_timeout, keep_alive_interval, "
@@ -131,10 +155,13 @@ RdzvConf parse_rdzv_conf(const std::string& text) {
       if (!count || *count < 1) bad(key + "=" + value + " is not a count >= 1");
       ignored("a silent node is found by the store's heartbeat (--heartbeat_timeout)");
     } else if (key == "use_agent_store" || key == "is_host") {
-      static const std::set<std::string> kBools = {"true", "false", "1", "0", "True", "False"};
-      if (!kBools.count(value)) bad(key + "=" + value + " is not true or false");
-      ignored(key == "is_host" ? "node 0 hosts the store, or --rdzv_endpoint names a ddp-rendezvous daemon"
-                               : "workers reach ddprun's store through the DDPRUN_* variables");
+      auto flag = conf_bool(value);
+      if (!flag) bad(key + "=" + value + " is not true or false");
+      if (key == "is_host") {
+        conf.is_host = flag;
+      } else {
+        ignored("workers reach ddprun's store through the DDPRUN_* variables");
+      }
     } else {
       bad("unknown key '" + key + "'");
     }
@@ -174,16 +201,30 @@ class UsageFormatter : public CLI::Formatter {
 }  // namespace
 
 std::pair<std::string, int> parse_endpoint(const std::string& text) {
-  auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
-  std::string host = text.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  int port = integer_in("--rdzv_endpoint", text.substr(colon + 1), 1, 65535, "expected HOST:PORT");
-  if (host.empty() || host.find_first_of(" \t") != std::string::npos) invalid("--rdzv_endpoint", text, "expected HOST:PORT");
+  constexpr const char* kExpected = "expected HOST[:PORT] (PORT 1-65535, 29400 when absent; IPv6 as [ADDR]:PORT)";
+  std::string host = text;
+  std::string port_text;
+  if (!text.empty() && text.front() == '[') {  // [IPv6] or [IPv6]:PORT
+    auto close = text.find(']');
+    if (close == std::string::npos) invalid("--rdzv_endpoint", text, kExpected);
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') invalid("--rdzv_endpoint", text, kExpected);
+      port_text = text.substr(close + 2);
+    }
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {  // HOST:PORT; more colons: a bare IPv6 address
+    auto colon = text.find(':');
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  int port = kDefaultEndpointPort;
+  if (!port_text.empty() || text.back() == ':') port = integer_in("--rdzv_endpoint", port_text, 1, 65535, kExpected);
+  if (host.empty() || host.find_first_of(" \t\n") != std::string::npos) invalid("--rdzv_endpoint", text, kExpected);
   return {host, port};
 }
 
-ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+// parse_command_line without the wording of errors about values from PET_*.
+static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvDefaults& sources) {
   CLI::App app{"ddprun: launch and supervise one worker process per GPU or CPU slot (a torchrun replacement).",
                "ddprun"};
   auto formatter = std::make_shared<UsageFormatter>();
@@ -219,7 +260,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "node that is lost or leaves (one restart each) and with a node that joins (no restart)")
       ->default_str("1");
   app.add_option("--node_rank,--node-rank", raw.node_rank,
-                 "Rank of this node; in an elastic job an order hint (0 without --rdzv_endpoint: hosts the store)")
+                 "Rank of this node; in an elastic job an order hint (0 without --rdzv_endpoint: hosts the store); "
+                 "with --rdzv_endpoint and none given, ranks follow the nodes' arrival")
       ->default_str("0");
   app.add_option("--master_addr,--master-addr", raw.master_addr, "Address of node 0, given to workers as MASTER_ADDR")
       ->default_str("127.0.0.1");
@@ -228,7 +270,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_flag("--standalone", opts.standalone, "Single-node job on a free port chosen by ddprun");
   app.add_option("--role", raw.role, "Role name for the workers (ROLE_NAME)")->default_str("default");
   app.add_option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id,
-                 "Job id (TORCHELASTIC_RUN_ID, log dir name); default: generated");
+                 "Job id (TORCHELASTIC_RUN_ID, log dir name); default: none with --rdzv_endpoint (as torchrun), "
+                 "else generated");
   app.add_option("--max_restarts,--max-restarts", raw.max_restarts,
                  "Restart the whole worker group up to this many times after a failure: a worker failing or, in "
                  "an elastic job, a node lost or leaving uses one restart; a node joining uses none")
@@ -250,8 +293,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--grace_period,--grace-period", raw.grace_period,
                  "Seconds between SIGTERM and SIGKILL when stopping workers")->default_str("30");
   app.add_option("--rdzv_endpoint,--rdzv-endpoint", raw.rdzv_endpoint,
-                 "HOST:PORT of a ddp-rendezvous daemon to rendezvous through (default: node 0 hosts the store "
-                 "on --master_addr:--master_port)");
+                 "HOST[:PORT] (port 29400 when absent) of the job's store, as torchrun's c10d backend: the node "
+                 "HOST names (or is_host=true in --rdzv_conf) hosts it there unless a ddp-rendezvous daemon "
+                 "already listens there; the others connect (default: node 0 hosts the store on "
+                 "--master_addr:--master_port)");
   app.add_option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend,
                  "Accepted for torchrun compatibility: static, c10d or ddprun all mean ddprun's store")
       ->default_str("static");
@@ -261,9 +306,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                  "Seconds to wait for every node to join (elastic: for MIN nodes)")->default_str("600");
   app.add_option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf,
                  "torchrun's key=value,... rendezvous settings: join_timeout (or timeout), last_call_timeout "
-                 "(default 30: seconds an elastic job waits for MAX after MIN joined); close_timeout, "
-                 "read_timeout, keep_alive_interval, keep_alive_max_attempt, use_agent_store and is_host are "
-                 "accepted without effect");
+                 "(default 30: seconds an elastic job waits for MAX after MIN joined), is_host (true or false: "
+                 "whether this node hosts the store at --rdzv_endpoint); close_timeout, read_timeout, "
+                 "keep_alive_interval, keep_alive_max_attempt and use_agent_store are accepted without effect");
   app.add_option("--heartbeat_timeout,--heartbeat-timeout", raw.heartbeat_timeout,
                  "Seconds after which a node that cannot be reached counts as failed")->default_str("10");
   app.add_option("--exit_barrier_timeout,--exit-barrier-timeout", raw.exit_barrier_timeout,
@@ -324,6 +369,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  // PET_* fill in what the command line left open; an agent started by a launching
+  // ddprun got every value from it as a flag.
+  if (!opts.remote.agent_stdin) sources = EnvDefaults::apply(app);
+  opts.value_notes = sources.notes();
 
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());  // "ddprun [options] -- PROGRAM"
@@ -381,9 +430,6 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     auto [host, port] = parse_endpoint(raw.rdzv_endpoint);
     opts.rdzv_host = host;
     opts.rdzv_port = port;
-    if (opts.run_id.empty()) {
-      throw UsageError("--rdzv_endpoint needs --rdzv_id: jobs sharing a rendezvous daemon are told apart by it");
-    }
   }
   if (raw.rdzv_backend != "static" && raw.rdzv_backend != "c10d" && raw.rdzv_backend != "ddprun") {
     invalid("--rdzv_backend", raw.rdzv_backend, "expected static, c10d or ddprun");
@@ -399,6 +445,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   if (conf.last_call_timeout) {
     opts.last_call_timeout = *conf.last_call_timeout;
     if (!opts.elastic()) conf.notes.push_back("--rdzv_conf last_call_timeout has no effect: --nnodes is a fixed count");
+  }
+  opts.rdzv_is_host = conf.is_host;
+  if (conf.is_host && !opts.rdzv_host) {
+    conf.notes.push_back("--rdzv_conf is_host has no effect: without --rdzv_endpoint node 0 hosts the store");
   }
   opts.rdzv_conf_notes = std::move(conf.notes);
   opts.heartbeat_timeout = seconds_in("--heartbeat_timeout", raw.heartbeat_timeout, false);
@@ -433,6 +483,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   given.run_id = !opts.run_id.empty();
   if (!opts.remote.launching() && !opts.remote.agent_stdin) opts.slurm_notes = apply_slurm_step(opts, given);
   opts.master_addr_given = given.master_addr;
+  apply_endpoint_defaults(opts);
   if (opts.standalone && opts.elastic()) {
     throw UsageError("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; --nnodes " +
                      std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + " is an elastic job");
@@ -448,6 +499,17 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
                                 : ""));
   }
   return {std::move(opts)};
+}
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
+  EnvDefaults sources;
+  try {
+    return parse_and_check(argc, argv, sources);
+  } catch (const UsageError& e) {
+    throw UsageError(sources.explain(e.what()));
+  } catch (const LaunchError& e) {
+    throw LaunchError(sources.explain(e.what()));
+  }
 }
 
 }  // namespace ddprun

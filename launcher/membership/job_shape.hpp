@@ -14,10 +14,14 @@
 namespace ddprun {
 
 // The first launch of a job records its shape (JobKeys::shape, and in a fixed job its
-// node rank's worker count, JobKeys::node_shape); a later one compares with them.
-// Throws UsageError naming both shapes when they differ ("rendezvous: job 'x' is
-// already running with 2 nodes × 4 processes; this launch asks for 3 nodes × 2
-// processes"); rdzv::StoreError when the store fails.
-void check_job_shape(rdzv::Store& store, const std::string& job, const LaunchPlan& plan);
+// node rank's worker count and this launch's identity, JobKeys::node_shape); a later
+// one compares with them. Throws UsageError naming both shapes when they differ
+// ("rendezvous: job 'x' is already running with 2 nodes × 4 processes; this launch asks
+// for 3 nodes × 2 processes"), or shared_job_id_message() when another launch claimed
+// this node rank; rdzv::StoreError when the store fails. `where`: the store's HOST:PORT.
+void check_job_shape(rdzv::Store& store, const std::string& job, const LaunchPlan& plan, const std::string& where);
+
+// "rendezvous: another job uses --rdzv_id <job> at <where>; give each job its own --rdzv_id".
+std::string shared_job_id_message(const std::string& job, const std::string& where);
 
 }  // namespace ddprun

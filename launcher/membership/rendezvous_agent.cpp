@@ -55,10 +55,11 @@ struct RendezvousAgent::Watch {
 
 RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, JobLink& link, std::function<int()> stop_signal)
     : plan_(plan), link_(link), store_(link.store()), stop_signal_(std::move(stop_signal)) {
-  if (plan_.options.elastic()) {
+  if (plan_.options.elastic_rounds()) {
     try {
       elastic_ = std::make_unique<ElasticRendezvous>(store_, plan_, stop_signal_,
-                                                     silence_limit(to_ms(plan_.options.heartbeat_timeout)));
+                                                     silence_limit(to_ms(plan_.options.heartbeat_timeout)),
+                                                     store_address());
     } catch (const rdzv::StoreError& e) {
       throw LaunchError(std::string("rendezvous: ") + e.what());
     }
@@ -118,7 +119,7 @@ std::string RendezvousAgent::agree_run_id(const std::string& mine) {
     // for the run id then always find the shape of the node they waited for, and a
     // misconfigured node that came early cannot claim the shape ahead of node 0.
     const bool founds = plan_.options.node_rank == 0 || elastic_;
-    if (founds) check_job_shape(store_, mine, plan_);  // before this node registers anything
+    if (founds) check_job_shape(store_, mine, plan_, store_address());  // before this node registers anything
     std::string agreed = founds ? store_.compare_set(contract::JobKeys::run_id(), "", mine)
                                 : patient_multi_get({contract::JobKeys::run_id()}, to_ms(plan_.options.join_timeout),
                                                     [&](const std::vector<std::string>&) {
@@ -127,7 +128,7 @@ std::string RendezvousAgent::agree_run_id(const std::string& mine) {
     if (!plan_.options.run_id.empty() && agreed != plan_.options.run_id) {
       spdlog::warn("--rdzv_id {} differs from node 0's {}; using node 0's", plan_.options.run_id, agreed);
     }
-    if (!founds) check_job_shape(store_, agreed, plan_);  // before this node registers anything
+    if (!founds) check_job_shape(store_, agreed, plan_, store_address());  // before this node registers anything
     return agreed;
   } catch (const rdzv::StoreTimeout&) {
     throw LaunchError("rendezvous: timed out after " + std::to_string(static_cast<int>(plan_.options.join_timeout)) +

@@ -141,6 +141,7 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
     }
   }
 
+  plan.launch_id = generate_run_id();
   plan.run_id = options.run_id.empty() ? generate_run_id() : options.run_id;
   plan.hostname = local_hostname();
   plan.set_omp_num_threads =
@@ -165,7 +166,7 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
 
 void set_run_id(LaunchPlan& plan, const std::string& run_id) {
   plan.run_id = run_id;
-  if (plan.log_base) plan.log_root = *plan.log_base / run_id;
+  if (plan.log_base) plan.log_root = *plan.log_base / (run_id == "none" ? "none_" + plan.launch_id : run_id);
 }
 
 std::filesystem::path worker_log_dir(const LaunchPlan& plan, int attempt, int local_rank) {

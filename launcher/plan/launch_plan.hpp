@@ -24,6 +24,7 @@ struct LaunchPlan {
   int master_port = 0;            // one node: MASTER_PORT; several: where node 0 hosts the store
   std::string run_id;
   std::string hostname;
+  std::string launch_id;          // 12 random hex digits: this launch's own, told from every other
   WorkerCommand command;
   std::optional<std::filesystem::path> log_base;  // --log_dir, or a temporary dir for --redirects/--tee
   std::optional<std::filesystem::path> log_root;  // <log_base>/<run_id>, when logs are kept
@@ -36,7 +37,8 @@ LaunchPlan prepare_launch(const LaunchOptions& options);
 // A fresh run id (12 hex digits), for a job whose --rdzv_id was not given.
 std::string generate_run_id();
 
-// Adopts the run id the nodes agreed on (it names the log folder too).
+// Adopts the run id the nodes agreed on (it names the log folder too: <run_id>, or
+// none_<launch_id> for torchrun's default id "none", which many jobs share).
 void set_run_id(LaunchPlan& plan, const std::string& run_id);
 
 // <log_root>/attempt_<attempt>/<local_rank>; only meaningful when plan.log_root is set.

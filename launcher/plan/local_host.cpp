@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -27,19 +28,40 @@ std::string address_text(const sockaddr* sa) {
 }
 
 bool is_interface_address(const std::string& host) {
+  const std::vector<std::string> mine = interface_addresses();
+  return std::find(mine.begin(), mine.end(), host) != mine.end();
+}
+
+}  // namespace
+
+std::vector<std::string> interface_addresses() {
+  std::vector<std::string> found;
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return false;
-  bool found = false;
-  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+  if (getifaddrs(&list) != 0) return found;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
     if (i->ifa_addr != nullptr && (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6)) {
-      found = address_text(i->ifa_addr) == host;
+      found.push_back(address_text(i->ifa_addr));
     }
   }
   freeifaddrs(list);
   return found;
 }
 
-}  // namespace
+std::vector<std::string> resolve_addresses(const std::string& host) {
+  std::vector<std::string> addresses;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return addresses;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    std::string text = address_text(a->ai_addr);
+    if (!text.empty() && std::find(addresses.begin(), addresses.end(), text) == addresses.end()) {
+      addresses.push_back(text);
+    }
+  }
+  freeaddrinfo(found);
+  return addresses;
+}
 
 std::string local_hostname() {
   char name[256] = {};

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ddprun {
 
@@ -11,6 +12,13 @@ namespace ddprun {
 // any address of one of its interfaces. A name is not resolved through DNS: a name
 // that merely resolves here (e.g. through /etc/hosts to another address) is remote.
 bool is_local_host(const std::string& host);
+
+// The addresses of this machine's interfaces (getifaddrs), IPv4 and IPv6, as text.
+std::vector<std::string> interface_addresses();
+
+// The addresses `host` resolves to now (getaddrinfo), as text; empty when it does not
+// resolve (yet).
+std::vector<std::string> resolve_addresses(const std::string& host);
 
 // This machine's host name (gethostname), or "localhost" when it has none.
 std::string local_hostname();

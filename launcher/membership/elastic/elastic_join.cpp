@@ -13,6 +13,7 @@
 #include "errors.hpp"
 #include "job/failure_notice.hpp"
 #include "job/job_over.hpp"
+#include "membership/job_shape.hpp"
 #include "plan/ports.hpp"
 
 namespace ddprun {
@@ -38,8 +39,12 @@ constexpr Millis kReadTimeout{5000};
 }  // namespace
 
 ElasticRendezvous::ElasticRendezvous(rdzv::TcpStore& store, const LaunchPlan& plan, std::function<int()> stop_signal,
-                                     Millis silence_limit)
-    : store_(store), plan_(plan), stop_signal_(std::move(stop_signal)), silence_limit_(silence_limit) {
+                                     Millis silence_limit, std::string where)
+    : store_(store),
+      plan_(plan),
+      stop_signal_(std::move(stop_signal)),
+      silence_limit_(silence_limit),
+      where_(std::move(where)) {
   id_ = store_.add(JobKeys::elastic_ticket(), 1);
 }
 
@@ -190,6 +195,14 @@ elastic::MemberList ElasticRendezvous::wait_round(int attempt, Clock::time_point
     elastic::RoundDecision d = elastic::decide_round(view, timers, now);
     present = d.present;
     if (previous && !view.previous_running) check_previous_ended(attempt, *previous);
+    // A job of MIN = MAX nodes admits a newcomer only in place of a lost node, and a
+    // loss is known within the silence limit: a newcomer still left out after twice
+    // that, every member alive, belongs to another launch under this run id.
+    if (view.previous_running && o.min_nodes == o.nnodes && static_cast<int>(previous->ids.size()) >= o.nnodes &&
+        now - start >= 2 * silence_limit_) {
+      mark_lost();
+      throw UsageError(shared_job_id_message(plan_.run_id, where_));
+    }
     if (view.previous_running && now - start >= to_ms(o.join_timeout)) {
       throw LaunchError("rendezvous: not admitted within " + std::to_string(static_cast<int>(o.join_timeout)) +
                         " s: the job runs with " + std::to_string(previous->ids.size()) + " of at most " +

@@ -26,9 +26,9 @@ namespace ddprun {
 class ElasticRendezvous {
  public:
   // Takes this node's id (elastic/ticket). `store` and `plan` must outlive this.
-  // Throws rdzv::StoreError.
+  // `where`: the store's HOST:PORT, for messages. Throws rdzv::StoreError.
   ElasticRendezvous(rdzv::TcpStore& store, const LaunchPlan& plan, std::function<int()> stop_signal,
-                    std::chrono::milliseconds silence_limit);
+                    std::chrono::milliseconds silence_limit, std::string where);
 
   int64_t id() const { return id_; }
   // The member ids (group-rank order) of the attempt join() returned last.
@@ -38,7 +38,9 @@ class ElasticRendezvous {
   // a running attempt below MAX to re-form). Fills the layout but for the store's
   // address, port, token and namespace. Throws Interrupted (stop signal), JobOver
   // (elastic/end seen), LaunchError (fewer than MIN for join_timeout: the job ends;
-  // not admitted within join_timeout; bad bytes in the store), rdzv::StoreError.
+  // not admitted within join_timeout; bad bytes in the store), rdzv::StoreError;
+  // UsageError when MIN = MAX and the job runs with MAX nodes, all alive, for two
+  // silence limits after this node came: another job uses the same --rdzv_id.
   JobLayout join(int attempt);
 
   // This node's workers all succeeded in `attempt`: no grow may end it any more.
@@ -82,6 +84,7 @@ class ElasticRendezvous {
   const LaunchPlan& plan_;
   std::function<int()> stop_signal_;
   std::chrono::milliseconds silence_limit_;
+  std::string where_;
   int64_t id_ = -1;
   int registered_ = -1;  // the attempt this node registered for last
   std::vector<int64_t> members_;

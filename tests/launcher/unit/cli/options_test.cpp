@@ -61,6 +61,54 @@ TEST_CASE("torchrun's rendezvous flags are understood", "[options]") {
   CHECK(parse({"--", "prog", "x"}).program == "prog");
 }
 
+TEST_CASE("an endpoint means torchrun's c10d: port 29400, run id none, ranks by arrival", "[options]") {
+  // PyTorch's multi-node recipe, unchanged.
+  auto recipe = parse({"--nnodes=2", "--nproc_per_node=2", "--rdzv_id=100", "--rdzv_backend=c10d",
+                       "--rdzv_endpoint=10.250.0.1:29400", "p"});
+  CHECK(*recipe.rdzv_host == "10.250.0.1");
+  CHECK(recipe.rdzv_port == 29400);
+  CHECK(recipe.run_id == "100");
+  CHECK_FALSE(recipe.run_id_defaulted);
+  CHECK(recipe.ranks_by_arrival);  // no --node_rank: torchrun assigns ranks by arrival
+  CHECK(recipe.elastic_rounds());
+  CHECK_FALSE(recipe.elastic());
+  CHECK_FALSE(recipe.rdzv_is_host.has_value());
+
+  auto bare = parse({"--nnodes=2", "--rdzv_endpoint=node0", "p"});
+  CHECK(*bare.rdzv_host == "node0");
+  CHECK(bare.rdzv_port == 29400);
+  CHECK(bare.run_id == "none");
+  CHECK(bare.run_id_defaulted);
+  auto v6 = parse({"--rdzv_endpoint=[fe80::1]", "p"});
+  CHECK(*v6.rdzv_host == "fe80::1");
+  CHECK(v6.rdzv_port == 29400);
+  CHECK(*parse({"--rdzv_endpoint=fe80::2", "p"}).rdzv_host == "fe80::2");  // a bare IPv6 address: no port
+  CHECK(parse({"--rdzv_endpoint=[::1]:5000", "p"}).rdzv_port == 5000);
+
+  // An explicit rank keeps the fixed join; elastic jobs and one node need no arrival order.
+  CHECK_FALSE(parse({"--nnodes=2", "--node_rank=1", "--rdzv_endpoint=h", "p"}).ranks_by_arrival);
+  CHECK_FALSE(parse({"--nnodes=1:3", "--rdzv_endpoint=h", "p"}).ranks_by_arrival);
+  CHECK(parse({"--nnodes=1:3", "--rdzv_endpoint=h", "p"}).elastic_rounds());
+  CHECK_FALSE(parse({"--rdzv_endpoint=h", "p"}).ranks_by_arrival);
+  CHECK(parse({"--rdzv_endpoint=h", "p"}).run_id == "none");
+  CHECK(parse({"p"}).run_id.empty());  // without an endpoint: generated later, as before
+
+  // is_host, with torchrun's spellings of a boolean.
+  for (const char* yes : {"true", "1", "True", "yes", "Y", "t"}) {
+    auto o = parse({"--rdzv_endpoint=h", std::string("--rdzv_conf=is_host=") + yes, "p"});
+    REQUIRE(o.rdzv_is_host.has_value());
+    CHECK(*o.rdzv_is_host);
+    CHECK(o.rdzv_conf_notes.empty());
+  }
+  auto no = parse({"--rdzv_endpoint=h", "--rdzv_conf=is_host=false", "p"});
+  REQUIRE(no.rdzv_is_host.has_value());
+  CHECK_FALSE(*no.rdzv_is_host);
+  // Without an endpoint there is nothing to host: said, not refused.
+  auto lone = parse({"--rdzv_conf=is_host=1", "p"});
+  REQUIRE(lone.rdzv_conf_notes.size() == 1);
+  CHECK_THAT(lone.rdzv_conf_notes[0], Catch::Contains("is_host has no effect"));
+}
+
 TEST_CASE("symbolic worker counts and redirect maps parse", "[options]") {
   for (const char* spec : {"gpu", "cpu", "auto"}) CHECK(parse({std::string("--nproc_per_node=") + spec, "p"}).nproc_per_node == spec);
   auto o = parse({"--redirects", "0:3,2:1", "--tee=2", "--local_ranks_filter=0,2", "--nnodes=1:1", "p"});
@@ -83,9 +131,10 @@ TEST_CASE("each bad value is one UsageError naming the flag", "[options]") {
       {{"--nproc_per_node=two", "p"}, "--nproc_per_node"},
       {{"--nproc_per_node=4x", "p"}, "--nproc_per_node"},
       {{"--nnodes=2", "--standalone", "p"}, "single-node"},
-      {{"--rdzv_endpoint=hostonly", "p"}, "--rdzv_endpoint"},
+      {{"--rdzv_endpoint=host:", "p"}, "--rdzv_endpoint"},
+      {{"--rdzv_endpoint=[::1", "p"}, "--rdzv_endpoint"},
+      {{"--rdzv_endpoint=[::1]x", "p"}, "--rdzv_endpoint"},
       {{"--rdzv_endpoint=h:99999", "--rdzv_id=j", "p"}, "--rdzv_endpoint"},
-      {{"--rdzv_endpoint=h:29400", "p"}, "--rdzv_id"},
       {{"--rdzv_backend=etcd", "p"}, "--rdzv_backend"},
       {{"--heartbeat_timeout=1", "p"}, "--heartbeat_timeout"},
       {{"--join_timeout=0", "p"}, "--join_timeout"},
