@@ -37,8 +37,13 @@ SCRUB = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCA
          "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES"}
 # Why a variable differs, where it is known; printed under the variable.
 NOTES = {
-    "OMP_NUM_THREADS": "torchrun sets 1 when nproc_per_node > 1 and it is unset",
-    "TORCHELASTIC_RUN_ID": "torchrun's default --rdzv_id is 'none'; --standalone makes a uuid",
+    "MASTER_ADDR": "torchrun: rank 0's host name (socket.getfqdn); ddprun: rank 0's address; both reach rank 0",
+    "MASTER_PORT": "torchrun: its agent's store (USE_AGENT_STORE=True); ddprun: a free port for rank 0's own TCPStore",
+    "TORCHELASTIC_USE_AGENT_STORE": "ddprun: False, a torch worker's rank 0 hosts its TCPStore on MASTER_PORT",
+    "TORCHELASTIC_RUN_ID": "torchrun: --rdzv_id, default 'none' (--standalone: a uuid); ddprun: generated "
+                           "unless --rdzv_id or an endpoint is given",
+    "TORCHELASTIC_ERROR_FILE": "each launcher's own per-run file name; the worker writes it, its launcher reads it",
+    "OMP_NUM_THREADS": "both set 1 when nproc_per_node > 1 and it is unset",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "the harness sets it for torchrun alone (its scale-up hangs without)",
     "DDPRUN_*": "ddprun's own: where its worker runtime finds the agent's store; torch ignores it",
 }
@@ -221,6 +226,16 @@ def recipe_text(row, launcher):
     return "\n".join(lines)
 
 
+def recipe_words(row):
+    """Every value the recipe itself names: flag values and their HOST:PORT parts, pod variables."""
+    words = set()
+    for n in range(len(row.hosts)):
+        values = list(row.env(n).values()) + [w.split("=", 1)[-1] for w in row.args(n)]
+        words.update(values)
+        words.update(part for v in values for part in v.split(":"))
+    return words
+
+
 def report(a, rows, results, failures, worlds):
     print(f"\nrecipe table: start = last launcher start -> every worker of the world running "
           f"(median of {a.runs} runs, min-max); {NPROC} workers per host; target ddprun/torchrun <= {TARGET:g}")
@@ -258,7 +273,7 @@ def report(a, rows, results, failures, worlds):
                 print(f"    {launcher} FAILED: {failures[(row.key, launcher)]}")
         t, d = worlds.get((row.key, "torchrun")), worlds.get((row.key, "ddprun"))
         if t and d:
-            differs, nature = compare(by_rank(t), by_rank(d))
+            differs, nature = compare(by_rank(t), by_rank(d), fixed=recipe_words(row))
             print_comparison(differs, nature, NOTES)
             summary[row.key]["env"] = {"differ": differs, "nature": nature}
         print()

@@ -8,8 +8,8 @@ by nature (a port, a pid, a generated id or temporary folder) is listed apart, a
 import re
 
 # Digits of 4 or more (ports, pids, stamps) and hex runs of 8 or more (generated ids).
-# A temporary folder up to a worker's attempt folder (error files) is a per-run path.
-_RANDOM = [(re.compile(r"/tmp/\S*?/attempt_"), "<tmp>/attempt_"),
+# A file under /tmp (a worker's error file) is named per run, each launcher its own way.
+_RANDOM = [(re.compile(r"/tmp/\S*"), "<tmp file>"),
            (re.compile(r"[0-9a-f]{8,}(-[0-9a-f]{4,})*"), "<id>"), (re.compile(r"\d{4,}"), "<n>")]
 
 
@@ -35,9 +35,10 @@ def _shown(values):
     return ", ".join(f"r{r}={'(unset)' if v is None else v}" for r, v in sorted(values.items()))
 
 
-def compare(torchrun, ddprun, ignore=()):
+def compare(torchrun, ddprun, fixed=(), ignore=()):
     """(differences, by nature): lists of (name, torchrun's value, ddprun's value) for two
-    {rank: env} of the same ranks; `ignore` names variables left out."""
+    {rank: env} of the same ranks. A value that is one of `fixed` (words of the recipe, such
+    as its ports) is never random by nature; `ignore` names variables left out."""
     ranks = sorted(set(torchrun) & set(ddprun))
     names = sorted({k for r in ranks for k in list(torchrun[r]) + list(ddprun[r])} - set(ignore))
     differs, nature = [], []
@@ -47,7 +48,8 @@ def compare(torchrun, ddprun, ignore=()):
         if t == d:
             continue
         row = (name, _shown(t), _shown(d))
-        if all(normalised(t[r]) == normalised(d[r]) for r in ranks):
+        recipe_word = any(v in fixed for v in list(t.values()) + list(d.values()))
+        if not recipe_word and all(normalised(t[r]) == normalised(d[r]) for r in ranks):
             nature.append(row)
         else:
             differs.append(row)
