@@ -49,8 +49,7 @@ void set_up_logging() {
   spdlog::set_default_logger(logger);
 }
 
-// `store_role`: who hosts the store at a c10d endpoint, and why (endpoint_store.hpp).
-void print_plan(const ddprun::LaunchPlan& plan, const std::string& store_role) {
+void print_plan(const ddprun::LaunchPlan& plan) {
   const auto& o = plan.options;
   if (o.ranks_by_arrival) {
     spdlog::info("run id {}{}, host {}, {} worker(s) (--nproc_per_node={}), one of {} nodes, node rank by arrival "
@@ -71,7 +70,8 @@ void print_plan(const ddprun::LaunchPlan& plan, const std::string& store_role) {
   if (o.rdzv_host && o.remote.agent_stdin) {
     spdlog::info("rendezvous: the launching ddprun's store at {}:{}, job {}", *o.rdzv_host, o.rdzv_port, plan.run_id);
   } else if (o.rdzv_host) {
-    spdlog::info("rendezvous: {}, job {}", store_role, plan.run_id);
+    spdlog::info("rendezvous: the store at {}:{} (who hosts it: above), job {}", *o.rdzv_host, o.rdzv_port,
+                 plan.run_id);
   } else if (o.nnodes > 1) {
     spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
   } else {
@@ -81,12 +81,11 @@ void print_plan(const ddprun::LaunchPlan& plan, const std::string& store_role) {
   if (plan.log_root) spdlog::info("logs: {}", plan.log_root->string());
 }
 
-// Where this node's ddprun finds the job: a store it hosts itself (one node, or node 0
-// without --rdzv_endpoint), its one link to the job's store and, with several nodes,
+// Where this node's ddprun finds the job: a store it hosts itself (one node, node 0
+// without --rdzv_endpoint, or the node a c10d endpoint names), its one link to the job's store and, with several nodes,
 // the rendezvous agent. Destroyed in reverse: the agent, the link, then the store.
 struct Job {
   std::unique_ptr<ddprun::StoreHost> store_host;
-  std::string store_role;  // at a c10d endpoint: who hosts the store, and why
   std::unique_ptr<ddprun::JobLink> link;
   std::unique_ptr<ddprun::RendezvousAgent> agent;
 };
@@ -137,7 +136,8 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     raise_fd_limit();
     ddprun::EndpointStore hosted = ddprun::host_endpoint_store(endpoint);
     job.store_host = std::move(hosted.host);
-    job.store_role = std::move(hosted.role);
+    // Said before the wait for the store, which may be long (or end the launch).
+    if (o.verbose) spdlog::info("rendezvous: {}", hosted.role);
   }
   link.host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
   link.port = o.rdzv_host ? o.rdzv_port : plan.master_port;
@@ -175,7 +175,7 @@ int launch(ddprun::LaunchPlan& plan) {
     return 128 + stop.signal;
   }
   const auto& o = plan.options;
-  if (o.verbose) print_plan(plan, job.store_role);
+  if (o.verbose) print_plan(plan);
 
   ddprun::SupervisorWorkers workers(supervisor, plan, job.agent != nullptr);
   std::unique_ptr<ddprun::Membership> membership;

@@ -62,6 +62,12 @@ HostMatch match_endpoint_host(const std::string& host, const std::vector<std::st
   if (same_name(host, "localhost") || is_loopback(host)) return {true, host + " is this host's loopback"};
   if (same_name(host, me.hostname)) return {true, "host name " + me.hostname + " matches"};
   if (same_name(host, me.fqdn)) return {true, "this host's FQDN " + me.fqdn + " matches"};
+  // A name the resolver's search list completes to this host's FQDN, e.g. a Kubernetes
+  // pod's <host>.<subdomain> of <host>.<subdomain>.<namespace>.svc.cluster.local.
+  if (me.fqdn.size() > host.size() && me.fqdn[host.size()] == '.' && same_name(host, me.fqdn.substr(0, host.size())) &&
+      host.find('.') != std::string::npos) {
+    return {true, host + " begins this host's FQDN " + me.fqdn};
+  }
   for (const auto& address : resolved) {
     if (std::find(me.addresses.begin(), me.addresses.end(), address) != me.addresses.end()) {
       return {true, address == host ? host + " is an address of this host"

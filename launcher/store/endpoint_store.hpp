@@ -27,8 +27,8 @@ struct ThisMachine {
 ThisMachine this_machine();
 
 // Whether the endpoint's HOST names this machine, and why (for -v): "localhost" or a
-// loopback address; HOST equal to the host name or its FQDN (names compare without
-// regard to case); one of the addresses HOST resolves to (`resolved`) being an
+// loopback address; HOST equal to the host name or its FQDN, or a dotted name the FQDN
+// begins with (a pod's <host>.<subdomain>; names compare without regard to case); one of the addresses HOST resolves to (`resolved`) being an
 // interface address or a loopback one. A HOST that does not resolve yet can match by
 // name only.
 struct HostMatch {

@@ -84,7 +84,8 @@ def ddprun(*args):
 
 def phase_connecting(env, sig, daemon):
     port = free_port()  # nothing listens there
-    t = Watched(ddprun("--nnodes=2", "--rdzv_id=sig-conn", f"--rdzv_endpoint=127.0.0.1:{port}", "/bin/true"), env)
+    t = Watched(ddprun("--nnodes=2", "--rdzv_id=sig-conn", f"--rdzv_endpoint=127.0.0.1:{port}",
+                       "--rdzv_conf=is_host=false", "/bin/true"), env)
     t.saw("still waiting for the store at")
     return time_exit(t, sig)
 

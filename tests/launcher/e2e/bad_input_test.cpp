@@ -41,7 +41,7 @@ TEST_CASE("invalid flag values are usage errors (exit 2)", "[e2e][bad_input]") {
   expect_refusal({"--nnodes=2:1"}, 2, "--nnodes");
   expect_refusal({"--rdzv_conf=join_timeout=soon"}, 2, "--rdzv_conf");
   expect_refusal({"--rdzv_conf=shard=3"}, 2, "unknown key 'shard'");
-  expect_refusal({"--rdzv_endpoint=daemon:29400"}, 2, "--rdzv_id");
+  expect_refusal({"--rdzv_endpoint=daemon:http"}, 2, "--rdzv_endpoint");
   expect_refusal({"--node_rank=3"}, 2, "--node_rank");
   expect_refusal({"--master_port=65536"}, 2, "--master_port");
   expect_refusal({"--redirects=7"}, 2, "--redirects");

@@ -82,8 +82,9 @@ TEST_CASE("connecting to a store nobody serves: INT, TERM and HUP end ddprun at 
   const int sig = GENERATE(SIGINT, SIGTERM, SIGHUP);
   TempDir dir;
   const int port = free_port();
+  // is_host=false: this node only connects (as the other nodes of a c10d endpoint do).
   Process p(e2e::ddprun({"--nnodes=2", "--rdzv_id=sig-connect", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-                         "/bin/true"}),
+                         "--rdzv_conf=is_host=false", "/bin/true"}),
             noticing(dir));
   expect_stop(p, "still waiting for the store at 127.0.0.1:" + std::to_string(port) + ": Connection refused", sig,
               "received " + abbrev(sig) + " while joining the rendezvous; no worker was started");

@@ -357,7 +357,7 @@ TEST_CASE("status is a subcommand only as the first argument and bad status flag
   CHECK(program.status == 0);
   CHECK(contains(program.out, "[rank0]:program status ran with x"));
   for (auto args : {std::vector<std::string>{"status", "--bogus"}, {"status", "--watch=0"},
-                    {"status", "--rdzv_endpoint=127.0.0.1:1"}, {"status", "--rdzv_endpoint=nohostport", "--rdzv_id=a"}}) {
+                    {"status", "--rdzv_endpoint=127.0.0.1:1"}, {"status", "--rdzv_endpoint=host:noport", "--rdzv_id=a"}}) {
     auto r = run(e2e::ddprun(args), env, 10s);
     INFO(r.err);
     CHECK(r.status == 2);

@@ -36,7 +36,12 @@ TEST_CASE("endpoint host: names match this host's name or FQDN, in any case", "[
   CHECK_FALSE(other.matches);
   CHECK_THAT(other.why, Catch::Contains("does not resolve (yet)"));
   CHECK_FALSE(match_endpoint_host("node", {}, node0()).matches);  // a prefix is another name
-  CHECK_FALSE(match_endpoint_host("node0.job", {}, node0()).matches);
+  // A Kubernetes pod's <host>.<subdomain>: the resolver's search list completes it to the FQDN.
+  HostMatch pod = match_endpoint_host("node0.job", {}, node0());
+  CHECK(pod.matches);
+  CHECK_THAT(pod.why, Catch::Contains("begins this host's FQDN"));
+  CHECK_FALSE(match_endpoint_host("node0.jo", {}, node0()).matches);  // labels whole, not cut
+  CHECK_FALSE(match_endpoint_host("node0.other", {}, node0()).matches);
 }
 
 TEST_CASE("endpoint host: addresses match an interface's, loopback always", "[endpoint]") {
@@ -102,4 +107,17 @@ TEST_CASE("endpoint store: the matching node hosts; a taken port makes it a clie
   ddprun::EndpointStore far = ddprun::host_endpoint_store(o);
   CHECK_FALSE(far.host);
   CHECK_THAT(far.role, Catch::Contains("neither this host's name"));
+}
+
+TEST_CASE("endpoint store: is_host=true hosts where the endpoint names no address of this host", "[endpoint]") {
+  // A Kubernetes Service's cluster IP, say: HOST reaches this node through the network's
+  // address translation, and only is_host tells the node it is the one.
+  ddprun::EndpointStoreOptions o;
+  o.host = "192.0.2.77";  // TEST-NET-1: never this host's
+  o.port = 0;             // any free port: what matters is that it binds at all
+  o.is_host = true;
+  ddprun::EndpointStore hosted = ddprun::host_endpoint_store(o);
+  REQUIRE(hosted.host);
+  CHECK(hosted.host->port() != 0);
+  CHECK_THAT(hosted.role, Catch::StartsWith("this node hosts the store at 192.0.2.77:0 (is_host=true in --rdzv_conf)"));
 }
