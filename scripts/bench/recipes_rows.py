@@ -105,7 +105,7 @@ ROWS = [
         _operator_args, _operator),
     Row("pytorchjob-elastic", "PyTorchJob with elasticPolicy", [[f"{JOB}-worker-{i}"] for i in range(2)],
         lambda n: [], _operator_elastic),
-    Row("trainer", "TrainJob (Trainer v2, JobSet)", [[f"{JOB}-node-0-{i}", f"{JOB}-node-0-{i}.{JOB}"] for i in range(2)],
-        lambda n: [], _trainer),
+    Row("trainer", "TrainJob (Trainer v2, JobSet)",
+        [[f"{JOB}-node-0-{i}", f"{JOB}-node-0-{i}.{JOB}"] for i in range(2)], lambda n: [], _trainer),
 ]
 BY_KEY = {r.key: r for r in ROWS}
