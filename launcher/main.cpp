@@ -82,8 +82,9 @@ void print_plan(const ddprun::LaunchPlan& plan) {
 }
 
 // Where this node's ddprun finds the job: a store it hosts itself (one node, node 0
-// without --rdzv_endpoint, or the node a c10d endpoint names), its one link to the job's store and, with several nodes,
-// the rendezvous agent. Destroyed in reverse: the agent, the link, then the store.
+// without --rdzv_endpoint, or the node a c10d endpoint names), its one link to the
+// job's store and, with several nodes, the rendezvous agent. Destroyed in reverse: the
+// agent, the link, then the store.
 struct Job {
   std::unique_ptr<ddprun::StoreHost> store_host;
   std::unique_ptr<ddprun::JobLink> link;

@@ -28,9 +28,9 @@ ThisMachine this_machine();
 
 // Whether the endpoint's HOST names this machine, and why (for -v): "localhost" or a
 // loopback address; HOST equal to the host name or its FQDN, or a dotted name the FQDN
-// begins with (a pod's <host>.<subdomain>; names compare without regard to case); one of the addresses HOST resolves to (`resolved`) being an
-// interface address or a loopback one. A HOST that does not resolve yet can match by
-// name only.
+// begins with (a pod's <host>.<subdomain>; names compare without regard to case); one
+// of the addresses HOST resolves to (`resolved`) being an interface address or a
+// loopback one. A HOST that does not resolve yet can match by name only.
 struct HostMatch {
   bool matches = false;
   std::string why;  // "host name node0 matches", "10.0.0.1 is an address of this host", ...

@@ -191,3 +191,41 @@ TEST_CASE("a misconfigured node that waits for node 0 is the one refused, not no
   CHECK(!std::filesystem::exists(dir / "wrong"));
   daemon.stop();
 }
+
+TEST_CASE("nodes with and without --node_rank in one job: the later one is refused, the job goes on",
+          "[e2e][job_id]") {
+  // Without --node_rank an endpoint's nodes take ranks by arrival (torchrun's c10d); a
+  // node with one would wait under other keys forever. The daemon has the endpoint's port.
+  TempDir dir;
+  Daemon daemon(dir, "mixed-secret");
+  const std::string endpoint = "--rdzv_endpoint=127.0.0.1:" + std::to_string(daemon.port);
+  auto node = [&](std::vector<std::string> rank, const std::string& marker) {
+    std::vector<std::string> a = {"--nnodes=2", "--nproc_per_node=1", endpoint, "--join_timeout=30"};
+    a.insert(a.end(), rank.begin(), rank.end());
+    a.insert(a.end(), {e2e::kWorker, "touch", (dir / marker).string()});
+    return e2e::ddprun(a);
+  };
+  ProcessOptions env = daemon.env;
+  env.set_env["DDP_WAIT_NOTICE_SEC"] = "1";  // the wait says so within a second
+  Process first(node({}, "first"), env);  // ranks by arrival, run id none
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(first.err(), "still waiting for attempt 0 to form") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(contains(first.err(), "still waiting for attempt 0 to form"));  // its shape is recorded
+  auto ranked = run(node({"--node_rank=1"}, "ranked"), env, 30s);
+  CHECK(ranked.status == 2);
+  CHECK(contains(ranked.err, "rendezvous: job 'none' is already running with nodes that take their rank by "
+                             "arrival; this one gives --node_rank: give every node of a job its --node_rank, or none"));
+  CHECK(!first.wait(0ms).has_value());
+  auto second = run(node({}, "second"), env, 30s);
+  INFO(second.err);
+  CHECK(second.status == 0);
+  auto ended = first.wait(30s);
+  REQUIRE(ended.has_value());
+  CHECK(*ended == 0);
+  CHECK(std::filesystem::exists(dir / "first"));
+  CHECK(std::filesystem::exists(dir / "second"));
+  CHECK(!std::filesystem::exists(dir / "ranked"));
+  daemon.stop();
+}

@@ -69,7 +69,7 @@ void check_formed(std::vector<std::unique_ptr<Process>>& nodes, const std::strin
 
 }  // namespace
 
-TEST_CASE("c10d recipe: the node whose address the endpoint names hosts the store; ranks by arrival",
+TEST_CASE("c10d recipe: the node whose address the endpoint names hosts the store and ranks follow arrival",
           "[multinode][endpoint]") {
   NetnsCluster c(2);
   const std::string endpoint = c.address(0) + ":29400";
@@ -194,7 +194,7 @@ TEST_CASE("c10d endpoint: is_host in --rdzv_conf overrides the name match", "[mu
                                               "--rdzv_conf)"));
 }
 
-TEST_CASE("c10d endpoint: a ddp-rendezvous daemon there still serves; two jobs under one id are refused",
+TEST_CASE("c10d endpoint: a ddp-rendezvous daemon there still serves and two jobs under one id are refused",
           "[multinode][endpoint]") {
   NetnsCluster c(2);
   const std::string endpoint = c.address(0) + ":29400";

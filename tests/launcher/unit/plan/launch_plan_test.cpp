@@ -9,7 +9,8 @@
 
 TEST_CASE("runs under the run id none keep their log folders apart", "[plan]") {
   testing::TempDir dir;
-  auto options = command_line::parse({"--nnodes=2", "--rdzv_endpoint=h", "--log_dir", dir.path().string(), "/bin/true"});
+  auto options =
+      command_line::parse({"--nnodes=2", "--rdzv_endpoint=h", "--log_dir", dir.path().string(), "/bin/true"});
   REQUIRE(options.run_id == "none");
   ddprun::LaunchPlan first = ddprun::prepare_launch(options);
   ddprun::LaunchPlan second = ddprun::prepare_launch(options);

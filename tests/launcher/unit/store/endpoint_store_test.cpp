@@ -72,7 +72,7 @@ TEST_CASE("endpoint host: this machine as the system sees it", "[endpoint]") {
   CHECK(ddprun::resolve_addresses("no-such-host.invalid").empty());
 }
 
-TEST_CASE("endpoint store: the matching node hosts; a taken port makes it a client; is_host decides", "[endpoint]") {
+TEST_CASE("endpoint store: the matching node hosts, a taken port makes it a client, is_host decides", "[endpoint]") {
   ddprun::EndpointStoreOptions o;
   o.host = "127.0.0.1";
   o.server.token = "t";
