@@ -73,7 +73,8 @@ std::optional<bool> env_flag_value(const std::string& text) {
 EnvDefaults EnvDefaults::command_line_only(CLI::App& app) {
   EnvDefaults out;
   for (CLI::Option* o : settable_options(app)) {
-    if (o->count() > 0) out.given_.push_back({"--" + o->get_lnames().front(), long_spellings(*o), "", given_value(*o), is_on_off(*o)});
+    if (o->count() == 0) continue;
+    out.given_.push_back({"--" + o->get_lnames().front(), long_spellings(*o), "", given_value(*o), is_on_off(*o)});
   }
   return out;
 }
@@ -105,7 +106,11 @@ EnvDefaults EnvDefaults::apply(CLI::App& app) {
     } else {
       o->add_result(value);
     }
-    o->run_callback();
+    try {
+      o->run_callback();  // stores the value where the option keeps it, through the option's checks
+    } catch (const CLI::ParseError& e) {
+      invalid_env(variable, value, flag, e.what());
+    }
     out.given_.push_back({flag, long_spellings(*o), variable, value, is_on_off(*o)});
   }
   return out;

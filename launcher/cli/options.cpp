@@ -235,6 +235,8 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
       "interpreter); -m runs a Python module. Everything after PROGRAM goes to the program.\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
       "ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_* as under torchrun.\n"
+      "An option not given takes its value from PET_<OPTION>, as under torchrun (PET_NNODES=2,\n"
+      "PET_STANDALONE=1, ...); the command line wins over PET_*, and PET_* over a Slurm step's variables.\n"
       "Exit status: 0 on success; the first failed worker's status (128+N when killed by signal N);\n"
       "128+N when ddprun itself got signal N; 124 when --stall_action=stop ended a stalled job;\n"
       "2 for a bad command line; 1 when the launch cannot start.\n"

@@ -25,21 +25,30 @@ std::vector<std::string> probe_with(std::vector<std::string> flags) {
   return args;
 }
 
-}  // namespace
-
-TEST_CASE("a pod's PET_* set the job; pod-level RANK and WORLD_SIZE reach no worker", "[e2e][pet]") {
-  // What a PyTorchJob pod carries beside PET_*: its own node rank and node count.
-  const std::map<std::string, std::string> pod = {{"PET_NPROC_PER_NODE", "2"}, {"PET_STANDALONE", "1"},
-                                                  {"RANK", "1"},  {"WORLD_SIZE", "2"},
-                                                  {"MASTER_ADDR", "job-master-0"}, {"MASTER_PORT", "23456"}};
-  auto r = run(probe_with({"-v"}), {pod, {}}, 60s);
-  INFO(r.err);
+// The workers' lines of a run that must have succeeded with two workers, each with its
+// own RANK and WORLD_SIZE=2.
+std::map<int, std::vector<std::string>> two_workers(const RunResult& r) {
+  INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   auto ranks = e2e::by_rank(r.out);
   REQUIRE(ranks.size() == 2);
   for (int rank = 0; rank < 2; ++rank) {
     CHECK(has(ranks[rank], "RANK=" + std::to_string(rank)));
     CHECK(has(ranks[rank], "WORLD_SIZE=2"));
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("a pod's PET_* set the job, and pod-level RANK and WORLD_SIZE reach no worker", "[e2e][pet]") {
+  // What a PyTorchJob pod carries beside PET_*: its own node rank and node count.
+  const std::map<std::string, std::string> pod = {{"PET_NPROC_PER_NODE", "2"}, {"PET_STANDALONE", "1"},
+                                                  {"RANK", "1"},  {"WORLD_SIZE", "2"},
+                                                  {"MASTER_ADDR", "job-master-0"}, {"MASTER_PORT", "23456"}};
+  auto r = run(probe_with({"-v"}), {pod, {}}, 60s);
+  auto ranks = two_workers(r);
+  for (int rank = 0; rank < 2; ++rank) {
     CHECK(has(ranks[rank], "MASTER_ADDR=127.0.0.1"));
     CHECK_FALSE(has(ranks[rank], "MASTER_PORT=23456"));
     CHECK(has(ranks[rank], "PET_NPROC_PER_NODE=2"));  // inherited, as torchrun's workers inherit it
@@ -61,7 +70,7 @@ TEST_CASE("the command line beats PET_*", "[e2e][pet]") {
   CHECK(has(own, "ddprun: info: PET_STANDALONE='0' not used: --standalone is on the command line"));
 }
 
-TEST_CASE("PET_* beat a Slurm step's variables; Slurm fills what they leave open", "[e2e][pet]") {
+TEST_CASE("PET_* beat a Slurm step's variables, and Slurm fills what they leave open", "[e2e][pet]") {
   // Node 1 of a two-node step, told by PET_* that it is a one-node job of its own.
   const std::string port = std::to_string(e2e::free_port());
   const std::map<std::string, std::string> env = {
@@ -108,13 +117,12 @@ TEST_CASE("a launch from PET_HOSTS: the local agents ignore the PET_* they inher
   // Each agent here is the launcher's child and inherits PET_HOSTS; were it read, an agent
   // would refuse it or launch again. Its flags come from the launcher alone.
   auto r = run(probe_with({}), {{{"PET_HOSTS", "localhost:1,127.0.0.1:1"}, {"PET_NPROC_PER_NODE", "1"}}, {}}, 60s);
-  INFO(r.out << r.err);
-  REQUIRE(r.status == 0);
-  auto ranks = e2e::by_rank(r.out);
-  REQUIRE(ranks.size() == 2);
-  for (int rank = 0; rank < 2; ++rank) {
-    CHECK(has(ranks[rank], "RANK=" + std::to_string(rank)));
-    CHECK(has(ranks[rank], "WORLD_SIZE=2"));
-    CHECK(has(ranks[rank], "GROUP_RANK=" + std::to_string(rank)));
-  }
+  auto ranks = two_workers(r);
+  for (int rank = 0; rank < 2; ++rank) CHECK(has(ranks[rank], "GROUP_RANK=" + std::to_string(rank)));
+}
+
+TEST_CASE("--help says where defaults come from", "[e2e][pet]") {
+  auto h = run(e2e::ddprun({"--help"}));
+  CHECK(h.status == 0);
+  CHECK_THAT(h.out, Catch::Contains("An option not given takes its value from PET_<OPTION>, as under torchrun"));
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/env_defaults.hpp"
 #include "command_line.hpp"
 #include "scoped_env.hpp"
@@ -180,7 +182,7 @@ TEST_CASE("a refusal about a flag set by PET_* names the variable", "[options][p
                            "PET_NO_PYTHON=1, --module is PET_MODULE=1)");
 }
 
-TEST_CASE("only the first long spelling names a variable; hidden flags have none", "[options][pet]") {
+TEST_CASE("only the first long spelling names a variable, and hidden flags have none", "[options][pet]") {
   ScopedEnv env;
   env.set("PET_RUN_ID", "x");           // --run_id is a second spelling of --rdzv_id
   env.set("PET_NPROC-PER-NODE", "3");   // not a name torchrun reads either
@@ -204,7 +206,7 @@ TEST_CASE("an agent started by a launching ddprun reads no PET_*", "[options][pe
   CHECK(o.value_notes.empty());
 }
 
-TEST_CASE("PET_* beats a Slurm step's variables; Slurm fills the rest", "[options][pet]") {
+TEST_CASE("PET_* beats a Slurm step's variables, and Slurm fills the rest", "[options][pet]") {
   ScopedEnv env;
   set_all(env, {{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_STEP_NUM_NODES", "2"},
                 {"SLURM_NODEID", "1"}, {"SLURM_STEP_NODELIST", "n[0-1]"}, {"SLURM_JOB_NODELIST", "n[0-1]"},
@@ -216,4 +218,36 @@ TEST_CASE("PET_* beats a Slurm step's variables; Slurm fills the rest", "[option
   CHECK(o.master_addr == "pod-0");
   CHECK(o.run_id == "slurm-77.0");  // not given by PET_*: Slurm's
   CHECK(o.slurm_notes.size() == 2);  // the port and the run id
+}
+
+TEST_CASE("an option added to the command line later gets its PET_* with no more code", "[options][pet]") {
+  // As a new flag would be added to ddprun's CLI11 app: only its name says which variable.
+  CLI::App app{"later"};
+  std::string seconds;
+  bool virtual_rank = false;
+  app.add_option("--shutdown_timeout,--shutdown-timeout", seconds)->check(CLI::Range(0, 3600));
+  app.add_flag("--virtual_local_rank,--virtual-local-rank", virtual_rank);
+  const char* argv[] = {"later"};
+  app.parse(1, const_cast<char**>(argv));
+  ScopedEnv env;
+  env.set("PET_SHUTDOWN_TIMEOUT", "12");
+  env.set("PET_VIRTUAL_LOCAL_RANK", "1");
+  const auto sources = ddprun::EnvDefaults::apply(app);
+  CHECK(seconds == "12");
+  CHECK(virtual_rank);
+  CHECK(app.count("--shutdown_timeout") == 1);  // counts as given
+  CHECK(sources.notes() == std::vector<std::string>{"--shutdown_timeout=12 from PET_SHUTDOWN_TIMEOUT",
+                                                    "--virtual_local_rank from PET_VIRTUAL_LOCAL_RANK='1'"});
+  // The option's own check refuses a value: the message names the variable.
+  CLI::App again{"later"};
+  again.add_option("--shutdown_timeout", seconds)->check(CLI::Range(0, 3600));
+  again.parse(1, const_cast<char**>(argv));
+  env.set("PET_SHUTDOWN_TIMEOUT", "7200");
+  try {
+    ddprun::EnvDefaults::apply(again);
+    FAIL("expected a UsageError");
+  } catch (const ddprun::UsageError& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("invalid PET_SHUTDOWN_TIMEOUT '7200' (from the environment, for "
+                                           "--shutdown_timeout): "));
+  }
 }
