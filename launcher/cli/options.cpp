@@ -269,7 +269,8 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   app.add_option("--master_addr,--master-addr", raw.master_addr, "Address of node 0, given to workers as MASTER_ADDR")
       ->default_str("127.0.0.1");
   app.add_option("--master_port,--master-port", raw.master_port,
-                 "Port on node 0 that rank 0 may bind (MASTER_PORT); must be free")->default_str("29500");
+                 "One node: MASTER_PORT, which rank 0 binds; several nodes: the port node 0's rendezvous store "
+                 "listens on (the workers get a free port there as MASTER_PORT)")->default_str("29500");
   app.add_flag("--standalone", opts.standalone, "Single-node job on a free port chosen by ddprun");
   app.add_option("--role", raw.role, "Role name for the workers (ROLE_NAME)")->default_str("default");
   app.add_option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id,
