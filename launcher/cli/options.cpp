@@ -1,7 +1,9 @@
 #include "cli/options.hpp"
 
 #include <CLI/CLI.hpp>
+#include <arpa/inet.h>
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -201,26 +203,40 @@ class UsageFormatter : public CLI::Formatter {
 
 }  // namespace
 
-std::pair<std::string, int> parse_endpoint(const std::string& text) {
-  constexpr const char* kExpected = "expected HOST[:PORT] (PORT 1-65535, 29400 when absent; IPv6 as [ADDR]:PORT)";
+// torchrun's parse (parse_rendezvous_endpoint): the port follows the last ':', a
+// bracketed [IPv6] may stand alone, and the host is letters, digits, '_', '.', '-' and
+// ':'. Stricter where torchrun would only fail at connect time: a host with a ':' must
+// be an IPv6 address, and the port 1-65535.
+std::pair<std::string, int> parse_endpoint(const std::string& value) {
+  constexpr const char* kExpected =
+      "expected HOST[:PORT] (PORT 1-65535, 29400 when absent; IPv6 as [ADDR] or [ADDR]:PORT)";
+  const auto first = value.find_first_not_of(" \t\n");
+  const std::string text =
+      first == std::string::npos ? "" : value.substr(first, value.find_last_not_of(" \t\n") - first + 1);
+  if (text.empty()) invalid("--rdzv_endpoint", value, kExpected);
   std::string host = text;
-  std::string port_text;
-  if (!text.empty() && text.front() == '[') {  // [IPv6] or [IPv6]:PORT
-    auto close = text.find(']');
-    if (close == std::string::npos) invalid("--rdzv_endpoint", text, kExpected);
-    host = text.substr(1, close - 1);
-    if (close + 1 < text.size()) {
-      if (text[close + 1] != ':') invalid("--rdzv_endpoint", text, kExpected);
-      port_text = text.substr(close + 2);
+  std::optional<std::string> port_text;
+  if (!(text.front() == '[' && text.back() == ']')) {
+    if (auto colon = text.rfind(':'); colon != std::string::npos) {
+      host = text.substr(0, colon);
+      port_text = text.substr(colon + 1);
     }
-  } else if (std::count(text.begin(), text.end(), ':') == 1) {  // HOST:PORT; more colons: a bare IPv6 address
-    auto colon = text.find(':');
-    host = text.substr(0, colon);
-    port_text = text.substr(colon + 1);
   }
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   int port = kDefaultEndpointPort;
-  if (!port_text.empty() || text.back() == ':') port = integer_in("--rdzv_endpoint", port_text, 1, 65535, kExpected);
-  if (host.empty() || host.find_first_of(" \t\n") != std::string::npos) invalid("--rdzv_endpoint", text, kExpected);
+  if (port_text) {
+    bool digits = !port_text->empty() && port_text->size() <= 5 &&
+                  std::all_of(port_text->begin(), port_text->end(), [](unsigned char c) { return std::isdigit(c); });
+    port = digits ? std::stoi(*port_text) : 0;
+    if (port < 1 || port > 65535) invalid("--rdzv_endpoint", value, kExpected);
+  }
+  bool word = !host.empty() && std::all_of(host.begin(), host.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '.' || c == '-' || c == ':';
+  });
+  in6_addr v6{};
+  if (!word || (host.find(':') != std::string::npos && inet_pton(AF_INET6, host.c_str(), &v6) != 1)) {
+    invalid("--rdzv_endpoint", value, kExpected);
+  }
   return {host, port};
 }
 

@@ -82,7 +82,6 @@ TEST_CASE("an endpoint means torchrun's c10d: port 29400, run id none, ranks by 
   auto v6 = parse({"--rdzv_endpoint=[fe80::1]", "p"});
   CHECK(*v6.rdzv_host == "fe80::1");
   CHECK(v6.rdzv_port == 29400);
-  CHECK(*parse({"--rdzv_endpoint=fe80::2", "p"}).rdzv_host == "fe80::2");  // a bare IPv6 address: no port
   CHECK(parse({"--rdzv_endpoint=[::1]:5000", "p"}).rdzv_port == 5000);
 
   // An explicit rank keeps the fixed join; elastic jobs and one node need no arrival order.
@@ -107,6 +106,24 @@ TEST_CASE("an endpoint means torchrun's c10d: port 29400, run id none, ranks by 
   auto lone = parse({"--rdzv_conf=is_host=1", "p"});
   REQUIRE(lone.rdzv_conf_notes.size() == 1);
   CHECK_THAT(lone.rdzv_conf_notes[0], Catch::Contains("is_host has no effect"));
+}
+
+TEST_CASE("an endpoint splits as torchrun's: the port follows the last ':'", "[options]") {
+  auto endpoint = [](const std::string& text) {
+    auto o = parse({"--nnodes=2", "--rdzv_endpoint=" + text, "p"});
+    return std::make_pair(*o.rdzv_host, o.rdzv_port);
+  };
+  using Endpoint = std::pair<std::string, int>;
+  CHECK(endpoint("fd00::1:2940") == Endpoint{"fd00::1", 2940});  // unbracketed IPv6: the last group is the port
+  CHECK(endpoint("[fd00::1:2940]") == Endpoint{"fd00::1:2940", 29400});
+  CHECK(endpoint("[fd00::1]:2940") == Endpoint{"fd00::1", 2940});
+  CHECK(endpoint(" node_0.a-b:7 ") == Endpoint{"node_0.a-b", 7});  // trimmed, as torchrun strips it
+  // Every bad endpoint is refused at once (exit 2), quoting the whole value.
+  for (const char* bad : {"a:b:c", "fe80::2", "h:99999", "h:0x50", "h:", "[::1", "[::1]x", "a/b:1", "[]:5", " "}) {
+    INFO("endpoint: " << bad);
+    std::string message = usage_error({"--nnodes=2", std::string("--rdzv_endpoint=") + bad, "p"});
+    CHECK_THAT(message, Catch::StartsWith(std::string("invalid --rdzv_endpoint '") + bad + "'"));
+  }
 }
 
 TEST_CASE("symbolic worker counts and redirect maps parse", "[options]") {
