@@ -56,9 +56,10 @@ void print_plan(const ddprun::LaunchPlan& plan) {
   const auto& o = plan.options;
   if (o.ranks_by_arrival) {
     spdlog::info("run id {}{}, host {}, {} worker(s) (--nproc_per_node={}), one of {} nodes, node rank by arrival "
-                 "(--rdzv_endpoint without --node_rank)",
+                 "(--rdzv_endpoint without --node_rank, or --rdzv_backend=c10d){}",
                  plan.run_id, o.run_id_defaulted ? " (torchrun's default)" : "", plan.hostname, plan.nproc,
-                 o.nproc_per_node, o.nnodes);
+                 o.nproc_per_node, o.nnodes,
+                 o.node_rank_given ? ", order hint " + std::to_string(o.node_rank) : std::string());
   } else if (o.elastic()) {
     spdlog::info("run id {}, host {}, {} worker(s) (--nproc_per_node={}), elastic job of {} to {} nodes{}", plan.run_id,
                  plan.hostname, plan.nproc, o.nproc_per_node, o.min_nodes, o.nnodes,

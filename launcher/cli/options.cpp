@@ -53,14 +53,26 @@ struct RawFlags {
 constexpr int kDefaultEndpointPort = 29400;  // torchrun's c10d default
 
 // torchrun's meaning of an endpoint, once Slurm had its say: the run id defaults to
-// "none", and a fixed node count without node ranks takes them by arrival.
-void apply_endpoint_defaults(LaunchOptions& opts) {
+// "none", and a fixed node count without node ranks takes them by arrival. An explicit
+// c10d backend ranks by arrival whatever --node_rank says, as torchrun does; the rank
+// stays an order hint where it is one.
+void apply_endpoint_defaults(bool c10d_backend, LaunchOptions& opts) {
   if (!opts.rdzv_host || opts.remote.agent_stdin) return;  // an agent's launcher gave it every value
   if (opts.run_id.empty()) {
     opts.run_id = "none";
     opts.run_id_defaulted = true;
   }
-  opts.ranks_by_arrival = !opts.elastic() && opts.nnodes > 1 && !opts.node_rank_given;
+  if (c10d_backend && opts.node_rank_given) {
+    if (opts.node_rank != 0) {
+      opts.torchrun_notes.push_back("node_rank is only used for static rdzv_backend. It will be ignored for "
+                                    "rdzv_backend=c10d (node ranks follow arrival; it is only an order hint)");
+    }
+    if (opts.node_rank >= opts.nnodes) {  // ignored, as torchrun does, rather than refused
+      opts.node_rank = 0;
+      opts.node_rank_given = false;
+    }
+  }
+  opts.ranks_by_arrival = !opts.elastic() && opts.nnodes > 1 && (!opts.node_rank_given || c10d_backend);
 }
 
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
@@ -280,7 +292,8 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
       ->default_str("1");
   app.add_option("--node_rank,--node-rank", raw.node_rank,
                  "Rank of this node; in an elastic job an order hint (0 without --rdzv_endpoint: hosts the store); "
-                 "with --rdzv_endpoint and none given, ranks follow the nodes' arrival")
+                 "with --rdzv_endpoint and none given, or with --rdzv_backend=c10d (as torchrun), ranks follow "
+                 "the nodes' arrival")
       ->default_str("0");
   app.add_option("--master_addr,--master-addr", raw.master_addr, "Address of node 0, given to workers as MASTER_ADDR")
       ->default_str("127.0.0.1");
@@ -318,7 +331,8 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
                  "already listens there; the others connect (default: node 0 hosts the store on "
                  "--master_addr:--master_port)");
   app.add_option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend,
-                 "Accepted for torchrun compatibility: static, c10d or ddprun all mean ddprun's store")
+                 "static, c10d or ddprun: ddprun's store; c10d with --rdzv_endpoint ignores --node_rank, as "
+                 "torchrun")
       ->default_str("static");
   app.add_option("--rdzv_token_file,--rdzv-token-file", raw.token_file,
                  "File holding the store's shared token (else DDPRUN_TOKEN; single node: generated)");
@@ -506,7 +520,7 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   given.run_id = !opts.run_id.empty();
   if (!opts.remote.launching() && !opts.remote.agent_stdin) opts.slurm_notes = apply_slurm_step(opts, given);
   opts.master_addr_given = given.master_addr;
-  apply_endpoint_defaults(opts);
+  apply_endpoint_defaults(raw.rdzv_backend == "c10d", opts);
   if (opts.standalone && opts.elastic()) {
     throw UsageError("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; --nnodes " +
                      std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + " is an elastic job");

@@ -229,3 +229,29 @@ TEST_CASE("nodes with and without --node_rank in one job: the later one is refus
   CHECK(!std::filesystem::exists(dir / "ranked"));
   daemon.stop();
 }
+
+TEST_CASE("with --rdzv_backend=c10d two nodes giving the same --node_rank take ranks by arrival as under torchrun",
+          "[e2e][job_id]") {
+  // torchrun ignores --node_rank with the c10d backend; so does ddprun, and says so. The
+  // first ddprun binds the endpoint's port and hosts the store, the second connects.
+  TempDir dir;
+  const std::string endpoint = "--rdzv_endpoint=localhost:" + std::to_string(e2e::free_port());
+  auto node = [&](const std::string& marker) {
+    return e2e::ddprun({"--nnodes=2", "--nproc_per_node=1", "--node_rank=1", "--rdzv_backend=c10d", endpoint,
+                        "--join_timeout=30", e2e::kWorker, "touch", (dir / marker).string()});
+  };
+  ProcessOptions env;
+  env.set_env["XDG_RUNTIME_DIR"] = dir.path().string();
+  Process first(node("first"), env);
+  auto second = run(node("second"), env, 40s);
+  INFO(second.err);
+  CHECK(second.status == 0);
+  CHECK(contains(second.err, "node_rank is only used for static rdzv_backend. It will be ignored for "
+                             "rdzv_backend=c10d"));
+  auto ended = first.wait(30s);
+  REQUIRE(ended.has_value());
+  INFO(first.err());
+  CHECK(*ended == 0);
+  CHECK(std::filesystem::exists(dir / "first"));
+  CHECK(std::filesystem::exists(dir / "second"));
+}

@@ -86,6 +86,20 @@ TEST_CASE("an endpoint means torchrun's c10d: port 29400, run id none, ranks by 
 
   // An explicit rank keeps the fixed join; elastic jobs and one node need no arrival order.
   CHECK_FALSE(parse({"--nnodes=2", "--node_rank=1", "--rdzv_endpoint=h", "p"}).ranks_by_arrival);
+  CHECK_FALSE(
+      parse({"--nnodes=2", "--node_rank=1", "--rdzv_backend=static", "--rdzv_endpoint=h", "p"}).ranks_by_arrival);
+  // ... but torchrun's c10d backend ignores --node_rank, saying so: ranks by arrival, the rank an order hint.
+  auto c10d = parse({"--nnodes=2", "--node_rank=1", "--rdzv_backend=c10d", "--rdzv_endpoint=h", "p"});
+  CHECK(c10d.ranks_by_arrival);
+  CHECK(c10d.node_rank_given);
+  REQUIRE(c10d.torchrun_notes.size() == 1);
+  CHECK_THAT(c10d.torchrun_notes[0], Catch::StartsWith("node_rank is only used for static rdzv_backend"));
+  CHECK(parse({"--nnodes=2", "--node_rank=0", "--rdzv_backend=c10d", "--rdzv_endpoint=h", "p"}).torchrun_notes.empty());
+  auto beyond = parse({"--nnodes=2", "--node_rank=5", "--rdzv_backend=c10d", "--rdzv_endpoint=h", "p"});
+  CHECK(beyond.ranks_by_arrival);  // ignored rather than refused, as torchrun
+  CHECK_FALSE(beyond.node_rank_given);
+  // Without an endpoint the backend changes nothing: node 0's store, fixed ranks.
+  CHECK_FALSE(parse({"--nnodes=2", "--node_rank=1", "--rdzv_backend=c10d", "p"}).ranks_by_arrival);
   CHECK_FALSE(parse({"--nnodes=1:3", "--rdzv_endpoint=h", "p"}).ranks_by_arrival);
   CHECK(parse({"--nnodes=1:3", "--rdzv_endpoint=h", "p"}).elastic_rounds());
   CHECK_FALSE(parse({"--rdzv_endpoint=h", "p"}).ranks_by_arrival);
