@@ -75,6 +75,24 @@ void apply_endpoint_defaults(bool c10d_backend, LaunchOptions& opts) {
   opts.ranks_by_arrival = !opts.elastic() && opts.nnodes > 1 && (!opts.node_rank_given || c10d_backend);
 }
 
+// torchrun's --standalone sets backend, endpoint and id itself: "any explicitly set
+// values are ignored". Said in one line, so a stale PET_RDZV_ENDPOINT is no surprise.
+// A given --rdzv_id stays: on one node it only names the log folder and the job for
+// `ddprun status`, and scripts rely on that.
+void drop_for_standalone(RawFlags& raw, LaunchOptions& opts) {
+  std::string dropped;
+  auto drop = [&dropped](const std::string& flag, std::string& value, const std::string& reset) {
+    if (value == reset) return;
+    dropped += (dropped.empty() ? "" : ", ") + flag + "=" + value;
+    value = reset;
+  };
+  drop("--rdzv_endpoint", raw.rdzv_endpoint, "");
+  drop("--rdzv_backend", raw.rdzv_backend, "static");
+  if (!dropped.empty()) {
+    opts.torchrun_notes.push_back("--standalone ignores " + dropped + ", as torchrun's: a local store on a free port");
+  }
+}
+
 [[noreturn]] void invalid(const std::string& flag, const std::string& value, const std::string& expected) {
   throw UsageError("invalid " + flag + " '" + value + "': " + expected);
 }
@@ -300,7 +318,9 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   app.add_option("--master_port,--master-port", raw.master_port,
                  "One node: MASTER_PORT, which rank 0 binds; several nodes: the port node 0's rendezvous store "
                  "listens on (the workers get a free port there as MASTER_PORT)")->default_str("29500");
-  app.add_flag("--standalone", opts.standalone, "Single-node job on a free port chosen by ddprun");
+  app.add_flag("--standalone", opts.standalone,
+               "Single-node job on a free port chosen by ddprun; ignores --rdzv_endpoint and --rdzv_backend, "
+               "as torchrun");
   app.add_option("--role", raw.role, "Role name for the workers (ROLE_NAME)")->default_str("default");
   app.add_option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id,
                  "Job id (TORCHELASTIC_RUN_ID, log dir name); default: none with --rdzv_endpoint (as torchrun), "
@@ -428,6 +448,7 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   opts.program_args.assign(rest.begin() + 1, rest.end());
   if (opts.program.empty()) throw UsageError("the program name is empty");
 
+  if (opts.standalone) drop_for_standalone(raw, opts);
   validate_nproc(raw.nproc_per_node);
   opts.nproc_per_node = raw.nproc_per_node;
   opts.nproc_per_node_given = app.count("--nproc_per_node") > 0;

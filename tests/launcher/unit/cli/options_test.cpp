@@ -8,6 +8,7 @@
 #include "command_line.hpp"
 #include "errors.hpp"
 #include "cli/options.hpp"
+#include "scoped_env.hpp"
 
 using ddprun::LaunchOptions;
 using ddprun::UsageError;
@@ -138,6 +139,29 @@ TEST_CASE("an endpoint splits as torchrun's: the port follows the last ':'", "[o
     std::string message = usage_error({"--nnodes=2", std::string("--rdzv_endpoint=") + bad, "p"});
     CHECK_THAT(message, Catch::StartsWith(std::string("invalid --rdzv_endpoint '") + bad + "'"));
   }
+}
+
+TEST_CASE("standalone ignores an endpoint and a backend from flags or PET variables as torchrun does",
+          "[options]") {
+  auto o = parse({"--standalone", "--rdzv_endpoint=nohost.invalid:29400", "--rdzv_backend=c10d", "--rdzv_id=j1", "p"});
+  CHECK(o.standalone);
+  CHECK_FALSE(o.rdzv_host.has_value());
+  CHECK(o.run_id == "j1");  // kept, unlike torchrun's: it names the log folder and the job for ddprun status
+  REQUIRE(o.torchrun_notes.size() == 1);
+  CHECK(o.torchrun_notes[0] == "--standalone ignores --rdzv_endpoint=nohost.invalid:29400, --rdzv_backend=c10d, "
+                               "as torchrun's: a local store on a free port");
+  // Values it replaces are not checked either: torchrun never reads them.
+  CHECK_FALSE(parse({"--standalone", "--rdzv_endpoint=a:b:c", "p"}).rdzv_host.has_value());
+  CHECK(parse({"--standalone", "p"}).torchrun_notes.empty());
+
+  testing::ScopedEnv env;
+  env.set("PET_STANDALONE", "1");
+  env.set("PET_RDZV_ENDPOINT", "nohost.invalid:29400");
+  auto inherited = parse({"p"});
+  CHECK(inherited.standalone);
+  CHECK_FALSE(inherited.rdzv_host.has_value());
+  REQUIRE(inherited.torchrun_notes.size() == 1);
+  CHECK_THAT(inherited.torchrun_notes[0], Catch::StartsWith("--standalone ignores --rdzv_endpoint=nohost.invalid"));
 }
 
 TEST_CASE("symbolic worker counts and redirect maps parse", "[options]") {
