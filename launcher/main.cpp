@@ -144,6 +144,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     endpoint.is_host = o.rdzv_is_host;
     endpoint.server = server;
     endpoint.server.token = o.token;
+    endpoint.single_node = o.nnodes == 1;
     raise_fd_limit();
     ddprun::EndpointStore hosted = ddprun::host_endpoint_store(endpoint);
     job.store_host = std::move(hosted.host);
@@ -152,7 +153,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   }
   link.host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
   link.port = o.rdzv_host ? o.rdzv_port : plan.master_port;
-  link.token = o.token;
+  link.token = job.store_host ? job.store_host->token() : o.token;  // a single node's endpoint store: generated
   link.ns = o.rdzv_host ? plan.run_id : "";
   link.connect_timeout = ddprun::to_ms(o.join_timeout);  // node 0 may come later
   link.notice_every = o.wait_notice_every;

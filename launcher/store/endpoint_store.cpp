@@ -12,6 +12,7 @@
 
 #include "errors.hpp"
 #include "plan/local_host.hpp"
+#include "rdzv/token.hpp"
 
 namespace ddprun {
 namespace {
@@ -39,6 +40,14 @@ std::string canonical_name(const std::string& host) {
   std::string name = found->ai_canonname != nullptr ? found->ai_canonname : "";
   freeaddrinfo(found);
   return name;
+}
+
+// A loopback HOST is reached through loopback only: the store listens there, not on
+// every interface. Any other HOST: every address, as torchrun's TCPStore does.
+std::string listen_address(const std::string& host) {
+  if (same_name(host, "localhost")) return "127.0.0.1";
+  if (is_loopback(host)) return host;
+  return host.find(':') != std::string::npos ? "::" : "0.0.0.0";
 }
 
 }  // namespace
@@ -98,7 +107,10 @@ EndpointStore host_endpoint_store(const EndpointStoreOptions& o) {
     }
   }
   rdzv::ServerOptions server = o.server;
-  server.host = o.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+  server.host = listen_address(o.host);
+  // A one-node job needs nobody else: its store takes a token nobody else knows, as
+  // the store of a one-node job without an endpoint does.
+  if (o.single_node && server.token.empty() && server.secret.empty()) server.token = rdzv::generate_token();
   server.port = static_cast<uint16_t>(o.port);
   try {
     out.host = std::make_unique<StoreHost>(server);
@@ -113,7 +125,10 @@ EndpointStore host_endpoint_store(const EndpointStoreOptions& o) {
     return out;
   }
   if (server.token.empty() && server.secret.empty()) warn_open_store(o.port);
-  out.role = "this node hosts the store at " + where + " (" + why + ")";
+  const bool everywhere = server.host == "::" || server.host == "0.0.0.0";
+  out.role = "this node hosts the store at " + where + " (" + why + ")" +
+             (everywhere ? "" : ", listening on " + server.host + " only") +
+             (o.single_node && o.server.token.empty() ? ", with a generated token" : "");
   return out;
 }
 

@@ -43,6 +43,7 @@ struct EndpointStoreOptions {
   int port = 29400;
   std::optional<bool> is_host;      // --rdzv_conf is_host: decides where given
   rdzv::ServerOptions server;       // token and limits of a store this node hosts (host and port set here)
+  bool single_node = false;         // a one-node job: a store it hosts without a token gets a generated one
 };
 
 // This node's part at the endpoint: the store it hosts there (or none), and a line
@@ -56,9 +57,10 @@ struct EndpointStore {
 // who reaches its port (a job's nodes and workers, and anybody else).
 void warn_open_store(int port);
 
-// Decides and, when this node is the host, binds PORT on every address. A bind that
-// fails makes this node a client of whatever listens there, as torchrun does; with
-// is_host=true it throws LaunchError instead.
+// Decides and, when this node is the host, binds PORT: on loopback only for a loopback
+// HOST (localhost, 127.x, ::1), else on every address. A bind that fails makes this node
+// a client of whatever listens there, as torchrun does; with is_host=true it throws
+// LaunchError instead. The hosted store's token is EndpointStore::host->token().
 EndpointStore host_endpoint_store(const EndpointStoreOptions& options);
 
 }  // namespace ddprun

@@ -145,3 +145,19 @@ TEST_CASE("workers reach the job's store with the DDPRUN_STORE_* variables and t
   }
   CHECK(arrivals == std::set<std::string>{"1", "2", "3"});  // one add each, all on the same key
 }
+
+TEST_CASE("a single node's store at a localhost endpoint takes a generated token and the workers have it",
+          "[e2e][env]") {
+  // As without an endpoint: nobody but this job's workers can use the store, so no warning.
+  const std::string endpoint = "--rdzv_endpoint=localhost:" + std::to_string(e2e::free_port());
+  auto r = run(e2e::ddprun({"-v", "--nproc_per_node=2", endpoint, e2e::kWorker, "store"}));
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  for (int rank = 0; rank < 2; ++rank) {
+    REQUIRE(ranks[rank].size() == 1);
+    CHECK_THAT(ranks[rank][0], Catch::StartsWith("got 'from rank 0', arrival "));
+  }
+  CHECK_THAT(r.err, Catch::Contains("listening on 127.0.0.1 only, with a generated token"));
+  CHECK_THAT(r.err, !Catch::Contains("accepts anyone"));
+}

@@ -6,6 +6,10 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
 #include "errors.hpp"
 #include "plan/local_host.hpp"
 #include "rdzv/server.hpp"
@@ -22,6 +26,29 @@ ThisMachine node0() {
   me.fqdn = "node0.job.default.svc.cluster.local";
   me.addresses = {"127.0.0.1", "10.250.0.1", "::1", "fe80::1"};
   return me;
+}
+
+// The local addresses that listen on `port`, as the kernel lists them in /proc/net/tcp
+// and tcp6 (hex, e.g. 0100007F for 127.0.0.1 and 00000000 for every IPv4 address).
+std::vector<std::string> listening_on(int port) {
+  char port_hex[8];
+  std::snprintf(port_hex, sizeof(port_hex), "%04X", port);
+  std::vector<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.find(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == port_hex) {
+        found.push_back(local.substr(0, colon));
+      }
+    }
+  }
+  return found;
 }
 
 }  // namespace
@@ -120,4 +147,34 @@ TEST_CASE("endpoint store: is_host=true hosts where the endpoint names no addres
   REQUIRE(hosted.host);
   CHECK(hosted.host->port() != 0);
   CHECK_THAT(hosted.role, Catch::StartsWith("this node hosts the store at 192.0.2.77:0 (is_host=true in --rdzv_conf)"));
+}
+
+TEST_CASE("endpoint store: a loopback host listens on loopback only, a single node's store takes a token",
+          "[endpoint]") {
+  ddprun::EndpointStoreOptions o;
+  o.host = "localhost";
+  o.port = 0;  // any free port
+  o.single_node = true;
+  ddprun::EndpointStore local = ddprun::host_endpoint_store(o);
+  REQUIRE(local.host);
+  CHECK(listening_on(local.host->port()) == std::vector<std::string>{"0100007F"});  // 127.0.0.1, nothing else
+  CHECK(local.host->token().size() >= 16);  // generated: the store takes nobody without it
+  CHECK_THAT(local.role, Catch::Contains("listening on 127.0.0.1 only") && Catch::Contains("generated token"));
+  local.host.reset();
+
+  o.server.token = "given";  // a configured token is kept
+  ddprun::EndpointStore configured = ddprun::host_endpoint_store(o);
+  REQUIRE(configured.host);
+  CHECK(configured.host->token() == "given");
+  configured.host.reset();
+
+  // Several nodes, and a host other nodes reach: every address, the token as configured.
+  o.server.token.clear();
+  o.single_node = false;
+  o.host = "192.0.2.77";  // TEST-NET-1: never this host's
+  o.is_host = true;
+  ddprun::EndpointStore shared = ddprun::host_endpoint_store(o);
+  REQUIRE(shared.host);
+  CHECK(listening_on(shared.host->port()) == std::vector<std::string>{"00000000"});
+  CHECK(shared.host->token().empty());
 }
