@@ -117,6 +117,11 @@ int try_connect(const std::string& host, uint16_t port, Clock::time_point deadli
   return fd;
 }
 
+// Why the listener at `where` is taken for something else than a ddprun store.
+std::string not_a_store(const std::string& where, const std::string& why) {
+  return "something listens at " + where + " but is not a ddprun store (a torchrun TCPStore?): " + why;
+}
+
 // Connects (retrying: the server may not be up yet) and runs the handshake on `fd`,
 // which the caller closes if this throws.
 void open_connection(const TcpStoreOptions& options, int& fd) {
@@ -134,7 +139,18 @@ void open_connection(const TcpStoreOptions& options, int& fd) {
   }
   set_liveness_options(fd, options.heartbeat_timeout);
 
-  Frame challenge = recv_frame(fd, deadline);
+  // A ddprun store greets at once, but a loaded one or a long round trip can take longer
+  // than a short connect slice: the handshake has its own bound.
+  const auto greeted_by = std::max(deadline, Clock::now() + options.handshake_timeout);
+  Frame challenge;
+  try {
+    challenge = recv_frame(fd, greeted_by);
+  } catch (const StoreTimeout&) {
+    throw StoreError(not_a_store(where, "no greeting within " + std::to_string(options.handshake_timeout.count()) +
+                                            " ms"));
+  } catch (const wire::ProtocolError& e) {
+    throw StoreError(not_a_store(where, e.what()));
+  }
   if (challenge.header.type == Type::kError) {
     wire::BodyReader r(challenge.body, wire::Limits{});
     throw StoreConnectionError("the store at " + where + " refused the connection: " + r.bytes());
@@ -151,8 +167,8 @@ void open_connection(const TcpStoreOptions& options, int& fd) {
   hello.type = Type::kHello;
   hello.values = {options.ns, client_nonce,
                   options.token.empty() ? "" : auth::client_proof(options.token, server_nonce, client_nonce, options.ns)};
-  send_all(fd, wire::make_frame(Type::kHello, 0, wire::encode_request(hello)), deadline);
-  Frame reply = recv_frame(fd, deadline);
+  send_all(fd, wire::make_frame(Type::kHello, 0, wire::encode_request(hello)), greeted_by);
+  Frame reply = recv_frame(fd, greeted_by);
   wire::BodyReader rr(reply.body, wire::Limits{});
   if (reply.header.type == Type::kError) throw StoreAuthError("the store at " + where + " refused us: " + rr.bytes());
   std::string proof = rr.bytes();
