@@ -1,11 +1,18 @@
 // Opening a connection (rdzv::connect_waiting): what listens at the endpoint but is not a
-// ddprun store is named as such, after a greeting wait of its own, not the connect slice.
+// ddprun store is named as such, after a greeting wait of its own, not the connect slice;
+// name resolution is bounded by the try's deadline.
 #include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <thread>
 
 #include <unistd.h>
 
 #include "rdzv/tcp_store.hpp"
 #include "ports.hpp"
+#include "rdzv/resolve.hpp"
 #include "server_fixture.hpp"
 
 using namespace std::chrono_literals;
@@ -66,4 +73,46 @@ TEST_CASE("a ddprun store is still reached through the same short slices", "[con
   REQUIRE(c.store);
   c.store->set("k", "v");
   CHECK(c.store->get("k", 1s) == "v");
+}
+
+namespace {
+
+// A resolver that answers 127.0.0.1 after `delay`, counting its calls.
+rdzv::LookupFn slow_resolver(std::chrono::milliseconds delay, std::atomic<int>& calls) {
+  return [delay, &calls](const std::string&, addrinfo** found) {
+    ++calls;
+    std::this_thread::sleep_for(delay);
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    return getaddrinfo("127.0.0.1", nullptr, &hints, found);
+  };
+}
+
+}  // namespace
+
+TEST_CASE("a slow resolver is waited for only until the deadline, and the next try waits on the same lookup",
+          "[connect]") {
+  std::atomic<int> calls{0};
+  auto lookup = slow_resolver(1500ms, calls);
+  const auto start = Clock::now();
+  auto first = rdzv::resolve("slow-resolver.test", Clock::now() + 200ms, lookup);
+  CHECK(Clock::now() - start < 600ms);
+  CHECK_FALSE(first.addresses);
+  CHECK(first.why == "no answer yet from the resolver for 'slow-resolver.test'");
+  auto second = rdzv::resolve("slow-resolver.test", Clock::now() + 200ms, lookup);
+  CHECK_FALSE(second.addresses);
+  auto third = rdzv::resolve("slow-resolver.test", Clock::now() + 5s, lookup);
+  REQUIRE(third.addresses);
+  CHECK(third.why.empty());
+  CHECK(Clock::now() - start < 2500ms);  // the first lookup's answer, not a fresh 1.5 s one
+  CHECK(calls == 1);
+  CHECK(reinterpret_cast<const sockaddr_in*>(third.addresses->ai_addr)->sin_addr.s_addr == htonl(INADDR_LOOPBACK));
+}
+
+TEST_CASE("a resolver's error is the reason a try failed", "[connect]") {
+  auto fails = [](const std::string&, addrinfo**) { return EAI_NONAME; };
+  auto r = rdzv::resolve("no-such-name.test", Clock::now() + 1s, fails);
+  CHECK_FALSE(r.addresses);
+  CHECK(r.why == std::string("cannot resolve 'no-such-name.test': ") + gai_strerror(EAI_NONAME));
 }
