@@ -1,6 +1,7 @@
 // resolve (resolve.hpp): getaddrinfo on a thread of its own, waited for until a deadline.
 #include "rdzv/resolve.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -14,6 +15,10 @@ using Clock = std::chrono::steady_clock;
 // A finished lookup nobody has taken yet answers a caller for this long; an older one is
 // redone, so a name that changed is seen.
 constexpr std::chrono::seconds kFresh{2};
+
+// What a caller waits at least: a local answer (/etc/hosts) takes a thread's start and a
+// file read, and a try left with next to no budget should still get it.
+constexpr std::chrono::milliseconds kLeastWait{20};
 
 // One getaddrinfo call; its thread and every caller waiting for it share it.
 struct Lookup {
@@ -38,10 +43,11 @@ Registry& registry() {
   return *r;
 }
 
-int system_lookup(const std::string& host, addrinfo** found) {
+int system_lookup(const std::string& host, addrinfo** found, int flags = 0) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = flags;
   return getaddrinfo(host.c_str(), nullptr, &hints, found);
 }
 
@@ -55,7 +61,9 @@ std::shared_ptr<Lookup> lookup_for(const std::string& host, const LookupFn& fn) 
     if (!slot->done || Clock::now() - slot->finished < kFresh) return slot;
   }
   slot = std::make_shared<Lookup>();
-  std::thread([lookup = slot, host, fn = fn ? fn : LookupFn(system_lookup)] {
+  std::thread([lookup = slot, host, fn = fn ? fn : LookupFn([](const std::string& h, addrinfo** f) {
+                 return system_lookup(h, f);
+               })] {
     addrinfo* list = nullptr;
     const int rc = fn(host, &list);
     std::lock_guard<std::mutex> l(lookup->m);
@@ -79,8 +87,14 @@ void taken(const std::string& key, const std::shared_ptr<Lookup>& lookup) {
 }  // namespace
 
 Resolved resolve(const std::string& host, Clock::time_point deadline, const LookupFn& fn) {
-  std::shared_ptr<Lookup> lookup = lookup_for(host, fn);
   Resolved out;
+  // An address needs no resolver: answered here, at once.
+  if (addrinfo* numeric = nullptr; system_lookup(host, &numeric, AI_NUMERICHOST) == 0) {
+    out.addresses = std::shared_ptr<const addrinfo>(numeric, freeaddrinfo);
+    return out;
+  }
+  std::shared_ptr<Lookup> lookup = lookup_for(host, fn);
+  deadline = std::max(deadline, Clock::now() + kLeastWait);
   {
     std::unique_lock<std::mutex> l(lookup->m);
     if (!lookup->done_cv.wait_until(l, deadline, [&] { return lookup->done; })) {

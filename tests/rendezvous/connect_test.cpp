@@ -116,3 +116,10 @@ TEST_CASE("a resolver's error is the reason a try failed", "[connect]") {
   CHECK_FALSE(r.addresses);
   CHECK(r.why == std::string("cannot resolve 'no-such-name.test': ") + gai_strerror(EAI_NONAME));
 }
+
+TEST_CASE("an address is answered at once, without the resolver, even with no time left", "[connect]") {
+  std::atomic<int> calls{0};
+  auto r = rdzv::resolve("127.0.0.1", Clock::now() - 1s, slow_resolver(1500ms, calls));
+  REQUIRE(r.addresses);
+  CHECK(calls == 0);
+}

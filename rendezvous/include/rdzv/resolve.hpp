@@ -24,7 +24,8 @@ struct Resolved {
   std::string why;                            // when null: the resolver's error, or that it has not answered
 };
 
-// host's addresses for stream sockets, any family, waiting no longer than `deadline`.
+// host's addresses for stream sockets, any family, waiting no longer than `deadline`
+// (or a few milliseconds, for an answer from /etc/hosts). An address is answered at once.
 Resolved resolve(const std::string& host, std::chrono::steady_clock::time_point deadline,
                  const LookupFn& lookup = {});
 
