@@ -28,6 +28,11 @@ void* cuda_driver(std::string& error) {
 
 }  // namespace
 
+bool cuda_driver_present() {
+  std::string error;
+  return cuda_driver(error) != nullptr;
+}
+
 GpuCount count_gpus() {
   // Driver API entry points, declared here so the CUDA headers are not needed.
   using CuInit = int (*)(unsigned int);

@@ -12,6 +12,10 @@ struct GpuCount {
   std::string error;   // why counting failed (no driver, driver error); empty on success
 };
 
+// Whether the CUDA driver (libcuda.so.1) loads: false on a machine without NVIDIA's
+// driver, where no GPUs is the answer rather than an error.
+bool cuda_driver_present();
+
 // Asks the CUDA driver (libcuda.so.1, loaded at run time so ddprun needs no CUDA to
 // build or start) how many GPUs are visible.
 GpuCount count_gpus();

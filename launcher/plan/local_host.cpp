@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "errors.hpp"
+#include "rdzv/resolve.hpp"
 
 namespace ddprun {
 namespace {
@@ -49,17 +50,13 @@ std::vector<std::string> interface_addresses() {
 
 std::vector<std::string> resolve_addresses(const std::string& host) {
   std::vector<std::string> addresses;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return addresses;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  const rdzv::Resolved found = rdzv::resolve(host, std::chrono::steady_clock::now() + kHostLookupBound);
+  for (const addrinfo* a = found.addresses.get(); a != nullptr; a = a->ai_next) {
     std::string text = address_text(a->ai_addr);
     if (!text.empty() && std::find(addresses.begin(), addresses.end(), text) == addresses.end()) {
       addresses.push_back(text);
     }
   }
-  freeaddrinfo(found);
   return addresses;
 }
 

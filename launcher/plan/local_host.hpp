@@ -3,6 +3,7 @@
 // reach it at (where the launcher's store listens).
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,10 @@ bool is_local_host(const std::string& host);
 std::vector<std::string> interface_addresses();
 
 // The addresses `host` resolves to now (getaddrinfo), as text; empty when it does not
-// resolve (yet).
+// resolve (yet), or the resolver has not answered within kHostLookupBound: a lost DNS
+// reply must not hold the launcher for the resolver's own timeout. The store client's
+// connect tries then wait on the same lookup (rdzv/resolve.hpp), within the join budget.
+inline constexpr std::chrono::milliseconds kHostLookupBound{2000};
 std::vector<std::string> resolve_addresses(const std::string& host);
 
 // This machine's host name (gethostname), or "localhost" when it has none.

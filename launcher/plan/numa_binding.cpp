@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+
+#include <spdlog/spdlog.h>
 
 #include "ddp/contract/parse.hpp"
 #include "errors.hpp"
@@ -274,6 +277,13 @@ std::vector<WorkerBinding> plan_numa_binding(NumaBinding mode, int nproc) {
   CpuTopology topology = read_cpu_topology(root);
   std::string error;
   std::vector<std::string> gpus = gpu_pci_addresses(error);
+  if (!error.empty() && cuda_driver_present()) {
+    // A driver that fails must not pass for a machine without GPUs unnoticed.
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      spdlog::warn("--numa_binding: cannot list the GPUs ({}); workers are bound as on a machine without GPUs", error);
+    });
+  }
   std::vector<int> device_nodes;
   if (!gpus.empty()) {
     if (static_cast<int>(gpus.size()) < nproc) {

@@ -2,6 +2,7 @@
 #include "connect.hpp"
 
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 
 #include "auth.hpp"
 #include "protocol.hpp"
+#include "rdzv/resolve.hpp"
 #include "socket_options.hpp"
 
 namespace rdzv::detail {
@@ -86,20 +88,24 @@ Frame recv_frame(int fd, Clock::time_point deadline) {
 
 // One attempt at a TCP connection to host:port, bounded by the deadline. -1 when refused/unreachable.
 int try_connect(const std::string& host, uint16_t port, Clock::time_point deadline, std::string& why) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-  if (rc != 0) {
-    why = std::string("cannot resolve '") + host + "': " + gai_strerror(rc);
+  const Resolved found = resolve(host, deadline);
+  if (!found.addresses) {
+    why = found.why;
     return -1;
   }
   int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+  for (const addrinfo* a = found.addresses.get(); a != nullptr && fd < 0; a = a->ai_next) {
+    if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
+    sockaddr_storage target{};
+    std::memcpy(&target, a->ai_addr, std::min<size_t>(a->ai_addrlen, sizeof(target)));
+    if (a->ai_family == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&target)->sin_port = htons(port);
+    } else {
+      reinterpret_cast<sockaddr_in6*>(&target)->sin6_port = htons(port);
+    }
     fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
-    int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    int err = ::connect(fd, reinterpret_cast<sockaddr*>(&target), a->ai_addrlen) == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
       err = ETIMEDOUT;
       if (wait_fd(fd, POLLOUT, deadline)) {
@@ -113,8 +119,12 @@ int try_connect(const std::string& host, uint16_t port, Clock::time_point deadli
       fd = -1;
     }
   }
-  freeaddrinfo(found);
   return fd;
+}
+
+// Why the listener at `where` is taken for something else than a ddprun store.
+std::string not_a_store(const std::string& where, const std::string& why) {
+  return "something listens at " + where + " but is not a ddprun store (a torchrun TCPStore?): " + why;
 }
 
 // Connects (retrying: the server may not be up yet) and runs the handshake on `fd`,
@@ -134,7 +144,18 @@ void open_connection(const TcpStoreOptions& options, int& fd) {
   }
   set_liveness_options(fd, options.heartbeat_timeout);
 
-  Frame challenge = recv_frame(fd, deadline);
+  // A ddprun store greets at once, but a loaded one or a long round trip can take longer
+  // than a short connect slice: the handshake has its own bound.
+  const auto greeted_by = std::max(deadline, Clock::now() + options.handshake_timeout);
+  Frame challenge;
+  try {
+    challenge = recv_frame(fd, greeted_by);
+  } catch (const StoreTimeout&) {
+    throw StoreError(not_a_store(where, "no greeting within " + std::to_string(options.handshake_timeout.count()) +
+                                            " ms"));
+  } catch (const wire::ProtocolError& e) {
+    throw StoreError(not_a_store(where, e.what()));
+  }
   if (challenge.header.type == Type::kError) {
     wire::BodyReader r(challenge.body, wire::Limits{});
     throw StoreConnectionError("the store at " + where + " refused the connection: " + r.bytes());
@@ -151,8 +172,8 @@ void open_connection(const TcpStoreOptions& options, int& fd) {
   hello.type = Type::kHello;
   hello.values = {options.ns, client_nonce,
                   options.token.empty() ? "" : auth::client_proof(options.token, server_nonce, client_nonce, options.ns)};
-  send_all(fd, wire::make_frame(Type::kHello, 0, wire::encode_request(hello)), deadline);
-  Frame reply = recv_frame(fd, deadline);
+  send_all(fd, wire::make_frame(Type::kHello, 0, wire::encode_request(hello)), greeted_by);
+  Frame reply = recv_frame(fd, greeted_by);
   wire::BodyReader rr(reply.body, wire::Limits{});
   if (reply.header.type == Type::kError) throw StoreAuthError("the store at " + where + " refused us: " + rr.bytes());
   std::string proof = rr.bytes();

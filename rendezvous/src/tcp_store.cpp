@@ -272,8 +272,12 @@ Connecting connect_waiting(TcpStoreOptions options, Waiting w,
                            const std::function<std::string(const std::string& reason)>& describe) {
   Connecting c;
   w.describe = [&] { return describe(c.reason); };
+  const auto start = Clock::now();
+  const Millis greeting = options.handshake_timeout;
   c.end = wait_in_slices(w, [&](Millis budget) {
     options.connect_timeout = std::max(Millis(1), budget);  // the client retries within it
+    const Millis left = w.timeout - std::chrono::duration_cast<Millis>(Clock::now() - start);
+    options.handshake_timeout = std::clamp(left, Millis(1), std::max(Millis(1), greeting));
     try {
       c.store = std::make_shared<TcpStore>(options);
       return true;

@@ -15,6 +15,7 @@
 
 #include "forked.hpp"
 #include "protocol.hpp"
+#include "ports.hpp"
 #include "raw_client.hpp"
 #include "server_fixture.hpp"
 
@@ -31,17 +32,7 @@ namespace {
 // without a token does, then the test reads its requests and answers as it likes.
 class PlayedServer {
  public:
-  PlayedServer() {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-    REQUIRE(listen(listen_fd_, 4) == 0);
-    socklen_t len = sizeof(a);
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
+  PlayedServer() { REQUIRE((listen_fd_ = testing::loopback_listener(port_)) >= 0); }
   ~PlayedServer() { close(listen_fd_); }
 
   rdzv::TcpStoreOptions options(rdzv::Millis io_timeout) const {

@@ -54,6 +54,8 @@ struct TcpStoreOptions {
   std::string token;                     // empty: the server must not require one
   std::string ns;                        // namespace (a job id on a shared daemon)
   Millis connect_timeout{30000};         // keep trying to connect (and authenticate) until then
+  Millis handshake_timeout{5000};        // once connected, the greeting may take this long (at least
+                                         // until connect_timeout)
   Millis io_timeout{30000};              // an answer may come this much later than the server's wait
   Millis heartbeat_timeout{10000};       // an unreachable server is detected after about this (0: never)
 };
@@ -89,7 +91,8 @@ namespace wire { struct Request; }
 class TcpStore : public Store {
  public:
   // Connects and authenticates. Throws StoreConnectionError (no server within
-  // connect_timeout), StoreAuthError (token refused, or the server could not prove it).
+  // connect_timeout), StoreAuthError (token refused, or the server could not prove it),
+  // StoreError (what listens there does not greet as a ddprun store within handshake_timeout).
   explicit TcpStore(TcpStoreOptions options);
   // Closes without GOODBYE (a will set with set_will() fires); the completions of
   // requests still in flight are dropped without running.
@@ -172,7 +175,9 @@ class TcpStore : public Store {
 // Connecting to a store that may not be up yet, in the one way to wait (waiting.hpp):
 // a try per slice of `w` (the slice is its connect_timeout) until w.timeout, the
 // notices saying describe(reason), the reason being why the last try failed
-// ("Connection refused"). A store that refuses our token throws StoreAuthError at once.
+// ("Connection refused"). A store that refuses our token throws StoreAuthError at once;
+// a listener that is not a ddprun store, StoreError, its greeting awaited for the
+// client's handshake_timeout but no longer than what is left of w.timeout.
 struct Connecting {
   std::shared_ptr<TcpStore> store;  // connected; null when the wait ended without
   WaitEnd end = WaitEnd::kArrived;  // how the wait ended

@@ -5,6 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "e2e.hpp"
 #include "numa_topology.hpp"
 
@@ -23,24 +26,35 @@ bool has_line(const std::string& text, const std::string& line) {
   return std::find(lines.begin(), lines.end(), line) != lines.end();
 }
 
-}  // namespace
-
-TEST_CASE("numa binding binds each worker to its node's CPUs of a made-up topology", "[e2e][torchrun][numa]") {
-  // Two single-CPU nodes on two sockets: CPU 0 on node 0, CPU 1 on node 1 (this machine's two CPUs).
-  TempDir sys;
+// Two single-CPU nodes on two sockets: CPU 0 on node 0, CPU 1 on node 1.
+void write_two_single_cpu_nodes(const TempDir& sys) {
   TopologyShape shape;
   shape.nodes_per_socket = 1;
   shape.cores_per_node = 1;
   shape.threads_per_core = 1;
   shape.l3_per_node = 1;
   write_topology(sys.path(), shape);
+}
+
+// A made-up topology: its PCI tree has no GPUs, so this machine's are hidden too.
+ProcessOptions no_gpus(const TempDir& sys) {
+  return {{{"DDPRUN_SYSFS_ROOT", sys.path().string()}, {"CUDA_VISIBLE_DEVICES", ""}}, {}};
+}
+
+}  // namespace
+
+TEST_CASE("numa binding binds each worker to its node's CPUs of a made-up topology", "[e2e][torchrun][numa]") {
+  // Two single-CPU nodes on two sockets: CPU 0 on node 0, CPU 1 on node 1 (this machine's two CPUs).
+  TempDir sys;
+  write_two_single_cpu_nodes(sys);
   for (std::string mode : {"node", "exclusive", "core-complex"}) {
     INFO("--numa-binding=" << mode);
     auto r = run(e2e::ddprun({"-v", "--nproc_per_node=2", "--standalone", "--numa-binding=" + mode, "sh", "-c",
                               "grep Cpus_allowed_list /proc/self/status; grep -c ' prefer:0 ' /proc/self/numa_maps || true"}),
-                 {{{"DDPRUN_SYSFS_ROOT", sys.path().string()}}, {}});
+                 no_gpus(sys));
     INFO(r.out << r.err);
     REQUIRE(r.status == 0);
+    CHECK_THAT(r.err, !Catch::Contains("cannot list the GPUs"));
     auto ranks = e2e::by_rank(r.out);
     REQUIRE(ranks[0].size() == 2);
     REQUIRE(ranks[1].size() == 2);
@@ -53,17 +67,32 @@ TEST_CASE("numa binding binds each worker to its node's CPUs of a made-up topolo
   // socket: both nodes' sockets differ, so the same CPUs as node.
   auto r = run(e2e::ddprun({"--nproc_per_node=2", "--standalone", "--numa_binding=socket", "grep",
                             "Cpus_allowed_list", "/proc/self/status"}),
-               {{{"DDPRUN_SYSFS_ROOT", sys.path().string()}}, {}});
+               no_gpus(sys));
   REQUIRE(r.status == 0);
   CHECK(has_line(r.out, "[rank0]:Cpus_allowed_list:\t0"));
   CHECK(has_line(r.out, "[rank1]:Cpus_allowed_list:\t1"));
 }
 
+TEST_CASE("numa binding with a CUDA driver that fails says so and binds as without GPUs", "[e2e][torchrun][numa]") {
+  TempDir sys;
+  write_two_single_cpu_nodes(sys);
+  const std::string driver_dir = std::filesystem::path(FAKE_CUDA_DRIVER).parent_path().string();
+  auto r = run(e2e::ddprun({"-v", "--nproc_per_node=2", "--standalone", "--numa-binding=node", "true"}),
+               {{{"DDPRUN_SYSFS_ROOT", sys.path().string()}, {"LD_LIBRARY_PATH", driver_dir}}, {}});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  auto lines = lines_of(r.err);
+  CHECK(std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+          return l.find("--numa_binding: cannot list the GPUs (cuInit failed with CUDA error 999); workers are bound "
+                        "as on a machine without GPUs") != std::string::npos;
+        }) == 1);
+  CHECK_THAT(r.err, Catch::Contains("--numa_binding=node: local rank 1 (no GPU): CPUs 1, memory node 1"));
+}
+
 TEST_CASE("numa binding on a topology without usable CPUs stops before any worker starts", "[e2e][torchrun][numa]") {
   TempDir sys;
   write_text(sys / "devices/system/node/node0/cpulist", "900-901");
-  auto r = run(e2e::ddprun({"--numa-binding=node", "--standalone", "true"}),
-               {{{"DDPRUN_SYSFS_ROOT", sys.path().string()}}, {}});
+  auto r = run(e2e::ddprun({"--numa-binding=node", "--standalone", "true"}), no_gpus(sys));
   CHECK(r.status == 1);
   CHECK_THAT(r.err, Catch::Contains("--numa_binding: no NUMA node has a CPU this process may run on (allowed: "));
 }
