@@ -13,7 +13,7 @@ each pod gets the variables its controller sets, read from the controllers' sour
     PET_RDZV_CONF, PET_STANDALONE only when set in the policy.
   Trainer v2 (pkg/runtime/framework/plugins/torch/torch.go, JobSet pods of the replicated
     job "node"): PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK=<the Job completion index>,
-    PET_MASTER_ADDR=<job>-node-0-0.<job>, PET_MASTER_PORT=29400; Kubernetes adds
+    PET_MASTER_ADDR=<job>-node-0-0.<job>, PET_MASTER_PORT=29500; Kubernetes adds
     JOB_COMPLETION_INDEX to an indexed Job's pods.
 A pod's host name is its pod name and its hosts file maps every pod's name (a headless
 Service's records, resolvable from the start here).
@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple, Optional
 NPROC = 2
 JOB = "job"  # the Kubernetes job's name
 OPERATOR_PORT = 23456  # training-operator's default pytorchjob-port
-TRAINER_PORT = 29400  # Trainer v2's trainer container port
+TRAINER_PORT = 29500  # Trainer v2's ContainerTrainerPort (constants.go)
 
 
 class Row(NamedTuple):
