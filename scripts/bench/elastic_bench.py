@@ -122,13 +122,7 @@ class Job:
         raise NoRecovery(f"no complete world of {world} within {timeout:g} s")
 
     def stop(self):
-        for n in self.procs:
-            self.hosts.kill_all(n)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        self.hosts.kill_every_host(self.procs.values())
 
     def tails(self, lines=15):
         text = []

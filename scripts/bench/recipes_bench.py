@@ -183,13 +183,7 @@ class Launch:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for n in range(self.hosts.count):
-            self.hosts.kill_all(n)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        self.hosts.kill_every_host(self.procs.values())
         self.hosts.close()
         shutil.rmtree(self.out, ignore_errors=True)
 

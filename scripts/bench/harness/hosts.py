@@ -121,6 +121,17 @@ class Hosts:
             time.sleep(0.02)
         raise RuntimeError(f"processes on {self.ns(i)} survive SIGKILL: {self.pids(i)}")
 
+    def kill_every_host(self, procs):
+        """SIGKILL every process on every host, then reap procs (the Popen objects that
+        started them), killing one that still has not exited after 10 s."""
+        for i in range(self.count):
+            self.kill_all(i)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
     def close(self):
         for ns in [self.ns(i) for i in range(self.count)] + [self.bridge]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
