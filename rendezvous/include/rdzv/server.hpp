@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "rdzv/server_counters.hpp"
 #include "rdzv/store.hpp"
 
 namespace rdzv {
@@ -31,6 +32,10 @@ struct ServerOptions {
   size_t max_memory = size_t{1} << 30;
   uint32_t max_value = 16u << 20;          // bytes in one value
   Millis heartbeat_timeout{10000};         // a silent, unreachable peer is dropped after this (0: never)
+  // PyTorch's TCPStore clients (torch.distributed.TCPStore, both wire dialects) have no
+  // authentication: each is confined to this one namespace. Empty: they are refused, and
+  // the server greets every connection at once as before (PROTOCOL.md, "torch's dialects").
+  std::string torch_namespace;
 };
 
 struct ServerStats {
@@ -40,6 +45,9 @@ struct ServerStats {
   size_t bytes = 0;  // what namespaces, their keys and values, and wills take in memory
   size_t held = 0;   // the rest of the memory budget in use: connections, partial requests, blocked requests, queued replies
   size_t trims = 0;  // times free heap memory was handed back to the system (malloc_trim)
+  size_t keys = 0;        // stored keys, all namespaces together
+  size_t max_memory = 0;  // the budget bytes and held are charged against
+  ServerCounters counters;  // since the server started (ddp-rendezvous --metrics-port)
 };
 
 class StoreServer {
@@ -59,6 +67,10 @@ class StoreServer {
   // Replaces ServerOptions::token and ::secret for connections that authenticate from
   // now on; connections already authenticated keep going. Safe from any thread.
   void set_credentials(std::string token, std::string secret);
+
+  // Replaces ServerOptions::torch_namespace for torch connections that arrive from now
+  // on (ddprun moves its torch workers to each attempt's namespace). Safe from any thread.
+  void set_torch_namespace(std::string ns);
 
  private:
   std::shared_ptr<ServerCore> impl_;
