@@ -4,6 +4,7 @@
 #include "rdzv/server.hpp"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 
 #include "heap_blocks.hpp"
 #include "server_core.hpp"
@@ -263,6 +264,10 @@ void StoreServer::stop() { impl_->stop(); }
 
 void StoreServer::set_credentials(std::string token, std::string secret) {
   impl_->auth_.set_keys(std::move(token), std::move(secret));
+}
+
+void StoreServer::set_torch_namespace(std::string ns) {
+  asio::post(impl_->io_, [core = impl_, ns = std::move(ns)]() mutable { core->options_.torch_namespace = std::move(ns); });
 }
 
 }  // namespace rdzv
