@@ -16,8 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 
 #include "heap_blocks.hpp"
+#include "metrics_http.hpp"
+#include "metrics_text.hpp"
 #include "rdzv/server.hpp"
 #include "rdzv/token.hpp"
 
@@ -112,6 +115,12 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout,--heartbeat_timeout", heartbeat,
                  "Seconds after which an unreachable client is dropped (0: never)")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
+  rdzv::metrics::HttpOptions metrics;
+  CLI::Option* metrics_port = app.add_option("--metrics-port,--metrics_port", metrics.port,
+      "Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, printed at start; unset: none)")
+      ->check(CLI::Range(0, 65535));
+  CLI::Option* metrics_host = app.add_option("--metrics-host,--metrics_host", metrics.host, "Address the metrics endpoint listens on (default: --host)")
+      ->needs(metrics_port);
   std::string job;
   CLI::App* credential = app.add_subcommand("credential", "Print a job's credential (its --rdzv_token_file) and exit");
   credential->add_option("--job", job, "The job id (ddprun's --rdzv_id)")->required();
@@ -133,6 +142,11 @@ int main(int argc, char** argv) {
     raise_fd_limit();
     boost::asio::io_context io;
     rdzv::StoreServer server(io, options);
+    std::optional<rdzv::metrics::HttpServer> metrics_http;  // scraped on this thread: stats() needs no lock
+    if (metrics_port->count() > 0) {
+      if (metrics_host->count() == 0) metrics.host = options.host;
+      metrics_http.emplace(io, metrics, [&server] { return rdzv::metrics::exposition(server.stats()); });
+    }
     boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
     std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
                                                                               int sig) {
@@ -149,6 +163,11 @@ int main(int argc, char** argv) {
     };
     signals.async_wait(on_signal);
     std::printf("ddp-rendezvous listening on %s:%u (%s)\n", options.host.c_str(), server.port(), auth_mode(options));
+    if (metrics_http) {
+      bool v6 = metrics.host.find(':') != std::string::npos;
+      std::printf("ddp-rendezvous metrics at http://%s%s%s:%u/metrics\n", v6 ? "[" : "", metrics.host.c_str(),
+                  v6 ? "]" : "", metrics_http->port());
+    }
     std::fflush(stdout);
     while (true) {  // an error escaping one client's handling must not end every job's store
       try {

@@ -216,13 +216,15 @@ void ServerCore::start_accept() {
 }
 
 void ServerCore::admit(tcp::socket socket) {
-  if (sessions_.size() >= options_.max_connections) return refuse(socket, "server full");
+  if (sessions_.size() >= options_.max_connections) return ++counters_.refused_full, refuse(socket, "server full");
   // The session's own memory is charged like everything else it holds; close() gives it back.
-  if (!budget_.try_hold(kSessionBytes)) return refuse(socket, "store memory limit reached: no room for a connection");
+  if (!budget_.try_hold(kSessionBytes)) return ++counters_.refused_memory,
+      refuse(socket, "store memory limit reached: no room for a connection");
   std::shared_ptr<Session> session;
   try {
     session = std::make_shared<Session>(std::move(socket), shared_from_this());
     sessions_.emplace(session.get(), session);
+    ++counters_.connections_open[0], ++counters_.connections_total[0];  // ddprun's dialect until told otherwise
   } catch (const std::exception&) {  // out of memory: this connection is dropped, the server stays
     budget_.release(kSessionBytes);  // never registered, so never closed
     return;
@@ -256,8 +258,10 @@ StoreServer::~StoreServer() { impl_->stop(); }
 uint16_t StoreServer::port() const { return impl_->acceptor_.local_endpoint().port(); }
 
 ServerStats StoreServer::stats() const {
+  size_t keys = 0;
+  for (const auto& [name, ns] : impl_->namespaces_) keys += static_cast<size_t>(ns.table.size());
   return {impl_->sessions_.size(), impl_->namespaces_.size(), impl_->waiters_, impl_->budget_.stored(),
-          impl_->budget_.held(), impl_->give_backs_};
+          impl_->budget_.held(), impl_->give_backs_, keys, impl_->options_.max_memory, impl_->counters_};
 }
 
 void StoreServer::stop() { impl_->stop(); }

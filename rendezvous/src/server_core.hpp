@@ -123,6 +123,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   std::unordered_map<std::string, Namespace> namespaces_;
   MemoryBudget budget_;
   size_t waiters_ = 0;
+  ServerCounters counters_;  // what happened since start (ServerStats::counters)
   size_t walks_ = 0;      // wake() calls under way (they nest: a will set during one)
   bool orphans_ = false;  // a namespace was left during one: erase it when they end
   bool stopped_ = false;

@@ -47,6 +47,7 @@ void Session::close(bool clean) noexcept {
   closed_ = true;
   auto keep = weak_from_this().lock();  // the registry lets go below; this outlives close()
   server_->sessions_.erase(this);
+  --server_->counters_.connections_open[0];  // counted by ServerCore::admit()
   // What this closing gives back counts toward a trim (wills it publishes may queue
   // replies for others meanwhile: then a little less is counted).
   const size_t held_before = server_->budget_.held();
@@ -148,6 +149,7 @@ void Session::send(Type type, uint32_t request_id, std::string_view body) {
       if (actual > output_charged_) server_->budget_.hold_anyway(actual - output_charged_);
       output_charged_ = std::max(output_charged_, actual);
     } else {
+      ++server_->counters_.refused_memory;
       std::string message = "store memory limit reached: a reply of " + std::to_string(frame) + " bytes cannot be queued";
       return send(Type::kError, request_id, wire::BodyWriter().bytes(message).take());
     }
@@ -221,7 +223,7 @@ void Session::process_input() {
     try {
       h = wire::decode_header(inbuf_.data() + used, ns_ ? server_->limits_ : server_->hello_limits_);
     } catch (const wire::ProtocolError& e) {
-      return fail(0, e.what());
+      return ++server_->counters_.protocol_errors, fail(0, e.what());
     }
     size_t frame = wire::kHeaderSize + h.body_size;
     if (filled_ - used >= frame) {
@@ -260,7 +262,7 @@ void Session::process_input() {
 // size, charging the budget first. False (buffer unchanged) when the budget is full.
 bool Session::grow_body() {
   size_t size = std::min<size_t>(body_header_.body_size, std::max(kFirstBodyChunk, 2 * body_capacity_));
-  if (!server_->budget_.try_hold(size)) return false;
+  if (!server_->budget_.try_hold(size)) return ++server_->counters_.refused_memory, false;
   std::unique_ptr<char[]> bigger;
   try {
     bigger.reset(new char[size]);

@@ -34,11 +34,14 @@ void Session::on_frame(const wire::Header& h, std::string_view body) {
   try {
     q = wire::decode_request(h.type, body, server_->limits_);
   } catch (const wire::ProtocolError& e) {
-    return fail(h.request_id, e.what());
+    return ++server_->counters_.protocol_errors, fail(h.request_id, e.what());
   }
+  ++server_->counters_.ddprun_requests[static_cast<uint8_t>(q.type)];
   release_body();  // decoded: what the request needs is in `q` now
-  if (ns_ == nullptr && q.type != Type::kHello) return fail(h.request_id, "not authenticated: HELLO first");
-  if (ns_ != nullptr && q.type == Type::kHello) return fail(h.request_id, "HELLO twice");
+  if (ns_ == nullptr && q.type != Type::kHello) return ++server_->counters_.protocol_errors,
+      fail(h.request_id, "not authenticated: HELLO first");
+  if (ns_ != nullptr && q.type == Type::kHello) return ++server_->counters_.protocol_errors,
+      fail(h.request_id, "HELLO twice");
   last_heard_ = std::chrono::steady_clock::now();
   try {
     handle(h.request_id, q);
@@ -57,6 +60,7 @@ void Session::fail(uint32_t request_id, const std::string& message) {
 
 void Session::require_fits(int64_t growth) const {
   if (growth > 0 && !server_->budget_.fits(static_cast<size_t>(growth))) {
+    ++server_->counters_.refused_memory;
     throw StoreError("store memory limit reached");
   }
 }
@@ -197,15 +201,16 @@ void Session::handle(uint32_t id, wire::Request& q) {
 void Session::hello(uint32_t id, const wire::Request& q) {
   const std::string& ns = q.values[0];
   auth::Admission admission = server_->auth_.admit(ns, nonce_, q.values[1], q.values[2]);
-  if (!admission.admitted) return fail(id, admission.error);
+  if (!admission.admitted) return ++server_->counters_.auth_failures, fail(id, admission.error);
   // The session's copy of a name too long to sit inside it is charged with the session.
   size_t name_bytes = heap::predicted_string_bytes(ns.size());
-  if (!server_->budget_.try_hold(name_bytes)) return fail(id, "store memory limit reached: no room for a connection");
+  if (!server_->budget_.try_hold(name_bytes)) return ++server_->counters_.refused_memory,
+      fail(id, "store memory limit reached: no room for a connection");
   try {
     ns_ = &server_->join(ns);
   } catch (const StoreError& e) {  // no room for a new namespace: refused like a full server
     server_->budget_.release(name_bytes);
-    return fail(id, e.what());
+    return ++server_->counters_.refused_memory, fail(id, e.what());
   }
   ns_name_ = ns;
   name_charged_ = name_bytes;
@@ -267,7 +272,10 @@ void Session::start_wait(uint32_t id, wire::Request& q) {
                      std::to_string(kMaxWaitedKeysPerConnection) + ")");
   }
   size_t charge = wait_charge(q.keys);
-  if (!server_->budget_.try_hold(charge)) throw StoreError("store memory limit reached: cannot hold this wait");
+  if (!server_->budget_.try_hold(charge)) {
+    ++server_->counters_.refused_memory;
+    throw StoreError("store memory limit reached: cannot hold this wait");
+  }
   std::shared_ptr<Waiter> w;
   try {
     w = std::make_shared<Waiter>(server_->io_, shared_from_this(), id, q.type, std::move(q.keys), charge);
@@ -276,7 +284,7 @@ void Session::start_wait(uint32_t id, wire::Request& q) {
     server_->budget_.release(charge);
     throw;
   }
-  ++server_->waiters_;
+  ++server_->waiters_, ++server_->counters_.waits_started;
   waited_keys_ += w->keys.size();
   try {
     for (const auto& k : w->keys) ns_->waiters[k].push_back(w);
@@ -291,6 +299,7 @@ void Session::start_wait(uint32_t id, wire::Request& q) {
     auto s = waiter->session;
     s->guarded([&] {
       if (s->ns() == nullptr) return;
+      ++server->counters_.waits_timed_out;
       s->reply_wait(waiter->request_id, waiter->type, waiter->keys, true);
       if (s->ns() != nullptr) server->finish_waiter(*s->ns(), waiter);
     });
@@ -314,6 +323,7 @@ void Session::reply_wait(uint32_t request_id, Type type, const std::vector<std::
     return;
   }
   if (!server_->budget_.fits(2 * reply)) {  // the reply's body, then its copy in the queue
+    ++server_->counters_.refused_memory;
     send(Type::kError, request_id,
          wire::BodyWriter().bytes("store memory limit reached: a reply of " + std::to_string(reply) +
                                   " bytes cannot be queued").take());
