@@ -119,8 +119,9 @@ int main(int argc, char** argv) {
   CLI::Option* metrics_port = app.add_option("--metrics-port,--metrics_port", metrics.port,
       "Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, printed at start; unset: none)")
       ->check(CLI::Range(0, 65535));
-  CLI::Option* metrics_host = app.add_option("--metrics-host,--metrics_host", metrics.host, "Address the metrics endpoint listens on (default: --host)")
-      ->needs(metrics_port);
+  CLI::Option* metrics_host = app.add_option("--metrics-host,--metrics_host", metrics.host,
+                                             "Address the metrics endpoint listens on (default: --host)")
+                                  ->needs(metrics_port);
   std::string job;
   CLI::App* credential = app.add_subcommand("credential", "Print a job's credential (its --rdzv_token_file) and exit");
   credential->add_option("--job", job, "The job id (ddprun's --rdzv_id)")->required();
