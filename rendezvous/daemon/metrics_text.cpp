@@ -13,11 +13,17 @@ namespace {
 
 constexpr std::array<const char*, kDialects> kProtocols = {"ddprun", "torch", "torch_legacy"};
 
-// torch's query types in its 2.x numbering (TCPStoreBackend.hpp's QueryType); a number
-// past the table is shown as itself.
-constexpr std::array<const char*, 17> kTorchTypes = {
-    "VALIDATE", "SET",      "COMPARE_SET", "GET",         "ADD",  "CHECK",      "WAIT",      "GETNUMKEYS", "DELETE_KEY",
-    "APPEND",   "MULTI_GET", "MULTI_SET",  "CANCEL_WAIT", "PING", "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN"};
+// torch's query types in its 2.x numbering (torch_wire.hpp's Query, after PyTorch's
+// QueryType); 1.13's requests are counted under these too. A number without a name is
+// shown as itself.
+const char* torch_type_name(size_t t) {
+  static constexpr std::array<const char*, 19> kNames = {
+      "VALIDATE",  "SET",       "COMPARE_SET", "GET",        "ADD",       "CHECK",     "WAIT",
+      "GETNUMKEYS", "DELETE_KEY", "APPEND",     "MULTI_GET",  "MULTI_SET", "CANCEL_WAIT", "PING",
+      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS",  "BARRIER"};
+  if (t < kNames.size()) return kNames[t];
+  return t == 63 ? "WATCH_KEY" : nullptr;  // 1.13's, refused
+}
 
 // The requests a ddprun client may send.
 constexpr std::array<wire::Type, 16> kDdprunTypes = {
@@ -62,7 +68,7 @@ class Writer {
 std::string exposition(const ServerStats& s) {
   const ServerCounters& c = s.counters;
   Writer w;
-  w.by_protocol("ddp_rendezvous_connections", "gauge", "Client connections open now, by wire protocol.",
+  w.by_protocol("ddp_rendezvous_connections", "gauge", "Client connections admitted (authenticated, or a torch client in its job) and open now, by wire protocol.",
                 c.connections_open);
   w.by_protocol("ddp_rendezvous_connections_total", "counter", "Client connections admitted since start, by wire protocol.",
                 c.connections_total);
@@ -84,8 +90,9 @@ std::string exposition(const ServerStats& s) {
              c.ddprun_requests[static_cast<uint8_t>(t)]);
   }
   for (size_t t = 0; t < c.torch_requests.size(); ++t) {
-    if (t >= kTorchTypes.size() && c.torch_requests[t] == 0) continue;
-    std::string type = t < kTorchTypes.size() ? kTorchTypes[t] : std::to_string(t);
+    const char* name = torch_type_name(t);
+    if (name == nullptr && c.torch_requests[t] == 0) continue;
+    std::string type = name != nullptr ? name : std::to_string(t);
     w.sample(requests, Writer::label("protocol", "torch") + "," + Writer::label("type", type), c.torch_requests[t]);
   }
 
