@@ -8,6 +8,7 @@
 #include <set>
 
 #include "raw_client.hpp"
+#include "torch_client.hpp"
 #include "rdzv/tcp_store.hpp"
 #include "subprocess.hpp"
 
@@ -136,14 +137,14 @@ double settles_at(const MetricsDaemon& d, const std::string& name, double want) 
 }
 
 // True once the peer closed `c` (or reset it) within `limit`; bytes it sent go to `seen`.
-bool closed_within(testing::RawConnection& c, std::chrono::milliseconds limit, std::string& seen) {
+bool closed_within(int fd, std::chrono::milliseconds limit, std::string& seen) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   char buf[4096];
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{c.fd, POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
-    ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
     if (n <= 0) return true;
     seen.append(buf, static_cast<size_t>(n));
   }
@@ -172,7 +173,13 @@ TEST_CASE("the metrics endpoint counts real store traffic in Prometheus text for
     testing::RawConnection garbage(d.store_port);
     garbage.send_bytes(std::string(16, 'z'));
     std::string seen;
-    CHECK(closed_within(garbage, 5s, seen));
+    CHECK(closed_within(garbage.fd, 5s, seen));
+  }
+  {  // a torch client (1.13's dialect) where none are admitted
+    testing::TorchClient torch(d.store_port, rdzv::Dialect::kTorchLegacy);
+    torch.send(testing::TorchClient::q(testing::TorchClient::Query::kSet, {"/k"}, {"v"}));
+    std::string seen;
+    CHECK(closed_within(torch.fd, 5s, seen));
   }
   CHECK(value(scrape(d), R"(ddp_rendezvous_connections{protocol="ddprun"})") == 2);  // counted once admitted
   auto c = d.client("gamma", "metrics-token");
@@ -195,6 +202,8 @@ TEST_CASE("the metrics endpoint counts real store traffic in Prometheus text for
   CHECK(value(samples, "ddp_rendezvous_waits_timed_out_total") == 1);
   CHECK(value(samples, R"(ddp_rendezvous_refusals_total{reason="server_full"})") == 1);
   CHECK(value(samples, R"(ddp_rendezvous_refusals_total{reason="memory"})") == 0);
+  CHECK(value(samples, R"(ddp_rendezvous_refusals_total{reason="torch_not_admitted"})") == 1);
+  CHECK(value(samples, R"(ddp_rendezvous_connections_total{protocol="torch_legacy"})") == 0);
   CHECK(value(samples, "ddp_rendezvous_auth_failures_total") == 1);
   CHECK(value(samples, "ddp_rendezvous_protocol_errors_total") == 1);
 
@@ -228,7 +237,7 @@ TEST_CASE("the metrics endpoint serves only GET /metrics and cuts off slow or en
     while (!cut && std::chrono::steady_clock::now() - start < 10s) {
       ssize_t n = ::send(endless.fd, head.data(), head.size(), MSG_NOSIGNAL);
       head.assign(1024, 'a');
-      cut = n < 0 || closed_within(endless, 20ms, seen);
+      cut = n < 0 || closed_within(endless.fd, 20ms, seen);
     }
     CHECK(cut);
     CHECK(std::chrono::steady_clock::now() - start < 3s);
@@ -252,14 +261,14 @@ TEST_CASE("the metrics endpoint serves only GET /metrics and cuts off slow or en
   bool cut = false;
   while (!cut && std::chrono::steady_clock::now() - start < 10s) {
     trickle.send_bytes("c");
-    cut = closed_within(trickle, 200ms, seen);
+    cut = closed_within(trickle.fd, 200ms, seen);
   }
   CHECK(cut);
   CHECK(seen.empty());  // cut off without an answer
   auto after = std::chrono::steady_clock::now() - start;
   CHECK(after > 4s);
   CHECK(after < 8s);
-  for (auto& c : idle) CHECK(closed_within(*c, 2s, seen));
+  for (auto& c : idle) CHECK(closed_within(c->fd, 2s, seen));
   CHECK(testing::eventually([&] { return curl(d.url).status == 200; }, 2s));
 }
 
