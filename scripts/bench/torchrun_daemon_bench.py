@@ -33,8 +33,11 @@ WORKER = os.path.join(paths.ROOT, "tests", "system", "torchrun_daemon", "worker.
 PORT = 29400
 RUN_ID = "trd-bench"
 STORES = ("daemon", "torchrun")
-READY = re.compile(r"TRD_WORKER host=(\S+) rank=(\d+) world=(\d+) .* first=(\d) .* t=([\d.]+)")
-FAIL = re.compile(r"TRD_FAIL t=([\d.]+)")
+# Two workers' lines can share one line of the agent's output (one's newline after the
+# other's text), so every field is matched without reaching past its own: t has 6 decimals.
+READY = re.compile(r"TRD_WORKER host=(\S+) rank=(\d+) world=(\d+) local_rank=\d+ group_rank=\d+ restarts=\d+ "
+                   r"first=(\d) master=\S+ agent_store=\w+ sum=\d+ t=(\d+\.\d{6})")
+FAIL = re.compile(r"TRD_FAIL t=(\d+\.\d{6})")
 
 
 class JobFailed(Exception):
