@@ -158,63 +158,61 @@ def verdict(ok):
     return "met" if ok else "NOT met"
 
 
-def report(servers, args, times, failures, rss, rates):
-    peers = [s for s in servers if s != "ddprun"]
+def against_peers(samples, key, peers):
+    """(peer, ddprun's median, the peer's median or None) for each peer; none when ddprun
+    has no figure. `key(server)` names a server's samples."""
+    if not samples[key("ddprun")]:
+        return []
+    return [(p, samples.median(key("ddprun")), samples.median(key(p)) if samples[key(p)] else None) for p in peers]
+
+
+def report_barrier(servers, peers, args, times, failures):
     print(f"\n(a) torch's init barrier, seconds from the first connect to the last client released, "
           f"median [min-max] of {args.runs}")
     print(f"{'clients':>8} " + " ".join(f"{s:>26}" for s in servers))
     for n in args.clients:
-        cells = []
-        for s in servers:
-            if times[(s, n)]:
-                cells.append(fmt(times.figures((s, n))))
-            else:
-                cells.append("failed")
+        cells = [fmt(times.figures((s, n))) if times[(s, n)] else "failed" for s in servers]
         print(f"{n:>8} " + " ".join(f"{c:>26}" for c in cells))
         for s in servers:
             for why in failures.get((s, n), [])[:1]:
                 print(f"{'':>8} {s} failed {len(failures[(s, n)])}x: {why}")
     top = max(args.clients)
-    if "ddprun" in servers and times[("ddprun", top)]:
-        ours = times.median(("ddprun", top))
-        for p in peers:
-            if times[(p, top)]:
-                theirs = times.median((p, top))
-                print(f"target ddprun <= 1/3 of {p}'s time at {top:,}: {ours:.3f} s vs {theirs:.3f} s, "
-                      f"ratio {ours / theirs:.3f}: {verdict(ours * 3 <= theirs)}")
-            else:
-                print(f"target ddprun <= 1/3 of {p}'s time at {top:,}: {p} never finished: met")
+    for p, ours, theirs in against_peers(times, lambda s: (s, top), peers):
+        if theirs is None:
+            print(f"target ddprun <= 1/3 of {p}'s time at {top:,}: {p} never finished: met")
+        else:
+            print(f"target ddprun <= 1/3 of {p}'s time at {top:,}: {ours:.3f} s vs {theirs:.3f} s, "
+                  f"ratio {ours / theirs:.3f}: {verdict(ours * 3 <= theirs)}")
 
+
+def report_ops(servers, peers, args, rates, failures):
     print(f"\n(b) {OPS_CLIENTS} clients, torch client calls per second, median [min-max] of {args.runs}; "
           "CPU shares (1.0 = one core) of the server and of the load generator")
     for op in ("set", "get"):
         for s in servers:
-            if rates[(s, op)]:
-                f = rates.figures((s, op))
-                print(f"{op.upper()} {s:>13}: {f.median:>10,.0f} calls/s [{f.min:,.0f}-{f.max:,.0f}]   server CPU "
-                      f"{rates.median((s, op, 'server')):.2f}, load generator CPU {rates.median((s, op, 'load')):.2f}")
-            else:
+            if not rates[(s, op)]:
                 print(f"{op.upper()} {s:>13}: failed: {failures.get((s, op), ['?'])[0]}")
-        if "ddprun" in servers and rates[("ddprun", op)]:
-            for p in peers:
-                if rates[(p, op)]:
-                    r = rates.median(("ddprun", op)) / rates.median((p, op))
-                    print(f"target {op.upper()} ddprun >= 3x {p}: ratio {r:.2f}: {verdict(r >= 3)}")
+                continue
+            f = rates.figures((s, op))
+            print(f"{op.upper()} {s:>13}: {f.median:>10,.0f} calls/s [{f.min:,.0f}-{f.max:,.0f}]   server CPU "
+                  f"{rates.median((s, op, 'server')):.2f}, load generator CPU {rates.median((s, op, 'load')):.2f}")
+        for p, ours, theirs in against_peers(rates, lambda s: (s, op), peers):
+            if theirs:
+                print(f"target {op.upper()} ddprun >= 3x {p}: ratio {ours / theirs:.2f}: {verdict(ours >= 3 * theirs)}")
 
-    print(f"\n(c) server RSS during the {top:,}-client barrier (MiB): peak (VmHWM), and growth over the RSS "
-          "before the clients came")
+
+def report_rss(servers, peers, args, rss):
+    print(f"\n(c) server RSS during the {max(args.clients):,}-client barrier (MiB): peak (VmHWM), and growth over "
+          "the RSS before the clients came")
     for s in servers:
         if rss[(s, "peak")]:
             print(f"{s:>13}: peak {rss.median((s, 'peak')) / 1024:8.1f}   growth "
                   f"{rss.median((s, 'growth')) / 1024:8.1f}")
-    if "ddprun" in servers and rss[("ddprun", "peak")]:
-        ours = rss.median(("ddprun", "peak"))
-        for p in peers:
-            if rss[(p, "peak")]:
-                theirs = rss.median((p, "peak"))
-                grow = rss.median(("ddprun", "growth")) / max(1, rss.median((p, "growth")))
-                print(f"target peak RSS ddprun <= 1/2 of {p}'s: ratio {ours / theirs:.3f}: {verdict(ours * 2 <= theirs)}"
-                      f" (growth ratio {grow:.2f})")
+    for p, ours, theirs in against_peers(rss, lambda s: (s, "peak"), peers):
+        if theirs:
+            grow = rss.median(("ddprun", "growth")) / max(1, rss.median((p, "growth")))
+            print(f"target peak RSS ddprun <= 1/2 of {p}'s: ratio {ours / theirs:.3f}: {verdict(ours * 2 <= theirs)}"
+                  f" (growth ratio {grow:.2f})")
 
 
 def main():
@@ -267,7 +265,10 @@ def main():
                     continue
                 for key, value in zip(((s, op), (s, op, "server"), (s, op, "load")), got):
                     rates[key].append(value)
-    report(servers, args, times, failures, rss, rates)
+    peers = [s for s in servers if s != "ddprun"]
+    report_barrier(servers, peers, args, times, failures)
+    report_ops(servers, peers, args, rates, failures)
+    report_rss(servers, peers, args, rss)
     if args.smoke and failures:
         sys.exit(1)
 
