@@ -140,6 +140,11 @@ def ops(server, op, seconds):
         return float(m[1]), (cpu_seconds(s.pid) - cpu0) / took, load_cpu / took
 
 
+def progress(what, got):
+    """One measurement on stderr as it is taken, so that an interrupted run leaves its figures."""
+    print(f"  {what}: {got if isinstance(got, str) else ' '.join(f'{v:.3f}' for v in got)}", file=sys.stderr, flush=True)
+
+
 def enter_private_network(argv):
     """Re-runs this script in a network namespace with only loopback up (root only)."""
     if os.environ.get(NETNS_MARK) or os.geteuid() != 0:
@@ -251,6 +256,7 @@ def main():
         for s in order:
             for n in args.clients:
                 got = barrier(s, n, args.timeout)
+                progress(f"barrier {s} {n}", got)
                 if isinstance(got, str):
                     failures.setdefault((s, n), []).append(got)
                     continue
@@ -260,6 +266,7 @@ def main():
                     rss[(s, "growth")].append(got[2])
             for op in ("set", "get"):
                 got = ops(s, op, args.seconds)
+                progress(f"{op} {s}", got)
                 if isinstance(got, str):
                     failures.setdefault((s, op), []).append(got)
                     continue
