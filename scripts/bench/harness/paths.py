@@ -21,6 +21,7 @@ def built(*parts):
 DDPRUN = built("launcher", "ddprun")
 DAEMON = built("rendezvous", "ddp-rendezvous")
 STORE_BENCH = built("scripts/bench", "ddp-store-bench")
+TORCH_STORE_LOAD = built("scripts/bench", "ddp-torch-store-load")
 DDP_BENCH = built("worker_runtime", "ddp-bench")
 FASHION_MNIST = built("examples", "fashion_mnist", "fashion_mnist")
 TEST_WORKER = built("tests", "test_worker")
