@@ -127,7 +127,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     if (o.agent_store) server.port = static_cast<uint16_t>(plan.master_port);
     server.token = link.token = o.token.empty() ? rdzv::generate_token() : o.token;
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
-    job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get());
+    job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get(), o.verbose);
     link.host = server.host;
     link.port = job.store_host->port();
     link.connect_in_background = true;
@@ -157,7 +157,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     // Said before the wait for the store, which may be long (or end the launch).
     if (o.verbose) spdlog::info("rendezvous: {}", hosted.role);
   }
-  job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get());
+  job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get(), o.verbose);
   link.host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
   link.port = o.rdzv_host ? o.rdzv_port : plan.master_port;
   link.token = job.store_host ? job.store_host->token() : o.token;  // a single node's endpoint store: generated

@@ -31,7 +31,7 @@ int WorkerStore::offer_port(const std::string& address) {
     // Only torch clients: nobody holds this token. Their namespace comes with the first attempt.
     server.token = rdzv::generate_token();
     torch_only_ = std::make_unique<StoreHost>(server);
-    spdlog::info("agent store: serving this job's torch workers (unauthenticated, torch's protocol) at {}:{}",
+    if (verbose_) spdlog::info("agent store: serving this job's torch workers (unauthenticated, torch's protocol) at {}:{}",
                  address, torch_only_->port());
   }
   return torch_only_->port();

@@ -33,7 +33,9 @@ class WorkerStore {
  public:
   // `agent_store`: serve the workers (else the old way: rank 0 hosts its own store).
   // `job_store`: the job's store this ddprun hosts, or null; it must outlive this.
-  WorkerStore(bool agent_store, StoreHost* job_store) : agent_store_(agent_store), job_store_(job_store) {}
+  // `verbose`: say where a torch-only store listens (-v).
+  WorkerStore(bool agent_store, StoreHost* job_store, bool verbose = false)
+      : agent_store_(agent_store), job_store_(job_store), verbose_(verbose) {}
 
   bool agent_store() const { return agent_store_; }
 
@@ -53,6 +55,7 @@ class WorkerStore {
  private:
   bool agent_store_;
   StoreHost* job_store_;
+  bool verbose_;
   std::unique_ptr<StoreHost> torch_only_;
 };
 
