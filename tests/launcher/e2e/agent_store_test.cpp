@@ -65,7 +65,7 @@ TEST_CASE("a PyTorch DDP script runs on ddprun's agent store, and no worker list
   CHECK(checksums.size() == 1);  // DDP kept the replicas equal
 }
 
-TEST_CASE("rank 0 killed after init under --max_restarts 1 after init: attempt 1 runs on the same MASTER_PORT",
+TEST_CASE("rank 0 killed after init under --max_restarts 1: attempt 1 runs on the same MASTER_PORT",
           "[e2e][python][torch][agent_store]") {
   require_torch();
   const std::string port = std::to_string(e2e::free_port());
