@@ -92,14 +92,15 @@ def main():
     listener = who_listens(port)
 
     # What a torch client sees: this attempt's keys only (the launcher's own, such as
-    # attempt/0/exits, and the previous attempt's are in other namespaces).
+    # its count of attempt 0's worker exits, and the previous attempt's are in other
+    # namespaces). Counters, read with add(key, 0) (1.13's TCPStore has no check()).
     store = raw_client()
     if rank == 0:
-        store.set(f"probe/attempt_{attempt}", "here")
+        store.add(f"probe/attempt_{attempt}", 1)
     dist.barrier()
-    own = store.check([f"probe/attempt_{attempt}"])
-    earlier = attempt > 0 and store.check([f"probe/attempt_{attempt - 1}"])
-    agents = store.check(["attempt/0/exits"]) or store.check(["run_id"])
+    own = store.add(f"probe/attempt_{attempt}", 0) == 1
+    earlier = attempt > 0 and store.add(f"probe/attempt_{attempt - 1}", 0) != 0
+    agents = store.add("attempt/0/exits", 0) != 0
 
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
