@@ -109,6 +109,7 @@ def main():
     parser.add_argument("--no-checks", action="store_true", help="only the timing")
     a = parser.parse_args()
     paths.require(WHO, paths.DDPRUN)
+    paths.require_peers(WHO, paths.TORCH2)
     env = torch2_env()
     version = subprocess.run([env["PYTHON_EXEC"], "-c", "import torch; print(torch.__version__)"], env=env,
                              capture_output=True, text=True).stdout.strip()
