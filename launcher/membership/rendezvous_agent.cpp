@@ -13,7 +13,6 @@
 #include "membership/elastic/elastic_ending.hpp"
 #include "membership/job_shape.hpp"
 #include "errors.hpp"
-#include "plan/ports.hpp"
 #include "store/exit_records.hpp"
 #include "rdzv/waiting.hpp"
 

@@ -9,7 +9,9 @@
 //     this ddprun hosts: the endpoint's port);
 //   - else, on the group-rank-0 node, a torch-only store this ddprun starts on its own
 //     address (a ddp-rendezvous daemon, or a c10d endpoint another node hosts: this
-//     ddprun cannot tell whether that store admits the job's torch clients).
+//     ddprun cannot tell whether that store admits the job's torch clients). In an
+//     elastic job every node that hosts no store starts one when it registers, since
+//     any may become member 0; only member 0's is given to the workers.
 // Torch clients have no credentials, so each server confines them to one namespace:
 // the agents' namespace + "/torch/attempt_<N>", moved before each attempt's workers
 // start; they never see the agents' keys nor an earlier attempt's.
