@@ -10,6 +10,7 @@
 #include "rdzv/tcp_store.hpp"
 #include "rdzv/token.hpp"
 #include "subprocess.hpp"
+#include "torch_client.hpp"
 
 using namespace std::chrono_literals;
 using testing::Process;
@@ -35,6 +36,7 @@ class Daemon {
   }
 
   Process& process() { return process_; }
+  uint16_t port() const { return port_; }
 
   std::unique_ptr<rdzv::TcpStore> client(const std::string& job, const std::string& token) const {
     rdzv::TcpStoreOptions o;
@@ -194,4 +196,55 @@ TEST_CASE("SIGHUP without key files changes nothing and says so and SIGINT drain
   REQUIRE(status.has_value());
   CHECK(*status == 0);
   CHECK_THAT(daemon.process().err(), Catch::Contains("received SIGINT: stopped accepting; closing 1 open connection(s) and exiting"));
+}
+
+TEST_CASE("the daemon with --torch-clients admits torch's clients into that job only, each logged once", "[daemon][torch]") {
+  Daemon daemon({"--torch-clients=job1"});
+  CHECK(daemon.logged("admitting torch TCPStore clients, unauthenticated, into job 'job1'"));
+  auto job1 = daemon.client("job1", "");
+  auto job2 = daemon.client("job2", "");
+  job1->set("k", "v");
+  job2->set("other", "x");
+  testing::TorchClient torch2(daemon.port());
+  testing::TorchClient torch1(daemon.port(), rdzv::Dialect::kTorchLegacy);
+  CHECK(torch2.get("k") == "v");
+  CHECK(torch1.get("k") == "v");
+  CHECK(torch1.num_keys() == 1);
+  CHECK(daemon.logged("(torch >= 2.1) joined job 'job1' unauthenticated"));
+  CHECK(daemon.logged("(torch 1.13) joined job 'job1' unauthenticated"));
+  CHECK(daemon.logged("joined job 'job1'", 2));
+  CHECK(job2->get("other", 5s) == "x");
+}
+
+TEST_CASE("the daemon's --torch-clients ID=PORT gives a further job a port of its own", "[daemon][torch]") {
+  Daemon daemon({"--torch-clients=job1", "--torch-clients=job2=0"});
+  std::smatch m;
+  std::regex extra(R"(into job 'job2' on port (\d+))");
+  REQUIRE(daemon.logged("into job 'job2' on port"));
+  std::string err = daemon.process().err();
+  REQUIRE(std::regex_search(err, m, extra));
+  const auto job2_port = static_cast<uint16_t>(std::stoi(m[1]));
+  auto job1 = daemon.client("job1", "");
+  auto job2 = daemon.client("job2", "");
+  job1->set("one", "1");
+  job2->set("two", "2");
+  testing::TorchClient on_main(daemon.port());
+  testing::TorchClient on_extra(job2_port);
+  CHECK(on_main.num_keys() == 1);
+  CHECK(on_main.get("one") == "1");
+  CHECK(on_extra.num_keys() == 1);
+  CHECK(on_extra.get("two") == "2");
+  CHECK(daemon.logged("joined job 'job2' unauthenticated"));
+}
+
+TEST_CASE("the daemon's --torch-clients takes valid job ids, one per listener", "[daemon][torch]") {
+  auto twice = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a", "--torch-clients=b"}, {}, 10s);
+  CHECK(twice.status == 2);
+  CHECK_THAT(twice.err, Catch::Contains("one job per listener"));
+  auto bad = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a/b"}, {}, 10s);
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("invalid --torch-clients 'a/b'"));
+  auto bad_port = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a=70000"}, {}, 10s);
+  CHECK(bad_port.status == 2);
+  CHECK_THAT(bad_port.err, Catch::Contains("ID=PORT"));
 }
