@@ -24,6 +24,7 @@ JobLayout SingleNodeMembership::join(int attempt) {
   layout.store.token = link_.options().token;
   layout.store.prefix = contract::JobKeys(attempt).process_groups();
   layout.store.attempt = attempt;
+  worker_store_.serve_attempt(layout.store.ns, attempt);
   return layout;
 }
 

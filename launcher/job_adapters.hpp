@@ -10,6 +10,7 @@
 #include "membership/rendezvous_agent.hpp"
 #include "plan/launch_plan.hpp"
 #include "store/job_link.hpp"
+#include "store/worker_store.hpp"
 #include "supervise/supervisor.hpp"
 
 namespace ddprun {
@@ -63,7 +64,9 @@ class AgentMembership : public Membership {
 class SingleNodeMembership : public Membership {
  public:
   // `link`: this ddprun's link to the store it hosts; it must outlive this.
-  SingleNodeMembership(const LaunchPlan& plan, JobLink& link) : plan_(plan), link_(link) {}
+  // `worker_store` serves the workers' torch clients on MASTER_PORT; it must outlive this.
+  SingleNodeMembership(const LaunchPlan& plan, JobLink& link, WorkerStore& worker_store)
+      : plan_(plan), link_(link), worker_store_(worker_store) {}
 
   JobLayout join(int attempt) override;
   void start_watch(int, std::function<void(const FailureNotice&)>) override {}
@@ -78,6 +81,7 @@ class SingleNodeMembership : public Membership {
  private:
   const LaunchPlan& plan_;
   JobLink& link_;
+  WorkerStore& worker_store_;
 };
 
 // The failure summary of diagnose/summary.hpp and the workers' error files

@@ -30,6 +30,7 @@
 #include "store/job_link.hpp"
 #include "store/endpoint_store.hpp"
 #include "store/store_host.hpp"
+#include "store/worker_store.hpp"
 #include "supervise/supervisor.hpp"
 
 namespace {
@@ -79,8 +80,9 @@ void print_plan(const ddprun::LaunchPlan& plan) {
   } else if (o.nnodes > 1) {
     spdlog::info("rendezvous: node 0's store at {}:{}", o.master_addr, plan.master_port);
   } else {
-    spdlog::info("MASTER_ADDR={} MASTER_PORT={}{}", o.master_addr, plan.master_port,
-                 o.standalone ? " (--standalone: free port)" : "");
+    spdlog::info("MASTER_ADDR={} MASTER_PORT={}{}{}", o.master_addr, plan.master_port,
+                 o.standalone ? " (--standalone: free port)" : "",
+                 o.agent_store ? " (ddprun's store serves the workers there)" : " (rank 0 binds it)");
   }
   if (plan.log_root) spdlog::info("logs: {}", plan.log_root->string());
   for (size_t lr = 0; lr < plan.numa.size(); ++lr) {
@@ -97,6 +99,7 @@ void print_plan(const ddprun::LaunchPlan& plan) {
 // agent, the link, then the store.
 struct Job {
   std::unique_ptr<ddprun::StoreHost> store_host;
+  std::unique_ptr<ddprun::WorkerStore> worker_store;  // MASTER_ADDR:MASTER_PORT for torch workers
   std::unique_ptr<ddprun::JobLink> link;
   std::unique_ptr<ddprun::RendezvousAgent> agent;
 };
@@ -118,11 +121,14 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   ddprun::JobLinkOptions link;
   link.heartbeat_timeout = ddprun::to_ms(o.heartbeat_timeout);
   if (o.nnodes == 1 && !o.rdzv_host) {
-    // The workers' store: this host only, with a token nobody else knows.
-    server.host = "127.0.0.1";
+    // The workers' store, with a token nobody else knows: this host only. With the agent
+    // store it serves torch's workers too, on MASTER_ADDR:MASTER_PORT as torchrun's agent.
+    server.host = o.agent_store ? ddprun::single_node_store_address(o.master_addr) : "127.0.0.1";
+    if (o.agent_store) server.port = static_cast<uint16_t>(plan.master_port);
     server.token = link.token = o.token.empty() ? rdzv::generate_token() : o.token;
     job.store_host = std::make_unique<ddprun::StoreHost>(server);
-    link.host = "127.0.0.1";
+    job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get(), o.verbose);
+    link.host = server.host;
     link.port = job.store_host->port();
     link.connect_in_background = true;
     job.link = std::make_unique<ddprun::JobLink>(link);
@@ -151,6 +157,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     // Said before the wait for the store, which may be long (or end the launch).
     if (o.verbose) spdlog::info("rendezvous: {}", hosted.role);
   }
+  job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get(), o.verbose);
   link.host = o.rdzv_host ? *o.rdzv_host : o.master_addr;
   link.port = o.rdzv_host ? o.rdzv_port : plan.master_port;
   link.token = job.store_host ? job.store_host->token() : o.token;  // a single node's endpoint store: generated
@@ -159,7 +166,7 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
   link.notice_every = o.wait_notice_every;
   link.stop_signal = [&supervisor] { return supervisor.poll_stop_signal(); };
   job.link = std::make_unique<ddprun::JobLink>(link);
-  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, *job.link,
+  job.agent = std::make_unique<ddprun::RendezvousAgent>(plan, *job.link, *job.worker_store,
                                                         [&supervisor] { return supervisor.poll_stop_signal(); });
   ddprun::set_run_id(plan, job.agent->agree_run_id(plan.run_id));
   return job;
@@ -194,7 +201,7 @@ int launch(ddprun::LaunchPlan& plan) {
   if (job.agent) {
     membership = std::make_unique<ddprun::AgentMembership>(*job.agent);
   } else {
-    membership = std::make_unique<ddprun::SingleNodeMembership>(plan, *job.link);
+    membership = std::make_unique<ddprun::SingleNodeMembership>(plan, *job.link, *job.worker_store);
   }
   // Beside each attempt: stall detection, and the runtime file `ddprun status` reads.
   ddprun::StallMonitorOptions stall;

@@ -34,6 +34,10 @@ struct LaunchOptions {
   bool master_addr_given = false;         // --master_addr (or Slurm's) was given: with --hostfile, node 0 hosts the store
   std::optional<int> master_port;         // unset: 29500, or a free port with --standalone
   bool standalone = false;
+  // Torch workers' store (TORCHELASTIC_USE_AGENT_STORE=True, as torchrun 2.x): a store
+  // this ddprun or node 0's serves on MASTER_PORT. --no_agent_store: False, and rank 0
+  // hosts its own store on a free MASTER_PORT (store/worker_store.hpp).
+  bool agent_store = true;
   std::string role = "default";
   std::string run_id;                     // --rdzv_id; empty: generated
   int max_restarts = 0;

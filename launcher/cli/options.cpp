@@ -29,6 +29,7 @@ struct RawFlags {
   std::string node_rank = "0";
   std::string master_addr = "127.0.0.1";
   std::string master_port;
+  bool no_agent_store = false;
   std::string role = "default";
   std::string run_id;
   std::string max_restarts = "0";
@@ -321,6 +322,8 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   app.add_flag("--standalone", opts.standalone,
                "Single-node job on a free port chosen by ddprun; ignores --rdzv_endpoint and --rdzv_backend, "
                "as torchrun");
+  app.add_flag("--no_agent_store,--no-agent-store", raw.no_agent_store, "Workers host their own store: TORCHELASTIC_USE_AGENT_STORE=False "
+               "and MASTER_PORT a port rank 0 binds (default: ddprun's store serves them there, as torchrun's)");
   app.add_option("--role", raw.role, "Role name for the workers (ROLE_NAME)")->default_str("default");
   app.add_option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id,
                  "Job id (TORCHELASTIC_RUN_ID, log dir name); default: none with --rdzv_endpoint (as torchrun), "
@@ -428,6 +431,7 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   // PET_* fill in what the command line left open; an agent started by a launching
   // ddprun got every value from it as a flag.
   if (!opts.remote.agent_stdin) sources = EnvDefaults::apply(app);
+  opts.agent_store = !raw.no_agent_store;
   opts.value_notes = sources.notes();
 
   std::vector<std::string> rest = app.remaining();

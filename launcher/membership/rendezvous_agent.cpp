@@ -13,7 +13,6 @@
 #include "membership/elastic/elastic_ending.hpp"
 #include "membership/job_shape.hpp"
 #include "errors.hpp"
-#include "plan/ports.hpp"
 #include "store/exit_records.hpp"
 #include "rdzv/waiting.hpp"
 
@@ -53,13 +52,17 @@ struct RendezvousAgent::Watch {
   Clock::time_point parked_until;
 };
 
-RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, JobLink& link, std::function<int()> stop_signal)
-    : plan_(plan), link_(link), store_(link.store()), stop_signal_(std::move(stop_signal)) {
+RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, JobLink& link, WorkerStore& worker_store,
+                                 std::function<int()> stop_signal)
+    : plan_(plan), link_(link), worker_store_(worker_store), store_(link.store()), stop_signal_(std::move(stop_signal)) {
   if (plan_.options.elastic_rounds()) {
     try {
       elastic_ = std::make_unique<ElasticRendezvous>(store_, plan_, stop_signal_,
                                                      silence_limit(to_ms(plan_.options.heartbeat_timeout)),
-                                                     store_address());
+                                                     store_address(),
+                                                     [this](const std::string& address) {
+                                                       return worker_store_.offer_port(address);
+                                                     });
     } catch (const rdzv::StoreError& e) {
       throw LaunchError(std::string("rendezvous: ") + e.what());
     }
@@ -155,6 +158,7 @@ JobLayout RendezvousAgent::join(int attempt) {
   layout.store.port = link_.options().port;
   layout.store.token = link_.options().token;
   layout.store.ns = link_.options().ns;
+  worker_store_.serve_attempt(layout.store.ns, layout.attempt);
   layout_ = layout;
   joined_attempt_ = layout.attempt;
   return layout;
@@ -195,7 +199,7 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
     std::string address = o.local_addr.value_or(store_.local_address());
     store_.set(contract::JobKeys(attempt).node(me),
                 plan_.hostname + "\n" + address + "\n" + std::to_string(plan_.nproc));
-    if (me == 0) store_.set(contract::JobKeys(attempt).master_port(), std::to_string(pick_free_port()));
+    if (me == 0) store_.set(contract::JobKeys(attempt).master_port(), std::to_string(worker_store_.offer_port(address)));
 
     std::vector<std::string> keys;
     for (int r = 0; r < o.nnodes; ++r) keys.push_back(contract::JobKeys(attempt).node(r));

@@ -4,7 +4,7 @@
 // group rendezvouses afresh:
 //
 //   node/<r>       "<host>\n<address>\n<nproc>"   each node, at join
-//   master_port    the free port on node 0 that becomes MASTER_PORT
+//   master_port    MASTER_PORT, offered by node 0 (store/worker_store.hpp)
 //   failure        the first failure anywhere (FailureNotice); also the will every
 //                  agent leaves, so a node that dies or is cut off fails the job
 //   done/<r>       node r's workers all succeeded (exit barrier)
@@ -26,6 +26,7 @@
 #include "ddp/contract/job_records.hpp"
 #include "membership/elastic/elastic_join.hpp"
 #include "store/job_link.hpp"
+#include "store/worker_store.hpp"
 #include "job/failure_notice.hpp"
 #include "job/job_layout.hpp"
 #include "plan/launch_plan.hpp"
@@ -39,7 +40,9 @@ class RendezvousAgent {
   // outliving the agent). `stop_signal` is asked between short waits: a non-zero
   // signal number ends the wait (join throws Interrupted, the exit barrier returns a
   // notice). Throws LaunchError.
-  RendezvousAgent(const LaunchPlan& plan, JobLink& link, std::function<int()> stop_signal);
+  // `worker_store` (outliving the agent) offers MASTER_PORT when this node is group
+  // rank 0 and serves each joined attempt's torch clients.
+  RendezvousAgent(const LaunchPlan& plan, JobLink& link, WorkerStore& worker_store, std::function<int()> stop_signal);
   ~RendezvousAgent();
 
   // Node 0's run id (TORCHELASTIC_RUN_ID, log folders) becomes everyone's; in an
@@ -106,6 +109,7 @@ class RendezvousAgent {
 
   const LaunchPlan& plan_;
   JobLink& link_;
+  WorkerStore& worker_store_;
   rdzv::TcpStore& store_;  // the link's client: registration, barrier, wills, the watch
   std::shared_ptr<Watch> watch_;  // the running watch: its stop flag, its requests' answers
   std::thread watch_thread_;

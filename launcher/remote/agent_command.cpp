@@ -51,6 +51,7 @@ std::vector<std::string> agent_arguments(const LaunchOptions& o, const AgentPlac
     add("--local_ranks_filter", join_numbers(*o.local_ranks_filter));
   }
   if (o.no_python) args.push_back("--no_python");
+  if (!o.agent_store) args.push_back("--no_agent_store");
   if (o.module) args.push_back("--module");
   add("--monitor_interval", seconds_text(o.monitor_interval));
   add("--grace_period", seconds_text(o.grace_period));

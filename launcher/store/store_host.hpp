@@ -22,6 +22,9 @@ class StoreHost {
 
   uint16_t port() const { return port_; }
   const std::string& token() const { return token_; }
+  // Torch clients (TCPStore's protocol) that connect from now on go to namespace `ns`
+  // (empty: refused). Safe from any thread.
+  void set_torch_namespace(std::string ns) { server_->set_torch_namespace(std::move(ns)); }
 
  private:
   boost::asio::io_context io_;

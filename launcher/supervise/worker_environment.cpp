@@ -31,7 +31,8 @@ contract::WorkerEnv worker_contract(const LaunchPlan& plan, const JobLayout& lay
   w.run_id = plan.run_id;
   w.restart_count = layout.restart_count;
   w.max_restarts = o.max_restarts;
-  w.use_agent_store = false;
+  // True: MASTER_ADDR:MASTER_PORT is a store ddprun serves (store/worker_store.hpp).
+  w.use_agent_store = o.agent_store;
   w.store = layout.store;
   w.single_omp_thread = plan.set_omp_num_threads;
   w.error_file = error_file;

@@ -38,8 +38,11 @@ SCRUB = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCA
 # Why a variable differs, where it is known; printed under the variable.
 NOTES = {
     "MASTER_ADDR": "torchrun: rank 0's host name (socket.getfqdn); ddprun: rank 0's address; both reach rank 0",
-    "MASTER_PORT": "torchrun: its agent's store (USE_AGENT_STORE=True); ddprun: a free port for rank 0's own TCPStore",
-    "TORCHELASTIC_USE_AGENT_STORE": "ddprun: False, a torch worker's rank 0 hosts its TCPStore on MASTER_PORT",
+    "MASTER_PORT": "both: the launcher's store serves the workers there (USE_AGENT_STORE=True); torchrun: a "
+                   "port of its agent's; ddprun: --master_port (one node, static), the c10d endpoint's port when "
+                   "a ddprun hosts it, else a torch-only store of the group-rank-0 ddprun on a free port",
+    "TORCHELASTIC_USE_AGENT_STORE": "both True; ddprun --no_agent_store: False, rank 0 hosts its TCPStore on "
+                                    "MASTER_PORT",
     "TORCHELASTIC_RUN_ID": "torchrun: --rdzv_id, default 'none' (--standalone: a uuid); ddprun: generated "
                            "unless --rdzv_id or an endpoint is given",
     "TORCHELASTIC_ERROR_FILE": "each launcher's own per-run file name; the worker writes it, its launcher reads it",

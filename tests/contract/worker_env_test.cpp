@@ -94,12 +94,13 @@ TEST_CASE("what ddprun writes the worker runtime reads back unchanged", "[worker
   // Attempt 3 with restart count 2: an elastic job re-formed once for a joining node.
   w.store = ddp::contract::StoreEndpoint{"10.0.0.1", 29400, "s3cret", "job", "attempt/3/pg/", 3};
   w.single_omp_thread = true;
+  w.use_agent_store = true;  // ddprun's store serves torch workers on MASTER_PORT
   const auto vars = w.to_env();
   // torchrun's names, for unmodified PyTorch programs.
   CHECK(vars.at("RANK") == "5");
   CHECK(vars.at("ROLE_RANK") == "5");
   CHECK(vars.at("ROLE_WORLD_SIZE") == "8");
-  CHECK(vars.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  CHECK(vars.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(vars.at("TORCHELASTIC_MAX_RESTARTS") == "3");
   CHECK(vars.at("DDPRUN_NODE_RANK") == "1");
   CHECK(vars.at("DDPRUN_RUN_ID") == "abc123");
@@ -119,7 +120,7 @@ TEST_CASE("what ddprun writes the worker runtime reads back unchanged", "[worker
   CHECK(r.run_id == w.run_id);
   CHECK(r.restart_count == w.restart_count);
   CHECK(r.max_restarts == w.max_restarts);
-  CHECK_FALSE(r.use_agent_store);
+  CHECK(r.use_agent_store);
   CHECK(r.single_omp_thread);
   REQUIRE(r.store);
   CHECK(r.store->addr == "10.0.0.1");
@@ -128,7 +129,8 @@ TEST_CASE("what ddprun writes the worker runtime reads back unchanged", "[worker
   CHECK(r.store->ns == "job");
   CHECK(r.store->prefix == "attempt/3/pg/");
   CHECK(r.store->attempt == 3);
-  CHECK(r.store_port() == 29500);
+  // ddprun's store holds MASTER_PORT: a store of the runtime's own would go elsewhere.
+  CHECK(r.store_port() != 29500);
 }
 
 TEST_CASE("without DDPRUN_STORE_* the launcher is torchrun and nothing of ddprun's is written", "[worker_env]") {

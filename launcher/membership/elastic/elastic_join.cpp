@@ -39,12 +39,14 @@ constexpr Millis kReadTimeout{5000};
 }  // namespace
 
 ElasticRendezvous::ElasticRendezvous(rdzv::TcpStore& store, const LaunchPlan& plan, std::function<int()> stop_signal,
-                                     Millis silence_limit, std::string where)
+                                     Millis silence_limit, std::string where,
+                                     std::function<int(const std::string&)> offer_port)
     : store_(store),
       plan_(plan),
       stop_signal_(std::move(stop_signal)),
       silence_limit_(silence_limit),
-      where_(std::move(where)) {
+      where_(std::move(where)),
+      offer_port_(std::move(offer_port)) {
   id_ = store_.add(JobKeys::elastic_ticket(), 1);
 }
 
@@ -97,7 +99,7 @@ void ElasticRendezvous::register_for(int attempt) {
   me.address = plan_.options.local_addr.value_or(store_.local_address());  // --local_addr wins
   me.nproc = plan_.nproc;
   me.hint = plan_.options.node_rank_given ? plan_.options.node_rank : elastic::kNoHint;
-  me.port = pick_free_port();
+  me.port = offer_port_ ? offer_port_(me.address) : pick_free_port();
   store_.set(keys.member(id_), me.encode());
   store_.append(keys.joined(), std::to_string(id_) + "\n");
   // elastic/round only grows: compare_set from what was read, until it holds >= attempt.
@@ -258,7 +260,7 @@ JobLayout ElasticRendezvous::layout_of(int attempt, const elastic::MemberList& m
     if (static_cast<int>(r) < layout.node_rank) layout.rank_offset += regs[r].nproc;
     layout.world_size += regs[r].nproc;
   }
-  // Member 0 hosts MASTER_ADDR:MASTER_PORT, at the address the store saw it on.
+  // Member 0 serves (or its rank 0 binds) MASTER_ADDR:MASTER_PORT, at the address the store saw it on.
   layout.master_addr = regs[0].address;
   layout.master_port = regs[0].port;
   layout.store.prefix = keys.process_groups();

@@ -78,7 +78,7 @@ struct Registration {
   std::string address;  // where the store saw this node (MASTER_ADDR when it is member 0)
   int nproc = 1;
   int64_t hint = kNoHint;
-  int port = 0;         // a free port on this node (MASTER_PORT when it is member 0)
+  int port = 0;         // MASTER_PORT when it is member 0 (WorkerStore::offer_port)
   std::string encode() const;
   // Throws std::invalid_argument naming what is wrong (bytes from another node).
   static Registration decode(const std::string& text);

@@ -40,7 +40,7 @@ TEST_CASE("workers get torchrun's environment for N = 1..4", "[e2e][env]") {
     CHECK(has("TORCHELASTIC_RESTART_COUNT=0"));
     CHECK(has("TORCHELASTIC_MAX_RESTARTS=2"));
     CHECK(has("TORCHELASTIC_RUN_ID=envtest"));
-    CHECK(has("TORCHELASTIC_USE_AGENT_STORE=False"));
+    CHECK(has("TORCHELASTIC_USE_AGENT_STORE=True"));  // ddprun's store serves MASTER_PORT
     CHECK(has("TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT"));
     CHECK(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
     // Each worker its own error file, as under torchrun.
@@ -84,18 +84,44 @@ TEST_CASE("OMP_NUM_THREADS is set to 1 only when unset and nproc > 1 with one no
   }
 }
 
-TEST_CASE("rank 0 can bind MASTER_PORT whether explicit or chosen by standalone", "[e2e][env]") {
+TEST_CASE("the switch back (--no_agent_store): rank 0 can bind MASTER_PORT whether explicit or chosen by standalone", "[e2e][env]") {
   SECTION("--standalone") {
-    auto r = run(e2e::ddprun({"--standalone", e2e::kWorker, "bind-master-port"}));
+    auto r = run(e2e::ddprun({"--standalone", "--no_agent_store", e2e::kWorker, "bind-master-port"}));
     INFO(r.err);
     CHECK(r.status == 0);
   }
-  SECTION("--master_port") {
+  SECTION("--master_port, the switch from PET_NO_AGENT_STORE") {
     std::string port = std::to_string(e2e::free_port());
-    auto r = run(e2e::ddprun({"--master_port=" + port, e2e::kWorker, "bind-master-port"}));
+    auto r = run(e2e::ddprun({"--master_port=" + port, e2e::kWorker, "bind-master-port"}),
+                 {{{"PET_NO_AGENT_STORE", "1"}}, {}});
     INFO(r.err);
     CHECK(r.status == 0);
     CHECK(e2e::by_rank(r.out)[0] == std::vector<std::string>{"bound " + port});
+  }
+}
+
+TEST_CASE("the agent store: ddprun listens on MASTER_PORT, the switch gives the old variables", "[e2e][env]") {
+  const std::string port = std::to_string(e2e::free_port());
+  SECTION("default: USE_AGENT_STORE=True, MASTER_PORT = --master_port, held by ddprun") {
+    auto r = run(e2e::ddprun({"--master_port=" + port, "--nproc_per_node=2", e2e::kWorker, "env", "MASTER_ADDR",
+                              "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}));
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    for (auto& [rank, lines] : e2e::by_rank(r.out)) {
+      CHECK(lines == std::vector<std::string>{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                              "TORCHELASTIC_USE_AGENT_STORE=True"});
+    }
+    auto bind = run(e2e::ddprun({"--master_port=" + port, e2e::kWorker, "bind-master-port"}));
+    INFO(bind.out);
+    CHECK(bind.status != 0);  // ddprun's store holds it
+  }
+  SECTION("--no_agent_store: USE_AGENT_STORE=False, the same MASTER_PORT, free for rank 0") {
+    auto r = run(e2e::ddprun({"--master_port=" + port, "--no_agent_store", e2e::kWorker, "env", "MASTER_PORT",
+                              "TORCHELASTIC_USE_AGENT_STORE"}));
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(e2e::by_rank(r.out)[0] ==
+          std::vector<std::string>{"MASTER_PORT=" + port, "TORCHELASTIC_USE_AGENT_STORE=False"});
   }
 }
 

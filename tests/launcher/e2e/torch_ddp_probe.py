@@ -1,5 +1,6 @@
 """An unmodified PyTorch DDP script: env:// rendezvous through MASTER_ADDR/PORT
-(rank 0 hosts torch's TCPStore on MASTER_PORT), a gloo all_reduce, one DDP step.
+(torch's TCPStore on MASTER_PORT: the launcher's agent store, or rank 0's own),
+a gloo all_reduce, one DDP step.
 Prints one line per rank that the test checks."""
 import os
 

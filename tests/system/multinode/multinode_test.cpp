@@ -121,7 +121,8 @@ TEST_CASE("ranks follow node order with unequal workers per node", "[multinode]"
   }
   CHECK(all.size() == 6);
   CHECK(run_ids.size() == 1);       // every node took node 0's run id
-  CHECK(master_ports.size() == 1);  // and node 0's free port for MASTER_PORT
+  // MASTER_PORT: node 0's store (--master_port), which serves the torch workers (agent store).
+  CHECK(master_ports == std::set<std::string>{"MASTER_PORT=29500"});
 }
 
 TEST_CASE("a worker failure on node 1 tears down node 0 within 1 s", "[multinode]") {

@@ -129,7 +129,8 @@ TEST_CASE("on one node a stop signal is no remote root cause", "[job_policy]") {
   link_options.host = "127.0.0.1";
   link_options.port = store.port();
   ddprun::JobLink link(link_options);
-  ddprun::SingleNodeMembership alone(job.plan, link);
+  ddprun::WorkerStore no_server(true, nullptr);  // the store above is not this test's to move
+  ddprun::SingleNodeMembership alone(job.plan, link, no_server);
   CHECK(ddprun::JobPolicy(job.workers, alone, job.reports, job.options(3)).run() == 128 + SIGTERM);
   REQUIRE(job.summaries.size() == 1);
   CHECK_THAT(job.summaries[0], Catch::Contains("stopped by SIGTERM") && !Catch::Contains("Root cause") &&

@@ -38,6 +38,8 @@ struct NodeSpec {
 struct Node {
   ddprun::LaunchPlan plan;
   std::atomic<int> stop{0};
+  // Hosts no job store: it offers a torch-only store of its own as MASTER_PORT.
+  ddprun::WorkerStore worker_store{true, nullptr};
   std::unique_ptr<ddprun::JobLink> link;
   std::unique_ptr<ddprun::RendezvousAgent> agent;
 
@@ -58,7 +60,7 @@ struct Node {
     o.port = server.port();
     o.heartbeat_timeout = ddprun::to_ms(plan.options.heartbeat_timeout);
     link = std::make_unique<ddprun::JobLink>(o);
-    agent = std::make_unique<ddprun::RendezvousAgent>(plan, *link, [this] { return stop.load(); });
+    agent = std::make_unique<ddprun::RendezvousAgent>(plan, *link, worker_store, [this] { return stop.load(); });
   }
   std::future<JobLayout> join(int attempt) {
     return std::async(std::launch::async, [this, attempt] { return agent->join(attempt); });
@@ -123,6 +125,8 @@ TEST_CASE("elastic: MAX nodes form the first attempt at once, ranks by hint then
     CHECK(l.master_addr == "127.0.0.1");
     CHECK(l.store.prefix == JobKeys(0).process_groups());
   }
+  // MASTER_PORT: member 0's (c's) torch-only store, listening for the workers.
+  CHECK(layouts[2].master_port == c.worker_store.offer_port("127.0.0.1"));
 }
 
 TEST_CASE("elastic: MIN nodes form the first attempt after the last call, not before", "[elastic_rdzv]") {
