@@ -12,7 +12,8 @@ exception it raised ("error": its type and its message with addresses, ports and
 file descriptors replaced), and for a call that must wait out a timeout the timeout
 asked ("asked") and the time it took ("seconds", to 0.01 s). A wake-up (a call that
 blocks until a second client sets what it waits for) records "woke": whether it
-returned before half its timeout.
+returned before half its timeout. A call after which torch's client finds its
+connection gone records "reconnect": the calls after it use a new client.
 
 Run against two servers, the same client gives the same records when the servers
 behave alike: the records carry nothing that depends on the server's address or on
@@ -83,6 +84,9 @@ def encode(value):
 
 
 class Driver:
+    """The clients of one run (the main one, made again after a dropped connection, and
+    second clients made on demand) and the records printed so far."""
+
     def __init__(self, host, port):
         self.host = host
         self.port = port
