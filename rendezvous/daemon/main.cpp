@@ -48,6 +48,15 @@ const char* auth_mode(const rdzv::ServerOptions& o) {
   return o.secret.empty() ? "token required" : "shared token or job credentials required";
 }
 
+// --torch-clients: where torch's TCPStore clients go, logged once per connection.
+void admit_torch_clients(rdzv::ServerOptions& options, const std::string& job) {
+  options.torch_namespace = job;
+  options.on_torch_client = [job](const std::string& peer, rdzv::Dialect dialect) {
+    spdlog::info("torch client {} ({}) joined job '{}' unauthenticated", peer,
+                 dialect == rdzv::Dialect::kTorch ? "torch >= 2.1" : "torch 1.13", job);
+  };
+}
+
 std::string signal_name(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
 
 // SIGHUP: new keys for connections from now on, or the old ones when a file cannot be read.
@@ -112,6 +121,11 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout,--heartbeat_timeout", heartbeat,
                  "Seconds after which an unreachable client is dropped (0: never)")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
+  std::string torch_job;
+  app.add_option("--torch-clients,--torch_clients", torch_job,
+                 "Admit PyTorch's TCPStore clients (torch.distributed.TCPStore, torchrun's c10d rendezvous) "
+                 "into the job with this id (ddprun's --rdzv_id), beside ddprun's own. UNAUTHENTICATED: "
+                 "anyone who can reach the port can read and write that job's keys");
   std::string job;
   CLI::App* credential = app.add_subcommand("credential", "Print a job's credential (its --rdzv_token_file) and exit");
   credential->add_option("--job", job, "The job id (ddprun's --rdzv_id)")->required();
@@ -125,6 +139,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_memory = max_memory_mib << 20;
+  if (!torch_job.empty()) {
+    if (auto error = rdzv::job_id_error("--torch-clients", torch_job)) {
+      spdlog::error("{}", *error);
+      return 2;
+    }
+    admit_torch_clients(options, torch_job);
+  }
   options.heartbeat_timeout = rdzv::Millis(static_cast<int64_t>(heartbeat * 1000));
 
   try {
@@ -149,6 +170,9 @@ int main(int argc, char** argv) {
     };
     signals.async_wait(on_signal);
     std::printf("ddp-rendezvous listening on %s:%u (%s)\n", options.host.c_str(), server.port(), auth_mode(options));
+    if (!torch_job.empty()) {
+      spdlog::warn("admitting torch TCPStore clients, unauthenticated, into job '{}'", torch_job);
+    }
     std::fflush(stdout);
     while (true) {  // an error escaping one client's handling must not end every job's store
       try {

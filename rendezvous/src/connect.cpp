@@ -144,6 +144,13 @@ void open_connection(const TcpStoreOptions& options, int& fd) {
   }
   set_liveness_options(fd, options.heartbeat_timeout);
 
+  // The HELLO frame's first four bytes (the frame magic) go out before the greeting is
+  // read: a store that also admits torch's clients greets only a connection whose first
+  // bytes say it speaks ddprun's protocol. The byte stream is the same as ever, so a
+  // store that greets at once reads it as before.
+  const std::string magic = wire::make_frame(Type::kHello, 0, {}).substr(0, 4);
+  send_all(fd, magic, Clock::now() + options.handshake_timeout);
+
   // A ddprun store greets at once, but a loaded one or a long round trip can take longer
   // than a short connect slice: the handshake has its own bound.
   const auto greeted_by = std::max(deadline, Clock::now() + options.handshake_timeout);
@@ -172,7 +179,7 @@ void open_connection(const TcpStoreOptions& options, int& fd) {
   hello.type = Type::kHello;
   hello.values = {options.ns, client_nonce,
                   options.token.empty() ? "" : auth::client_proof(options.token, server_nonce, client_nonce, options.ns)};
-  send_all(fd, wire::make_frame(Type::kHello, 0, wire::encode_request(hello)), greeted_by);
+  send_all(fd, wire::make_frame(Type::kHello, 0, wire::encode_request(hello)).substr(magic.size()), greeted_by);
   Frame reply = recv_frame(fd, greeted_by);
   wire::BodyReader rr(reply.body, wire::Limits{});
   if (reply.header.type == Type::kError) throw StoreAuthError("the store at " + where + " refused us: " + rr.bytes());

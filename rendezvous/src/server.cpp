@@ -32,7 +32,9 @@ void refuse(tcp::socket& socket, const char* why) {
 }
 
 // What a namespace's going gives back: its keys and its own entry.
-int64_t namespace_bytes(const Namespace& ns) { return static_cast<int64_t>(ns.table.bytes() + ns.charged); }
+int64_t namespace_bytes(const Namespace& ns) {
+  return static_cast<int64_t>(ns.table.bytes() + ns.charged + ns.queue_bytes);
+}
 }  // namespace
 
 Namespace& ServerCore::join(const std::string& name) {
@@ -121,7 +123,7 @@ void ServerCore::wake(Namespace& ns, const std::string& key) {
   std::vector<std::shared_ptr<Waiter>> still_waiting;
   for (auto& w : list) {
     if (w->done) continue;
-    if (!ns.table.contains_all(w->keys)) {
+    if (w->torch ? !ns.torch_ready(w->keys) : !ns.table.contains_all(w->keys)) {
       still_waiting.push_back(std::move(w));
       continue;
     }
@@ -140,6 +142,21 @@ void ServerCore::wake(Namespace& ns, const std::string& key) {
     auto& slot = ns.waiters[key];
     slot.insert(slot.end(), std::make_move_iterator(still_waiting.begin()), std::make_move_iterator(still_waiting.end()));
   }
+}
+
+void ServerCore::wake_one(Namespace& ns, const std::string& key) {
+  auto it = ns.waiters.find(key);
+  if (it == ns.waiters.end()) return;
+  std::shared_ptr<Waiter> first;
+  for (const auto& w : it->second) {
+    if (!w->done && w->torch && ns.torch_ready(w->keys)) {
+      first = w;
+      break;
+    }
+  }
+  if (!first) return;
+  first->session->reply_wait(first->request_id, first->type, first->keys, false);  // only queues a byte
+  finish_waiter(ns, first);
 }
 
 void ServerCore::finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w) {
@@ -256,8 +273,15 @@ StoreServer::~StoreServer() { impl_->stop(); }
 uint16_t StoreServer::port() const { return impl_->acceptor_.local_endpoint().port(); }
 
 ServerStats StoreServer::stats() const {
-  return {impl_->sessions_.size(), impl_->namespaces_.size(), impl_->waiters_, impl_->budget_.stored(),
-          impl_->budget_.held(), impl_->give_backs_};
+  ServerStats s;
+  s.connections = impl_->sessions_.size();
+  s.namespaces = impl_->namespaces_.size();
+  s.waiters = impl_->waiters_;
+  s.bytes = impl_->budget_.stored();
+  s.held = impl_->budget_.held();
+  s.trims = impl_->give_backs_;
+  s.counters = impl_->counters_;
+  return s;
 }
 
 void StoreServer::stop() { impl_->stop(); }

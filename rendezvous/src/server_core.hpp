@@ -7,6 +7,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -33,13 +34,27 @@ struct Waiter {
   size_t charged;  // bytes of the budget it holds (its key list and index entries)
   boost::asio::steady_timer timer;
   bool done = false;
+  bool torch = false;  // a torch client's: a key is also there as a non-empty queue; no timeout
 };
 
 struct Namespace {
   KvTable table;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiters;  // by key
+  // torch's QUEUE_PUSH / QUEUE_POP: named queues beside the keys (torch clients only).
+  std::unordered_map<std::string, std::deque<std::string>> queues;
+  size_t queue_bytes = 0;  // charged as stored bytes
   size_t sessions = 0;
   size_t charged = 0;  // its entry in the server's map of namespaces, charged as stored bytes
+
+  // torch's view of "exists": a key, or a queue with something in it.
+  bool torch_ready(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys) {
+      if (table.find(k) != nullptr) continue;
+      auto q = queues.find(k);
+      if (q == queues.end() || q->second.empty()) return false;
+    }
+    return true;
+  }
 };
 
 // Everything the server holds for clients counts against options.max_memory: stored
@@ -99,6 +114,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   void leave(const std::string& name);
   // Completes every waiter on `key` whose keys now all exist.
   void wake(Namespace& ns, const std::string& key);
+  // Completes the first torch waiter on `key` whose keys now all exist (QUEUE_PUSH).
+  void wake_one(Namespace& ns, const std::string& key);
   void finish_waiter(Namespace& ns, const std::shared_ptr<Waiter>& w);
   // Erases the namespaces left while a wake() was walking (leave() defers them).
   void erase_orphans() noexcept;
@@ -123,6 +140,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   std::unordered_map<std::string, Namespace> namespaces_;
   MemoryBudget budget_;
   size_t waiters_ = 0;
+  ServerCounters counters_;
   size_t walks_ = 0;      // wake() calls under way (they nest: a will set during one)
   bool orphans_ = false;  // a namespace was left during one: erase it when they end
   bool stopped_ = false;

@@ -30,16 +30,57 @@ Session::Session(tcp::socket socket, std::shared_ptr<ServerCore> server)
 Session::~Session() = default;
 
 void Session::start() {
-  nonce_ = auth::random_bytes(wire::kNonceSize);
-  wire::BodyWriter w;
-  w.bytes(nonce_).u32(server_->auth_.required() ? 1 : 0);
-  send(Type::kChallenge, 0, w.take());
-  timer_.expires_after(kAuthTimeout);
+  // Where torch clients are admitted, a connection is greeted only once its first bytes
+  // say it speaks ddprun's protocol: torch's clients speak first and read no greeting.
+  torch_ns_ = server_->options_.torch_namespace;
+  if (torch_ns_.empty()) greet();
+  timer_.expires_after(kAuthTimeout);  // also bounds the wait for the first bytes
   timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
     auto self = weak.lock();
     if (!ec && self && self->ns_ == nullptr) self->close(false);  // never authenticated
   });
   read_more();
+}
+
+void Session::greet() {
+  nonce_ = auth::random_bytes(wire::kNonceSize);
+  wire::BodyWriter w;
+  w.bytes(nonce_).u32(server_->auth_.required() ? 1 : 0);
+  send(Type::kChallenge, 0, w.take());
+}
+
+// Tells the dialect from the bytes in inbuf_. True to go on reading ddprun's frames;
+// false when more bytes are needed (a read is under way), the connection is closing,
+// or it speaks torch's protocol (handled from here on by torch_session.cpp).
+bool Session::detect_dialect() {
+  torch_wire::Detection d;
+  try {
+    d = torch_wire::detect(std::string_view(inbuf_.data(), filled_));
+  } catch (const wire::ProtocolError&) {
+    if (torch_ns_.empty()) {  // greeted already: the frame parser says what is wrong
+      dialect_known_ = true;
+      return true;
+    }
+    ++server_->counters_.protocol_errors;
+    close(false);
+    return false;
+  }
+  if (!d.known) {
+    read_more();
+    return false;
+  }
+  dialect_known_ = true;
+  if (d.dialect == Dialect::kDdprun) {
+    if (!torch_ns_.empty()) greet();
+    return true;
+  }
+  if (torch_ns_.empty()) {
+    ++server_->counters_.refused_torch;
+    fail(0, "this store admits no torch.distributed.TCPStore clients");
+    return false;
+  }
+  torch_begin(d.dialect);
+  return false;
 }
 
 void Session::close(bool clean) noexcept {
@@ -60,6 +101,7 @@ void Session::close(bool clean) noexcept {
       }
     }
     publish_will(clean);
+    if (dialect_ != Dialect::kDdprun) --server_->counters_.connections_open[static_cast<size_t>(dialect_)];
     server_->leave(ns_name_);
     ns_ = nullptr;
     server_->budget_.release(name_charged_);
@@ -67,6 +109,9 @@ void Session::close(bool clean) noexcept {
   }
   waited_keys_ = 0;
   release_body();
+  tin_.reset();
+  server_->budget_.release(tin_capacity_);
+  tin_capacity_ = 0;
   give_back_output();
   server_->budget_.release(kSessionBytes);  // taken by ServerCore::admit()
   const size_t held_after = server_->budget_.held();
@@ -133,29 +178,41 @@ void Session::give_back_output() noexcept {
   output_charged_ = 0;
 }
 
-void Session::send(Type type, uint32_t request_id, std::string_view body) {
-  if (closed_ || doomed_) return;
-  size_t frame = wire::kHeaderSize + body.size();
-  if (pending_.size() + sending_.size() + frame > output_cap()) {
+// Queues bytes to send; false (nothing queued) when the budget cannot hold them. A
+// connection over its output cap is closed instead.
+bool Session::enqueue(std::string_view head, std::string_view body) {
+  if (closed_ || doomed_) return true;
+  size_t n = head.size() + body.size();
+  if (pending_.size() + sending_.size() + n > output_cap()) {
     // A client that does not read its answers: it goes. Closed from the event loop,
     // not here, since the caller may be walking this session's namespace.
-    return close_soon();
+    close_soon();
+    return true;
   }
-  if (!reserve_output(frame)) {
-    if (type == Type::kError) {  // a few bytes saying so go out anyway
-      pending_.reserve(pending_.size() + frame);
-      size_t actual = pending_.capacity() + sending_.capacity();
-      if (actual > output_charged_) server_->budget_.hold_anyway(actual - output_charged_);
-      output_charged_ = std::max(output_charged_, actual);
-    } else {
-      std::string message = "store memory limit reached: a reply of " + std::to_string(frame) + " bytes cannot be queued";
-      return send(Type::kError, request_id, wire::BodyWriter().bytes(message).take());
-    }
-  }
-  auto header = wire::encode_header({type, request_id, static_cast<uint32_t>(body.size())});
-  pending_.append(header.data(), header.size());
+  if (!reserve_output(n)) return false;
+  pending_.append(head);
   pending_.append(body);
   if (!writing_) flush();
+  return true;
+}
+
+void Session::send(Type type, uint32_t request_id, std::string_view body) {
+  auto header = wire::encode_header({type, request_id, static_cast<uint32_t>(body.size())});
+  const std::string_view head(header.data(), header.size());
+  if (enqueue(head, body)) return;
+  if (type == Type::kError) {  // a few bytes saying so go out anyway
+    pending_.reserve(pending_.size() + head.size() + body.size());
+    size_t actual = pending_.capacity() + sending_.capacity();
+    if (actual > output_charged_) server_->budget_.hold_anyway(actual - output_charged_);
+    output_charged_ = std::max(output_charged_, actual);
+    pending_.append(head);
+    pending_.append(body);
+    if (!writing_) flush();
+    return;
+  }
+  std::string message = "store memory limit reached: a reply of " + std::to_string(head.size() + body.size()) +
+                        " bytes cannot be queued";
+  send(Type::kError, request_id, wire::BodyWriter().bytes(message).take());
 }
 
 void Session::flush() {
@@ -205,6 +262,8 @@ void Session::read_more() {
 }
 
 void Session::process_input() {
+  if (!dialect_known_ && !detect_dialect()) return;
+  if (dialect_ != Dialect::kDdprun) return torch_input();
   size_t used = 0;
   if (skipping_ > 0) {  // the rest of a frame refused for want of memory
     used = std::min(skipping_, filled_);
@@ -260,6 +319,12 @@ void Session::process_input() {
 // size, charging the budget first. False (buffer unchanged) when the budget is full.
 bool Session::grow_body() {
   size_t size = std::min<size_t>(body_header_.body_size, std::max(kFirstBodyChunk, 2 * body_capacity_));
+  return grow_buffer(body_, body_capacity_, body_have_, size);
+}
+
+// Replaces `buffer` (`capacity` bytes, `have` of them used) with one of `size` bytes,
+// charging the budget first. False (buffer unchanged) when the budget is full.
+bool Session::grow_buffer(std::unique_ptr<char[]>& buffer, size_t& capacity, size_t have, size_t size) {
   if (!server_->budget_.try_hold(size)) return false;
   std::unique_ptr<char[]> bigger;
   try {
@@ -268,10 +333,10 @@ bool Session::grow_body() {
     server_->budget_.release(size);
     throw;
   }
-  if (body_have_ > 0) std::memcpy(bigger.get(), body_.get(), body_have_);
-  server_->budget_.release(body_capacity_);
-  body_ = std::move(bigger);
-  body_capacity_ = size;
+  if (have > 0) std::memcpy(bigger.get(), buffer.get(), have);
+  server_->budget_.release(capacity);
+  buffer = std::move(bigger);
+  capacity = size;
   return true;
 }
 

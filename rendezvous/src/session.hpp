@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "server_core.hpp"
+#include "torch_wire.hpp"
 
 namespace rdzv {
 
@@ -66,6 +67,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // session.cpp: reading and writing.
+  void greet();
+  bool detect_dialect();
+  bool enqueue(std::string_view head, std::string_view body);
   void flush();
   void after_write();
   void read_more();
@@ -73,6 +77,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_body();
   void on_body_bytes(size_t n);
   bool grow_body();
+  bool grow_buffer(std::unique_ptr<char[]>& buffer, size_t& capacity, size_t have, size_t size);
   void refuse_body();
   void release_body() noexcept;
   bool output_backlogged() const { return pending_.size() + sending_.size() > kPauseReadingAt; }
@@ -91,10 +96,31 @@ class Session : public std::enable_shared_from_this<Session> {
   template <typename Fn>
   auto change(const std::string& key, Fn&& fn);
   void set_key(const std::string& key, const std::string& value);
+  void store_set(const std::string& key, std::string& value);
+  void store_append(const std::string& key, const std::string& value);
+  void store_multi_set(const std::vector<std::string>& keys, std::vector<std::string>& values);
   void publish_will(bool clean) noexcept;
   void watch_silence(Millis limit);
   void arm_silence_timer(Millis after);
   void start_wait(uint32_t id, wire::Request& q);
+  std::string enter(const std::string& ns);
+
+  // torch_session.cpp: torch's dialects (PROTOCOL.md, "torch's dialects").
+  void torch_begin(Dialect dialect);
+  void torch_read();
+  void torch_input();
+  bool torch_buffer(size_t at_least);
+  void torch_handle(torch_wire::Request& q);
+  void torch_reply(std::string_view bytes);
+  void torch_room(size_t reply);
+  void torch_wait(std::vector<std::string> keys);
+  void torch_cancel_waits();
+  void torch_queue_push(const std::string& key, std::string value);
+  void torch_queue_pop(const std::string& key, std::string& out);
+  void torch_barrier(const std::string& key, int64_t world_size);
+  void torch_compare_set(torch_wire::Request& q, std::string& out);
+  void torch_list_keys(std::string& out);
+  void torch_gone(bool protocol_error) noexcept;
 
   boost::asio::ip::tcp::socket socket_;
   std::shared_ptr<ServerCore> server_;
@@ -127,7 +153,34 @@ class Session : public std::enable_shared_from_this<Session> {
   using Wills = std::vector<std::pair<std::string, std::string>>;
   Wills wills_;
   size_t will_bytes() const;
+  // torch's dialects: the namespace a torch connection joins, as it was when it arrived
+  // (empty: torch connections are refused), and its input, buffered until a request is whole.
+  Dialect dialect_ = Dialect::kDdprun;
+  bool dialect_known_ = false;        // until the first bytes arrive
+  std::string torch_ns_;
+  std::unique_ptr<char[]> tin_;       // charged to the budget
+  size_t tin_capacity_ = 0;
+  size_t tin_have_ = 0;
+  size_t tin_needed_ = 0;             // bytes a whole request needs at least (the decoder's word)
+  bool torch_validated_ = false;
 };
+
+// Applies a change to one key, counting its stored bytes exactly once (also when the
+// change throws half-way), then wakes waiters.
+template <typename Fn>
+inline auto Session::change(const std::string& key, Fn&& fn) {
+  size_t before = ns_->table.bytes();
+  decltype(fn(ns_->table)) result;
+  try {
+    result = fn(ns_->table);
+  } catch (...) {
+    count_stored(before);
+    throw;
+  }
+  count_stored(before);
+  server_->wake(*ns_, key);
+  return result;
+}
 
 // What one connection costs the memory budget from admission to close(): the Session
 // itself plus what comes with it outside it — the registry's hash node, Asio's

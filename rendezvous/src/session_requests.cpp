@@ -75,28 +75,50 @@ void Session::count_stored(size_t before) {
   if (now < before) server_->give_back_soon();  // counts only a real fall below the peak
 }
 
-// Applies a change to one key, counting its stored bytes exactly once (also when the
-// change throws half-way), then wakes waiters.
-template <typename Fn>
-auto Session::change(const std::string& key, Fn&& fn) {
-  size_t before = ns_->table.bytes();
-  decltype(fn(ns_->table)) result;
-  try {
-    result = fn(ns_->table);
-  } catch (...) {
-    count_stored(before);
-    throw;
-  }
-  count_stored(before);
-  server_->wake(*ns_, key);
-  return result;
-}
-
 void Session::set_key(const std::string& key, const std::string& value) {
   change(key, [&](KvTable& t) {
     t.set(key, value);
     return 0;
   });
+}
+
+// SET, APPEND and MULTI_SET, for both dialects: limits and the budget checked first,
+// then the change, then the wake-ups. Values are moved in: no second copy of a big one.
+void Session::store_set(const std::string& key, std::string& value) {
+  check_value(value.size());
+  require_fits(ns_->table.growth_if_set(key, value.size()));
+  change(key, [&](KvTable& t) {
+    t.set(key, std::move(value));
+    return 0;
+  });
+}
+
+void Session::store_append(const std::string& key, const std::string& value) {
+  const std::string* v = ns_->table.find(key);  // the value afterwards obeys SET's limit, a new key's included
+  check_value((v ? v->size() : 0) + value.size());
+  require_fits(ns_->table.growth_if_append(key, value.size()));
+  change(key, [&](KvTable& t) {
+    t.append(key, value);
+    return 0;
+  });
+}
+
+void Session::store_multi_set(const std::vector<std::string>& keys, std::vector<std::string>& values) {
+  KvTable& table = ns_->table;
+  for (const auto& v : values) check_value(v.size());
+  require_fits(table.growth_if_set(keys, values));
+  size_t before = table.bytes();
+  try {
+    for (size_t i = 0; i < keys.size(); ++i) table.set(keys[i], std::move(values[i]));
+  } catch (...) {
+    count_stored(before);
+    throw;
+  }
+  count_stored(before);
+  for (const auto& k : keys) {  // after all are set: nobody sees half
+    if (ns_ == nullptr) break;  // this session closed while waking (it stays open: defence)
+    server_->wake(*ns_, k);
+  }
 }
 
 void Session::handle(uint32_t id, wire::Request& q) {
@@ -105,23 +127,11 @@ void Session::handle(uint32_t id, wire::Request& q) {
   wire::BodyWriter out;
   switch (q.type) {
     case Type::kSet:
-      check_value(q.values[0].size());
-      require_fits(table.growth_if_set(q.keys[0], q.values[0].size()));
-      change(q.keys[0], [&](KvTable& t) {
-        t.set(q.keys[0], std::move(q.values[0]));  // no second copy of a big value
-        return 0;
-      });
+      store_set(q.keys[0], q.values[0]);
       break;
-    case Type::kAppend: {  // the value afterwards obeys SET's limit, a new key's included
-      const std::string* v = table.find(q.keys[0]);
-      check_value((v ? v->size() : 0) + q.values[0].size());
-      require_fits(table.growth_if_append(q.keys[0], q.values[0].size()));
-      change(q.keys[0], [&](KvTable& t) {
-        t.append(q.keys[0], q.values[0]);
-        return 0;
-      });
+    case Type::kAppend:
+      store_append(q.keys[0], q.values[0]);
       break;
-    }
     case Type::kAdd:
       require_fits(table.growth_if_set(q.keys[0], 20));  // at most 20 digits
       out.i64(change(q.keys[0], [&](KvTable& t) { return t.add(q.keys[0], q.number); }));
@@ -140,23 +150,9 @@ void Session::handle(uint32_t id, wire::Request& q) {
     case Type::kNumKeys:
       out.i64(table.size());
       break;
-    case Type::kMultiSet: {
-      for (const auto& v : q.values) check_value(v.size());
-      require_fits(table.growth_if_set(q.keys, q.values));
-      size_t before = table.bytes();
-      try {
-        for (size_t i = 0; i < q.keys.size(); ++i) table.set(q.keys[i], std::move(q.values[i]));
-      } catch (...) {
-        count_stored(before);
-        throw;
-      }
-      count_stored(before);
-      for (const auto& k : q.keys) {  // after all are set: nobody sees half
-        if (ns_ == nullptr) break;    // this session closed while waking (it stays open: defence)
-        server_->wake(*ns_, k);
-      }
+    case Type::kMultiSet:
+      store_multi_set(q.keys, q.values);
       break;
-    }
     case Type::kGet:
     case Type::kWait:
     case Type::kMultiGet:
@@ -198,21 +194,28 @@ void Session::hello(uint32_t id, const wire::Request& q) {
   const std::string& ns = q.values[0];
   auth::Admission admission = server_->auth_.admit(ns, nonce_, q.values[1], q.values[2]);
   if (!admission.admitted) return fail(id, admission.error);
+  std::string refused = enter(ns);
+  if (!refused.empty()) return fail(id, refused);  // no room: refused like a full server
+  nonce_.clear();
+  nonce_.shrink_to_fit();
+  send(Type::kOk, id, wire::BodyWriter().bytes(admission.server_proof).take());
+}
+
+// Joins namespace `ns`; returns why not (empty when it did).
+std::string Session::enter(const std::string& ns) {
   // The session's copy of a name too long to sit inside it is charged with the session.
   size_t name_bytes = heap::predicted_string_bytes(ns.size());
-  if (!server_->budget_.try_hold(name_bytes)) return fail(id, "store memory limit reached: no room for a connection");
+  if (!server_->budget_.try_hold(name_bytes)) return "store memory limit reached: no room for a connection";
   try {
     ns_ = &server_->join(ns);
-  } catch (const StoreError& e) {  // no room for a new namespace: refused like a full server
+  } catch (const StoreError& e) {  // no room for a new namespace
     server_->budget_.release(name_bytes);
-    return fail(id, e.what());
+    return e.what();
   }
   ns_name_ = ns;
   name_charged_ = name_bytes;
-  nonce_.clear();
-  nonce_.shrink_to_fit();
-  timer_.cancel();  // authenticated in time
-  send(Type::kOk, id, wire::BodyWriter().bytes(admission.server_proof).take());
+  timer_.cancel();  // admitted in time
+  return {};
 }
 
 // The heap blocks of the wills: the list's and those of its strings.
@@ -256,8 +259,11 @@ void Session::arm_silence_timer(Millis after) {
   });
 }
 
+// A blocked request. A torch client's (its caller saw its keys missing) has no timeout:
+// torch's client gives up by itself and sends CANCEL_WAIT.
 void Session::start_wait(uint32_t id, wire::Request& q) {
-  if (ns_->table.contains_all(q.keys)) return reply_wait(id, q.type, q.keys, false);
+  const bool torch = dialect_ != Dialect::kDdprun;
+  if (!torch && ns_->table.contains_all(q.keys)) return reply_wait(id, q.type, q.keys, false);
   if (waiters_.size() >= kMaxWaitsPerConnection) {
     throw StoreError("too many blocked requests on one connection (limit " + std::to_string(kMaxWaitsPerConnection) +
                      ")");
@@ -276,6 +282,7 @@ void Session::start_wait(uint32_t id, wire::Request& q) {
     server_->budget_.release(charge);
     throw;
   }
+  w->torch = torch;
   ++server_->waiters_;
   waited_keys_ += w->keys.size();
   try {
@@ -284,6 +291,7 @@ void Session::start_wait(uint32_t id, wire::Request& q) {
     server_->finish_waiter(*ns_, w);
     throw;
   }
+  if (torch) return;
   w->timer.expires_after(Millis(std::min(q.number, kMaxWaitMs)));
   w->timer.async_wait([weak = std::weak_ptr<Waiter>(w), server = server_](const boost::system::error_code& ec) {
     auto waiter = weak.lock();
@@ -299,6 +307,10 @@ void Session::start_wait(uint32_t id, wire::Request& q) {
 
 void Session::reply_wait(uint32_t request_id, Type type, const std::vector<std::string>& keys, bool timed_out) {
   if (closed_ || doomed_ || ns_ == nullptr) return;
+  if (dialect_ != Dialect::kDdprun) {  // torch's WAIT / BARRIER / a blocking QUEUE_POP's wait
+    const char stop = static_cast<char>(torch_wire::kStopWaiting);
+    return torch_reply(std::string_view(&stop, 1));
+  }
   if (timed_out) {
     wire::TimeoutReply t;
     t.missing_keys = ns_->table.missing(keys);

@@ -117,14 +117,19 @@ class Conn:
         return reply[2]
 
     def hello(self, token=b"", namespace=b""):
-        """Completes the handshake; returns the HELLO reply's type (OK when admitted)."""
+        """Completes the handshake; returns the HELLO reply's type (OK when admitted).
+        The HELLO frame's magic goes out before the CHALLENGE is read, as ddprun's client
+        does: a store that admits torch clients greets a connection only after its first bytes."""
+        self.send(u32(MAGIC))
         got = self.read_frame()
         if got is None or got[0] != CHALLENGE:
             raise Failure("no CHALLENGE from the store")
         server_nonce = got[2][4:4 + NONCE]
         client_nonce = os.urandom(NONCE)
-        reply = self.request(HELLO, field(namespace) + field(client_nonce) +
-                             field(client_proof(token, server_nonce, client_nonce, namespace)))
+        self.rid += 1
+        self.send(frame(HELLO, self.rid, field(namespace) + field(client_nonce) +
+                        field(client_proof(token, server_nonce, client_nonce, namespace)))[4:])
+        reply = self.read_frame()
         return reply[0] if reply else None
 
     def drain(self, limit=5.0):

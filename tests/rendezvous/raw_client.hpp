@@ -30,6 +30,17 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::second
   return pred();
 }
 
+// A TCP connection to `port` on loopback (the caller closes it).
+inline int connect_loopback(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
 struct Frame {
   rdzv::wire::Header header;
   std::string body;
@@ -42,14 +53,7 @@ struct RawConnection {
   int fd = -1;
   std::string buffered;  // bytes read but not yet returned as a frame
 
-  explicit RawConnection(uint16_t port) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  }
+  explicit RawConnection(uint16_t port) : fd(connect_loopback(port)) {}
   // Takes over a connection accepted elsewhere (a test that plays the server).
   struct Adopt {};
   RawConnection(Adopt, int accepted) : fd(accepted) {}

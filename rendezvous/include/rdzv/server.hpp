@@ -10,6 +10,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,9 @@ struct ServerOptions {
   // authentication: each is confined to this one namespace. Empty: they are refused, and
   // the server greets every connection at once as before (PROTOCOL.md, "torch's dialects").
   std::string torch_namespace;
+  // Called on the server's thread once for each torch connection admitted, with the
+  // peer's address and its dialect (ddp-rendezvous logs it). Must not throw.
+  std::function<void(const std::string& peer, Dialect dialect)> on_torch_client;
 };
 
 struct ServerStats {
