@@ -99,9 +99,11 @@ void check_timeout(const Record& r, const std::string& server) {
 
 TEST_CASE("torch's TCPStore client gets the same answers from ddprun's server as from torch's own",
           "[store][torch]") {
-  auto check = testing::run({kPython, "-c", "import torch.distributed as d; print(d.TCPStore)"});
-  INFO("python3-torch is required for this test (scripts/setup installs it): " << check.err);
-  REQUIRE(check.status == 0);
+  {
+    auto check = testing::run({kPython, "-c", "import torch.distributed as d; print(d.TCPStore)"});
+    INFO("python3-torch is required for this test (scripts/setup installs it): " << check.err);
+    REQUIRE(check.status == 0);
+  }
 
   Process torch_server({kPython, kDir + "/torch_server.py", "--host", "127.0.0.1", "--lifetime", "300"});
   uint16_t torch_port = wait_listening(torch_server, "torch's TCPStore server");
@@ -111,8 +113,8 @@ TEST_CASE("torch's TCPStore client gets the same answers from ddprun's server as
 
   auto reference = drive(torch_port, "against torch's server");
   auto ours = drive(ddprun_port, "against ddp-rendezvous");
-  INFO("ddp-rendezvous's log:\n" << daemon.err().substr(0, 4000));
 
+  size_t differ = 0;
   for (size_t i = 0; i < std::min(reference.size(), ours.size()); ++i) {
     const auto& want = reference[i];
     const auto& got = ours[i];
@@ -121,13 +123,16 @@ TEST_CASE("torch's TCPStore client gets the same answers from ddprun's server as
       INFO("record " << i << ": torch's legacy server answered " << want.line << "; its libuv server answers "
                      << libuv->second);
       CHECK(got.line == libuv->second);
+      differ += got.line != libuv->second;
       continue;
     }
     INFO("record " << i << " (" << want.call << ")");
     CHECK(got.line == want.line);
+    differ += got.line != want.line;
     check_timeout(want, "torch's server");
     check_timeout(got, "ddp-rendezvous");
     if (want.asked >= 0 && got.asked >= 0) CHECK(std::fabs(got.seconds - want.seconds) <= kTolerance);
   }
   CHECK(ours.size() == reference.size());
+  if (differ > 0) WARN(differ << " records differ; ddp-rendezvous's log:\n" << daemon.err().substr(0, 3000));
 }
