@@ -167,9 +167,6 @@ def basic_calls(d):
     big = bytes((i * 7 + 3) % 256 for i in range(4 << 20))
     d.call("set('big', 4 MiB)", lambda: d.s.set("big", big))
     d.call("get('big')", lambda: d.s.get("big"))
-    long_key = "k" * (8192 - 1)  # with the client's '/' prefix: 8 KiB, the most torch's libuv server takes
-    d.call("set(8 KiB key, 'x')", lambda: d.s.set(long_key, "x"))
-    d.call("get(8 KiB key)", lambda: d.s.get(long_key))
     d.call("num_keys() after sets", d.s.num_keys)
 
 
@@ -387,15 +384,21 @@ def wakeup_calls(d):
 
 
 def broken_connection_calls(d, limits):
-    """Calls after which torch's server drops the connection: add on a value that is not
-    a decimal; with `limits`, a key or value over the libuv server's limits (8 KiB keys,
-    8 MiB values; its legacy server has none)."""
+    """Calls after which torch's server drops the connection, or near that: add on a value
+    that is not a decimal; a key of 8 KiB, the most the libuv server takes; with `limits`,
+    a key or value over its limits (8 KiB keys, 8 MiB values; the legacy server has none),
+    each on a client of its own."""
     s = d.client()
     d.call("set('text', 'abc')", lambda: s.set("text", "abc"))
     d.call("add('text', 1) on a non-integer value", lambda: s.add("text", 1))
     s = d.client()
     d.call("set('hollow', '')", lambda: s.set("hollow", ""))
     d.call("add('hollow', 1) on an empty value", lambda: s.add("hollow", 1))
+    s = d.client()
+    long_key = "k" * (8192 - 1)  # with the client's '/' prefix: 8 KiB, the most torch's libuv server takes
+    d.call("set(8 KiB key, 'x')", lambda: s.set(long_key, "x"))
+    d.call("get(8 KiB key)", lambda: s.get(long_key))
+    d.call("delete_key(8 KiB key)", lambda: s.delete_key(long_key))
     if limits:
         s = d.client()
         d.call("set(key of 8 KiB + 1, 'x') over the libuv server's limit", lambda: s.set("k" * 8192, "x"))
