@@ -15,6 +15,12 @@ DRIVER = os.path.join(HERE, "tcpstore_calls.py")
 SERVER = os.path.join(HERE, "torch_server.py")
 TOLERANCE = 0.4  # seconds: how far a timeout may run over what was asked, and two servers' apart
 JOB = "torchcheck"
+# Records where torch's legacy server (1.13's only one) misses what its libuv server does,
+# with libuv's answer: ddprun's server must give that one (as the CTest test requires).
+LIBUV_ANSWERS = {
+    "wait(['later3']) woken by a second client's compare_set": {
+        "call": "wait(['later3']) woken by a second client's compare_set", "result": None, "woke": True},
+}
 
 
 class TorchServer(Daemon):
@@ -75,9 +81,10 @@ def agree(want, got):
     return True
 
 
-def compare(title, columns, reference, details):
+def compare(title, columns, reference, details, libuv_answers=None):
     """Prints the table of `columns` (name -> records) against `reference`; returns the
-    count of calls where ddprun's column differs from it."""
+    count of calls where ddprun's column differs from it. `libuv_answers`: records whose
+    expected answer is libuv's, not the reference's."""
     names = list(columns)
     ref = columns[reference]
     rows = max(len(r) for r in columns.values())
@@ -91,8 +98,11 @@ def compare(title, columns, reference, details):
         cells = []
         for n in names:
             got = columns[n][i] if i < len(columns[n]) else None
+            libuv = (libuv_answers or {}).get((want or {}).get("call"))
             if n == reference:
                 cells.append(summary(want))
+            elif libuv is not None and agree(libuv, got):
+                cells.append("agrees with libuv")
             elif agree(want, got):
                 cells.append("agrees")
             else:
@@ -135,7 +145,7 @@ def main():
             with TorchServer(python, "default") as server:
                 columns = {"torch 1.13": drive(python, server.port, False)}
             columns["ddprun"] = ddprun_records(python, False)
-            differing += compare("PyTorch 1.13's client", columns, "torch 1.13", args.details)
+            differing += compare("PyTorch 1.13's client", columns, "torch 1.13", args.details, LIBUV_ANSWERS)
         else:
             sys.exit(f"torch_store_compat: unknown client {client!r} (2.15 or 1.13)")
     return 1 if differing else 0
