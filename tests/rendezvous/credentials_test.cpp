@@ -10,6 +10,7 @@
 #include "rdzv/tcp_store.hpp"
 #include "rdzv/token.hpp"
 #include "subprocess.hpp"
+#include "torch_client.hpp"
 
 using namespace std::chrono_literals;
 using testing::Process;
@@ -35,6 +36,7 @@ class Daemon {
   }
 
   Process& process() { return process_; }
+  uint16_t port() const { return port_; }
 
   std::unique_ptr<rdzv::TcpStore> client(const std::string& job, const std::string& token) const {
     rdzv::TcpStoreOptions o;
@@ -194,4 +196,31 @@ TEST_CASE("SIGHUP without key files changes nothing and says so and SIGINT drain
   REQUIRE(status.has_value());
   CHECK(*status == 0);
   CHECK_THAT(daemon.process().err(), Catch::Contains("received SIGINT: stopped accepting; closing 1 open connection(s) and exiting"));
+}
+
+TEST_CASE("the daemon with --torch-clients admits torch's clients into that job only, each logged once", "[daemon][torch]") {
+  Daemon daemon({"--torch-clients=job1"});
+  CHECK(daemon.logged("admitting torch TCPStore clients, unauthenticated, into job 'job1'"));
+  auto job1 = daemon.client("job1", "");
+  auto job2 = daemon.client("job2", "");
+  job1->set("k", "v");
+  job2->set("other", "x");
+  testing::TorchClient torch2(daemon.port());
+  testing::TorchClient torch1(daemon.port(), rdzv::Dialect::kTorchLegacy);
+  CHECK(torch2.get("k") == "v");
+  CHECK(torch1.get("k") == "v");
+  CHECK(torch1.num_keys() == 1);
+  CHECK(daemon.logged("(torch >= 2.1) joined job 'job1' unauthenticated"));
+  CHECK(daemon.logged("(torch 1.13) joined job 'job1' unauthenticated"));
+  CHECK(daemon.logged("joined job 'job1'", 2));
+  CHECK(job2->get("other", 5s) == "x");
+}
+
+TEST_CASE("the daemon's --torch-clients takes one valid job id", "[daemon][torch]") {
+  auto twice = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a", "--torch-clients=b"}, {}, 10s);
+  CHECK(twice.status == 2);
+  CHECK_THAT(twice.err, Catch::Contains("--torch-clients"));
+  auto bad = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a/b"}, {}, 10s);
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("invalid --torch-clients 'a/b'"));
 }
