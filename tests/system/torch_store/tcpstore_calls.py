@@ -394,6 +394,15 @@ def broken_connection_calls(d, limits):
     s = d.client()
     d.call("set('hollow', '')", lambda: s.set("hollow", ""))
     d.call("add('hollow', 1) on an empty value", lambda: s.add("hollow", 1))
+    # The server reads a stored number as std::stoll does: leading blanks, a sign, digits,
+    # then stops; only text with no number, or past int64, is not a number.
+    for i, text in enumerate(["8 ", "+8", "8x", "0x10", "\t7", "99999999999999999999", " "]):
+        s, key = d.client(), "num%d" % i
+
+        def set_then_add():
+            s.set(key, text)
+            return s.add(key, 1)
+        d.call("set(%r, %r), add(%r, 1)" % (key, text, key), set_then_add)
     s = d.client()
     long_key = "k" * (8192 - 1)  # with the client's '/' prefix: 8 KiB, the most torch's libuv server takes
     d.call("set(8 KiB key, 'x')", lambda: s.set(long_key, "x"))
