@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "heap_blocks.hpp"
 #include "rdzv/server.hpp"
@@ -48,10 +50,53 @@ const char* auth_mode(const rdzv::ServerOptions& o) {
   return o.secret.empty() ? "token required" : "shared token or job credentials required";
 }
 
-// --torch-clients: where torch's TCPStore clients go, logged once per connection.
-void admit_torch_clients(rdzv::ServerOptions& options, const std::string& job) {
-  options.torch_namespace = job;
-  options.on_torch_client = [job](const std::string& peer, rdzv::Dialect dialect) {
+// --torch-clients ID[=PORT]: which job's namespace torch's TCPStore clients join, on
+// the daemon's port or on a port of their own.
+struct TorchJob {
+  std::string job;
+  std::optional<uint16_t> port;  // none: the daemon's --port
+};
+
+// Parses the --torch-clients values; nullopt (after logging why) when one is invalid.
+std::optional<std::vector<TorchJob>> parse_torch_jobs(const std::vector<std::string>& values) {
+  std::vector<TorchJob> jobs;
+  bool on_main_port = false;
+  for (const auto& v : values) {
+    TorchJob t;
+    auto eq = v.find('=');
+    t.job = v.substr(0, eq);
+    if (auto error = rdzv::job_id_error("--torch-clients", t.job)) {
+      spdlog::error("{}", *error);
+      return std::nullopt;
+    }
+    if (eq != std::string::npos) {
+      const std::string port = v.substr(eq + 1);
+      unsigned long n = 0;
+      size_t used = 0;
+      try {
+        n = std::stoul(port, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (port.empty() || used != port.size() || n > 65535) {
+        spdlog::error("invalid --torch-clients '{}': expected ID or ID=PORT with a port from 0 to 65535", v);
+        return std::nullopt;
+      }
+      t.port = static_cast<uint16_t>(n);
+    } else if (on_main_port) {
+      spdlog::error("--torch-clients '{}': one job per listener; give further jobs a port of their own (ID=PORT)", v);
+      return std::nullopt;
+    } else {
+      on_main_port = true;
+    }
+    jobs.push_back(t);
+  }
+  return jobs;
+}
+
+// Every torch connection is logged once: it is unauthenticated.
+void log_torch_clients(rdzv::ServerOptions& options) {
+  options.on_torch_client = [](const std::string& peer, rdzv::Dialect dialect, const std::string& job) {
     spdlog::info("torch client {} ({}) joined job '{}' unauthenticated", peer,
                  dialect == rdzv::Dialect::kTorch ? "torch >= 2.1" : "torch 1.13", job);
   };
@@ -121,11 +166,12 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout,--heartbeat_timeout", heartbeat,
                  "Seconds after which an unreachable client is dropped (0: never)")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
-  std::string torch_job;
-  app.add_option("--torch-clients,--torch_clients", torch_job,
-                 "Admit PyTorch's TCPStore clients (torch.distributed.TCPStore, torchrun's c10d rendezvous) "
-                 "into the job with this id (ddprun's --rdzv_id), beside ddprun's own. UNAUTHENTICATED: "
-                 "anyone who can reach the port can read and write that job's keys");
+  std::vector<std::string> torch_values;
+  app.add_option("--torch-clients,--torch_clients", torch_values,
+                 "ID or ID=PORT, repeatable: admit PyTorch's TCPStore clients (torch.distributed.TCPStore, "
+                 "torchrun's c10d rendezvous) into the job with this id (ddprun's --rdzv_id), on --port beside "
+                 "ddprun's own clients (one job), or on PORT (a listener of its own, same store and memory budget). "
+                 "UNAUTHENTICATED: anyone who can reach the port can read and write that job's keys");
   std::string job;
   CLI::App* credential = app.add_subcommand("credential", "Print a job's credential (its --rdzv_token_file) and exit");
   credential->add_option("--job", job, "The job id (ddprun's --rdzv_id)")->required();
@@ -139,14 +185,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_memory = max_memory_mib << 20;
-  if (!torch_job.empty()) {
-    if (auto error = rdzv::job_id_error("--torch-clients", torch_job)) {
-      spdlog::error("{}", *error);
-      return 2;
-    }
-    admit_torch_clients(options, torch_job);
+  auto torch_jobs = parse_torch_jobs(torch_values);
+  if (!torch_jobs) return 2;
+  for (const auto& t : *torch_jobs) {
+    if (!t.port) options.torch_namespace = t.job;
   }
-  options.heartbeat_timeout = rdzv::Millis(static_cast<int64_t>(heartbeat * 1000));
+  if (!torch_jobs->empty()) log_torch_clients(options);
 
   try {
     if (credential->parsed()) return print_credential(files.secret_file, job);
@@ -154,6 +198,10 @@ int main(int argc, char** argv) {
     raise_fd_limit();
     boost::asio::io_context io;
     rdzv::StoreServer server(io, options);
+    for (const auto& t : *torch_jobs) {  // every port opens before the daemon says it listens
+      uint16_t port = t.port ? server.add_torch_listener(*t.port, t.job) : server.port();
+      spdlog::warn("admitting torch TCPStore clients, unauthenticated, into job '{}' on port {}", t.job, port);
+    }
     boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
     std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
                                                                               int sig) {
@@ -170,9 +218,6 @@ int main(int argc, char** argv) {
     };
     signals.async_wait(on_signal);
     std::printf("ddp-rendezvous listening on %s:%u (%s)\n", options.host.c_str(), server.port(), auth_mode(options));
-    if (!torch_job.empty()) {
-      spdlog::warn("admitting torch TCPStore clients, unauthenticated, into job '{}'", torch_job);
-    }
     std::fflush(stdout);
     while (true) {  // an error escaping one client's handling must not end every job's store
       try {

@@ -192,47 +192,61 @@ ServerCore::ServerCore(asio::io_context& io, ServerOptions options)
       budget_(options_.max_memory) {
   limits_.max_body = options_.max_value + 2 * limits_.max_key + 64;
   hello_limits_.max_body = kMaxBodyBeforeHello;
+  open_listener(acceptor_, options_.host, options_.port);
+}
+
+// Binds and listens on host:port, non-blocking; throws StoreError when it cannot.
+void ServerCore::open_listener(tcp::acceptor& acceptor, const std::string& host, uint16_t port) {
   boost::system::error_code ec;
-  auto address = asio::ip::make_address(options_.host, ec);
-  if (ec) throw StoreError("store: bad listen address '" + options_.host + "': " + ec.message());
-  tcp::endpoint endpoint(address, options_.port);
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (!ec) acceptor_.non_blocking(true, ec);
+  auto address = asio::ip::make_address(host, ec);
+  if (ec) throw StoreError("store: bad listen address '" + host + "': " + ec.message());
+  tcp::endpoint endpoint(address, port);
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acceptor.non_blocking(true, ec);
   // Accepted sockets inherit these (Linux copies the listener's TCP options).
-  if (!ec) set_liveness_options(acceptor_.native_handle(), options_.heartbeat_timeout);
-  if (ec) {
-    throw StoreError("store: cannot listen on " + options_.host + ":" + std::to_string(options_.port) + ": " +
-                     ec.message());
-  }
+  if (!ec) set_liveness_options(acceptor.native_handle(), options_.heartbeat_timeout);
+  if (ec) throw StoreError("store: cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
+}
+
+uint16_t ServerCore::add_torch_listener(uint16_t port, std::string ns) {
+  auto listener = std::make_unique<TorchListener>(io_, std::move(ns));
+  open_listener(listener->acceptor, options_.host, port);
+  TorchListener& l = *listener;
+  torch_listeners_.push_back(std::move(listener));
+  start_accept(l.acceptor, l.retry, &l.torch_namespace);
+  return l.acceptor.local_endpoint().port();
 }
 
 // Waits until the listening socket is readable, then accepts every pending connection
 // without going back to the reactor in between (thousands arrive at once at job start).
-void ServerCore::start_accept() {
-  acceptor_.async_wait(tcp::acceptor::wait_read, [self = shared_from_this()](const boost::system::error_code& ec) {
+// `torch_ns`: the namespace torch clients of this listener join (null: the server's own,
+// ServerOptions::torch_namespace as it is when each connection arrives).
+void ServerCore::start_accept(tcp::acceptor& acceptor, asio::steady_timer& retry, const std::string* torch_ns) {
+  acceptor.async_wait(tcp::acceptor::wait_read, [self = shared_from_this(), &acceptor, &retry,
+                                                 torch_ns](const boost::system::error_code& ec) {
     if (self->stopped_ || ec == asio::error::operation_aborted) return;
     boost::system::error_code accept_ec = ec;
     while (!accept_ec) {
       tcp::socket socket(self->io_);
-      self->acceptor_.accept(socket, accept_ec);
-      if (!accept_ec) self->admit(std::move(socket));
+      acceptor.accept(socket, accept_ec);
+      if (!accept_ec) self->admit(std::move(socket), torch_ns ? *torch_ns : self->options_.torch_namespace);
     }
     if (accept_ec != asio::error::would_block && accept_ec != asio::error::try_again) {
       // EMFILE and friends: the backlog holds the rest; try again shortly instead of spinning.
-      self->retry_timer_.expires_after(Millis(50));
-      self->retry_timer_.async_wait([self](const boost::system::error_code& e) {
-        if (!e && !self->stopped_) self->start_accept();
+      retry.expires_after(Millis(50));
+      retry.async_wait([self, &acceptor, &retry, torch_ns](const boost::system::error_code& e) {
+        if (!e && !self->stopped_) self->start_accept(acceptor, retry, torch_ns);
       });
       return;
     }
-    self->start_accept();
+    self->start_accept(acceptor, retry, torch_ns);
   });
 }
 
-void ServerCore::admit(tcp::socket socket) {
+void ServerCore::admit(tcp::socket socket, const std::string& torch_ns) {
   if (sessions_.size() >= options_.max_connections) return refuse(socket, "server full");
   // The session's own memory is charged like everything else it holds; close() gives it back.
   if (!budget_.try_hold(kSessionBytes)) return refuse(socket, "store memory limit reached: no room for a connection");
@@ -245,7 +259,7 @@ void ServerCore::admit(tcp::socket socket) {
     return;
   }
   try {
-    session->start();
+    session->start(torch_ns);
   } catch (const std::exception&) {
     session->close(false);
   }
@@ -256,6 +270,10 @@ void ServerCore::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   retry_timer_.cancel();
+  for (auto& l : torch_listeners_) {
+    l->acceptor.close(ignored);
+    l->retry.cancel();
+  }
   give_back_timer_.cancel();
   std::vector<std::shared_ptr<Session>> all;
   all.reserve(sessions_.size());
@@ -265,7 +283,7 @@ void ServerCore::stop() {
 
 StoreServer::StoreServer(asio::io_context& io, ServerOptions options)
     : impl_(std::make_shared<ServerCore>(io, std::move(options))) {
-  impl_->start_accept();
+  impl_->start_accept(impl_->acceptor_, impl_->retry_timer_, nullptr);
 }
 
 StoreServer::~StoreServer() { impl_->stop(); }
@@ -288,6 +306,10 @@ void StoreServer::stop() { impl_->stop(); }
 
 void StoreServer::set_credentials(std::string token, std::string secret) {
   impl_->auth_.set_keys(std::move(token), std::move(secret));
+}
+
+uint16_t StoreServer::add_torch_listener(uint16_t port, std::string ns) {
+  return impl_->add_torch_listener(port, std::move(ns));
 }
 
 void StoreServer::set_torch_namespace(std::string ns) {

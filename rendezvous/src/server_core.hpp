@@ -103,11 +103,22 @@ class MemoryBudget {
   size_t torn_down_ = 0;
 };
 
+// A further port whose torch clients join a namespace of their own (StoreServer::add_torch_listener).
+struct TorchListener {
+  TorchListener(boost::asio::io_context& io, std::string ns) : acceptor(io), retry(io), torch_namespace(std::move(ns)) {}
+  boost::asio::ip::tcp::acceptor acceptor;
+  boost::asio::steady_timer retry;
+  std::string torch_namespace;
+};
+
 class ServerCore : public std::enable_shared_from_this<ServerCore> {
  public:
   ServerCore(boost::asio::io_context& io, ServerOptions options);
-  void start_accept();
-  void admit(boost::asio::ip::tcp::socket socket);
+  void open_listener(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, uint16_t port);
+  uint16_t add_torch_listener(uint16_t port, std::string ns);
+  void start_accept(boost::asio::ip::tcp::acceptor& acceptor, boost::asio::steady_timer& retry,
+                    const std::string* torch_ns);
+  void admit(boost::asio::ip::tcp::socket socket, const std::string& torch_ns);
   void stop();
 
   Namespace& join(const std::string& name);
@@ -131,6 +142,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;
+  std::vector<std::unique_ptr<TorchListener>> torch_listeners_;
   boost::asio::steady_timer give_back_timer_;
   bool give_back_armed_ = false;
   std::chrono::steady_clock::time_point last_give_back_{};  // the last trim

@@ -29,10 +29,10 @@ Session::Session(tcp::socket socket, std::shared_ptr<ServerCore> server)
 
 Session::~Session() = default;
 
-void Session::start() {
+void Session::start(const std::string& torch_ns) {
   // Where torch clients are admitted, a connection is greeted only once its first bytes
   // say it speaks ddprun's protocol: torch's clients speak first and read no greeting.
-  torch_ns_ = server_->options_.torch_namespace;
+  torch_ns_ = torch_ns;
   if (torch_ns_.empty()) greet();
   timer_.expires_after(kAuthTimeout);  // also bounds the wait for the first bytes
   timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {

@@ -34,7 +34,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(boost::asio::ip::tcp::socket socket, std::shared_ptr<ServerCore> server);
   ~Session();
 
-  void start();
+  // `torch_ns`: the namespace torch clients of this connection join (empty: refused).
+  void start(const std::string& torch_ns);
   // Ends the session; `clean` (GOODBYE) discards the will. Idempotent, never throws.
   void close(bool clean) noexcept;
 

@@ -39,7 +39,7 @@ void Session::torch_begin(Dialect dialect) {
   ++server_->counters_.connections_total[static_cast<size_t>(dialect)];
   if (server_->options_.on_torch_client) {
     try {
-      server_->options_.on_torch_client(peer_of(socket_), dialect);
+      server_->options_.on_torch_client(peer_of(socket_), dialect, torch_ns_);
     } catch (...) {  // a logging hook must not cost the connection
     }
   }

@@ -216,11 +216,35 @@ TEST_CASE("the daemon with --torch-clients admits torch's clients into that job 
   CHECK(job2->get("other", 5s) == "x");
 }
 
-TEST_CASE("the daemon's --torch-clients takes one valid job id", "[daemon][torch]") {
+TEST_CASE("the daemon's --torch-clients ID=PORT gives a further job a port of its own", "[daemon][torch]") {
+  Daemon daemon({"--torch-clients=job1", "--torch-clients=job2=0"});
+  std::smatch m;
+  std::regex extra(R"(into job 'job2' on port (\d+))");
+  REQUIRE(daemon.logged("into job 'job2' on port"));
+  std::string err = daemon.process().err();
+  REQUIRE(std::regex_search(err, m, extra));
+  const auto job2_port = static_cast<uint16_t>(std::stoi(m[1]));
+  auto job1 = daemon.client("job1", "");
+  auto job2 = daemon.client("job2", "");
+  job1->set("one", "1");
+  job2->set("two", "2");
+  testing::TorchClient on_main(daemon.port());
+  testing::TorchClient on_extra(job2_port);
+  CHECK(on_main.num_keys() == 1);
+  CHECK(on_main.get("one") == "1");
+  CHECK(on_extra.num_keys() == 1);
+  CHECK(on_extra.get("two") == "2");
+  CHECK(daemon.logged("joined job 'job2' unauthenticated"));
+}
+
+TEST_CASE("the daemon's --torch-clients takes valid job ids, one per listener", "[daemon][torch]") {
   auto twice = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a", "--torch-clients=b"}, {}, 10s);
   CHECK(twice.status == 2);
-  CHECK_THAT(twice.err, Catch::Contains("--torch-clients"));
+  CHECK_THAT(twice.err, Catch::Contains("one job per listener"));
   auto bad = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a/b"}, {}, 10s);
   CHECK(bad.status == 2);
   CHECK_THAT(bad.err, Catch::Contains("invalid --torch-clients 'a/b'"));
+  auto bad_port = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a=70000"}, {}, 10s);
+  CHECK(bad_port.status == 2);
+  CHECK_THAT(bad_port.err, Catch::Contains("ID=PORT"));
 }

@@ -38,8 +38,8 @@ struct ServerOptions {
   // the server greets every connection at once as before (PROTOCOL.md, "torch's dialects").
   std::string torch_namespace;
   // Called on the server's thread once for each torch connection admitted, with the
-  // peer's address and its dialect (ddp-rendezvous logs it). Must not throw.
-  std::function<void(const std::string& peer, Dialect dialect)> on_torch_client;
+  // peer's address, its dialect and the namespace it joined (ddp-rendezvous logs it).
+  std::function<void(const std::string& peer, Dialect dialect, const std::string& ns)> on_torch_client;
 };
 
 struct ServerStats {
@@ -75,6 +75,12 @@ class StoreServer {
   // Replaces ServerOptions::torch_namespace for torch connections that arrive from now
   // on (ddprun moves its torch workers to each attempt's namespace). Safe from any thread.
   void set_torch_namespace(std::string ns);
+
+  // Opens one more port (0: an ephemeral one; returns it) on ServerOptions::host, served
+  // by this server with its one memory budget: its torch clients join namespace `ns`,
+  // its ddprun clients authenticate as on the first port. Throws StoreError when it
+  // cannot listen. Call before the io_context runs, or on its thread.
+  uint16_t add_torch_listener(uint16_t port, std::string ns);
 
  private:
   std::shared_ptr<ServerCore> impl_;
