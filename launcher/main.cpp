@@ -126,7 +126,17 @@ Job set_up_job(ddprun::LaunchPlan& plan, ddprun::Supervisor& supervisor) {
     server.host = o.agent_store ? ddprun::single_node_store_address(o.master_addr) : "127.0.0.1";
     if (o.agent_store) server.port = static_cast<uint16_t>(plan.master_port);
     server.token = link.token = o.token.empty() ? rdzv::generate_token() : o.token;
-    job.store_host = std::make_unique<ddprun::StoreHost>(server);
+    try {
+      job.store_host = std::make_unique<ddprun::StoreHost>(server);
+    } catch (const ddprun::LaunchError& e) {
+      // The default port, free a moment ago, was taken since by another job (the plan
+      // checked it): any free port serves, as when the plan found it taken.
+      if (!o.agent_store || o.master_port) throw;
+      spdlog::warn("{}: MASTER_PORT is a free port for this job instead; --master_port chooses one", e.what());
+      server.port = 0;
+      job.store_host = std::make_unique<ddprun::StoreHost>(server);
+    }
+    if (o.agent_store) plan.master_port = job.store_host->port();
     job.worker_store = std::make_unique<ddprun::WorkerStore>(o.agent_store, job.store_host.get(), o.verbose);
     link.host = server.host;
     link.port = job.store_host->port();

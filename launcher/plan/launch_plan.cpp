@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "ddp/contract/worker_env.hpp"
 #include "errors.hpp"
 #include "plan/devices.hpp"
@@ -171,10 +173,18 @@ LaunchPlan prepare_launch(const LaunchOptions& options) {
   }
   // One node: rank 0 binds MASTER_PORT. Several: node 0 hosts the store there (it says so itself
   // if it cannot); the other nodes only connect to it.
+  // A port the user chose must be had; the default (29500) may be another job's on this
+  // machine, and then this one takes a free port rather than fail as torchrun would.
   if (options.nnodes == 1) {
     if (std::string why = port_unavailable_reason(plan.master_port); !why.empty()) {
-      throw LaunchError("master port " + std::to_string(plan.master_port) + " cannot be bound (" + why +
-                        "); pick another with --master_port or use --standalone");
+      if (options.master_port) {
+        throw LaunchError("master port " + std::to_string(plan.master_port) + " cannot be bound (" + why +
+                          "); pick another with --master_port or use --standalone");
+      }
+      int taken = plan.master_port;
+      plan.master_port = pick_free_port();
+      spdlog::warn("the default master port {} is taken ({}): MASTER_PORT is {} for this job; --master_port "
+                   "chooses one", taken, why, plan.master_port);
     }
   }
 

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include "e2e.hpp"
 
 using namespace testing;
@@ -93,6 +96,34 @@ TEST_CASE("a master port in use is refused (exit 1)", "[e2e][bad_input]") {
   std::string port = std::to_string(ntohs(addr.sin_port));
   expect_refusal({"--master_port=" + port}, 1, "master port " + port + " cannot be bound");
   close(fd);
+}
+
+TEST_CASE("the default master port held by another job: this one runs on a free port and says so",
+          "[e2e][bad_input]") {
+  // Hold 29500 on loopback as another one-node job's store would (a concurrent test may
+  // hold it for a moment: wait for it, bounded).
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(29500);
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(listen(fd, 1) == 0);
+  auto r = run(e2e::ddprun({"--nproc_per_node=1", "/bin/sh", "-c", "echo port=$MASTER_PORT"}), {}, 30s);
+  close(fd);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("the default master port 29500 is taken"));
+  const auto at = r.out.find("port=");
+  REQUIRE(at != std::string::npos);
+  const int port = std::stoi(r.out.substr(at + 5));
+  CHECK(port != 29500);
+  CHECK(port > 0);
 }
 
 TEST_CASE("nproc_per_node=gpu without a usable GPU is refused (exit 1)", "[e2e][bad_input]") {
