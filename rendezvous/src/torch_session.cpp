@@ -183,7 +183,7 @@ void Session::torch_handle(torch_wire::Request& q) {
     }
     case Query::kAdd:
       require_fits(table.growth_if_set(q.keys[0], 20));  // at most 20 digits
-      torch_wire::put_i64(out, change(q.keys[0], [&](KvTable& t) { return t.add(q.keys[0], q.number); }));
+      torch_wire::put_i64(out, change(q.keys[0], [&](KvTable& t) { return t.add(q.keys[0], q.number, KvTable::Parse::kLeadingNumber); }));
       break;
     case Query::kCheck:
       out.push_back(static_cast<char>(ns_->torch_ready(q.keys) ? torch_wire::kReady : torch_wire::kNotReady));
@@ -304,7 +304,7 @@ void Session::torch_barrier(const std::string& key, int64_t world_size) {
   size_t before = table.bytes();
   int64_t count = 0;
   try {
-    count = table.add(key, 1);  // no wake-up yet: earlier arrivals wait for the last
+    count = table.add(key, 1, KvTable::Parse::kLeadingNumber);  // no wake-up yet: earlier arrivals wait for the last
   } catch (...) {
     count_stored(before);
     throw;

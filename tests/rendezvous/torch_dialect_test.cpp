@@ -338,3 +338,28 @@ TEST_CASE("torch connections obey the memory budget and the per-connection wait 
     CHECK(eventually([&] { return server.stats().waiters == 0; }));
   }
 }
+
+TEST_CASE("torch: ADD reads the stored value as std::stoll does", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient keeper(server.port());
+  const std::vector<std::pair<std::string, int64_t>> readable = {
+      {" 8", 9}, {"8 ", 9}, {"+8", 9}, {"8x", 9}, {"\t7", 8}, {"0x10", 1}, {"-0", 1}, {" \n-5z", -4}};
+  for (const auto& [text, after] : readable) {
+    INFO("stored '" << text << "'");
+    TorchClient t(server.port());
+    t.set("p", text);
+    CHECK(t.add("p", 1) == after);
+    CHECK(t.get("p") == std::to_string(after));
+  }
+  for (std::string text : {"", " ", "abc", "+", "+-1", "- 1", "99999999999999999999"}) {
+    INFO("stored '" << text << "'");
+    TorchClient t(server.port());
+    t.set("bad", text);
+    t.send(TorchClient::q(Query::kAdd, {"bad"}, {}, 1));
+    CHECK(t.closed());
+  }
+  // ddprun's own ADD stays strict on the same namespace.
+  auto ddprun = server.client("job1");
+  ddprun->set("strict", "8x");
+  CHECK_THROWS_AS(ddprun->add("strict", 1), rdzv::StoreError);
+}
