@@ -19,6 +19,9 @@ using wire::Type;
 
 namespace {
 constexpr uint32_t kMaxBodyBeforeHello = 1024;
+// torch's libuv server takes keys of up to 8 KiB on the wire (MAX_STRING_LEN) and closes
+// the connection beyond; its clients may rely on that much.
+constexpr uint32_t kTorchMaxKey = 8u << 10;
 
 // Refused politely: one error frame, written without waiting, then the socket closes.
 void refuse(tcp::socket& socket, const char* why) {
@@ -191,6 +194,8 @@ ServerCore::ServerCore(asio::io_context& io, ServerOptions options)
       give_back_timer_(io),
       budget_(options_.max_memory) {
   limits_.max_body = options_.max_value + 2 * limits_.max_key + 64;
+  torch_limits_.max_key = kTorchMaxKey;
+  torch_limits_.max_body = options_.max_value + 2 * torch_limits_.max_key + 64;
   hello_limits_.max_body = kMaxBodyBeforeHello;
   open_listener(acceptor_, options_.host, options_.port);
 }

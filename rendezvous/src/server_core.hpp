@@ -140,6 +140,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   auth::Authenticator auth_{options_.token, options_.secret};
   wire::Limits limits_;
   wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
+  wire::Limits torch_limits_;  // torch connections: libuv's key limit
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;
   std::vector<std::unique_ptr<TorchListener>> torch_listeners_;

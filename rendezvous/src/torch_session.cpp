@@ -56,7 +56,7 @@ void Session::torch_begin(Dialect dialect) {
 bool Session::torch_buffer(size_t at_least) {
   if (tin_capacity_ >= at_least) return true;
   size_t size = std::max(at_least, 2 * tin_capacity_);
-  size = std::min<size_t>(size, std::max<size_t>(at_least, server_->limits_.max_body + 64));
+  size = std::min<size_t>(size, std::max<size_t>(at_least, server_->torch_limits_.max_body + 64));
   if (grow_buffer(tin_, tin_capacity_, tin_have_, size)) return true;
   ++server_->counters_.refused_memory;
   close(false);
@@ -80,7 +80,7 @@ void Session::torch_input() {
   while (!closed_ && !doomed_ && !output_backlogged() && tin_have_ - used >= std::max<size_t>(tin_needed_, 1)) {
     torch_wire::Decoded d;
     try {
-      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->limits_);
+      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->torch_limits_);
     } catch (const wire::ProtocolError&) {
       return torch_gone(true);
     }
@@ -132,7 +132,7 @@ void Session::torch_reply(std::string_view bytes) {
 
 // Throws unless a reply of `reply` bytes may be built and queued.
 void Session::torch_room(size_t reply) {
-  if (reply > server_->limits_.max_body) throw StoreError("torch reply over the frame limit");
+  if (reply > server_->torch_limits_.max_body) throw StoreError("torch reply over the frame limit");
   if (!server_->budget_.fits(2 * reply)) {
     ++server_->counters_.refused_memory;
     throw StoreError("store memory limit reached");

@@ -363,3 +363,18 @@ TEST_CASE("torch: ADD reads the stored value as std::stoll does", "[server][torc
   ddprun->set("strict", "8x");
   CHECK_THROWS_AS(ddprun->add("strict", 1), rdzv::StoreError);
 }
+
+TEST_CASE("torch: keys of up to 8 KiB on the wire, as torch's libuv server takes", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient t(server.port());
+  const std::string longest(8192, 'k');
+  t.set(longest, "v");
+  CHECK(t.get(longest) == "v");
+  CHECK(t.check({longest}));
+  t.send(TorchClient::q(Query::kWait, {longest}));
+  CHECK(t.u8() == rdzv::torch_wire::kStopWaiting);
+  t.send(TorchClient::q(Query::kDeleteKey, {longest}));
+  CHECK(t.i64() == 1);
+  t.set(longest + "k", "v");
+  CHECK(t.closed());
+}
