@@ -378,3 +378,35 @@ TEST_CASE("torch: keys of up to 8 KiB on the wire, as torch's libuv server takes
   t.set(longest + "k", "v");
   CHECK(t.closed());
 }
+
+TEST_CASE("a held torch namespace keeps its keys with no connection until the next one is set", "[server][torch]") {
+  rdzv::ServerOptions o = torch_options("attempt_0");
+  o.hold_torch_namespace = true;
+  ServerThread server(o);
+  {
+    TorchClient t(server.port());
+    t.set("x", "1");
+  }
+  CHECK(eventually([&] { return server.stats().connections == 0; }));  // no connection left in it
+  CHECK(server.stats().namespaces == 1);
+  {
+    TorchClient t(server.port());
+    CHECK(t.get("x") == "1");
+  }
+  CHECK(server.stats().keys == 1);
+  server.set_torch_namespace("attempt_1");
+  CHECK(eventually([&] { return server.stats().keys == 0 && server.stats().namespaces == 1; }));
+  TorchClient t(server.port());
+  CHECK(t.get("x").empty());
+}
+
+TEST_CASE("without hold, a torch namespace goes with its last connection", "[server][torch]") {
+  ServerThread server(torch_options());
+  {
+    TorchClient t(server.port());
+    t.set("x", "1");
+  }
+  CHECK(eventually([&] { return server.stats().namespaces == 0; }));
+  TorchClient t(server.port());
+  CHECK(t.get("x").empty());
+}
