@@ -51,6 +51,19 @@ void Session::torch_begin(Dialect dialect) {
   torch_input();
 }
 
+// A torch client where none is admitted: no greeting (it would read one as a reply),
+// the server's hook told, and the connection closed.
+void Session::torch_refuse() {
+  ++server_->counters_.refused_torch;
+  if (server_->options_.on_torch_refused) {
+    try {
+      server_->options_.on_torch_refused(peer_of(socket_));
+    } catch (...) {  // a logging hook must not keep the connection
+    }
+  }
+  close(false);
+}
+
 // Makes the input buffer hold at least `at_least` bytes, charging the budget first.
 // False (closed) when the budget cannot take it.
 bool Session::torch_buffer(size_t at_least) {

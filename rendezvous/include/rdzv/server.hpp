@@ -46,6 +46,9 @@ struct ServerOptions {
   // Called on the server's thread once for each torch connection admitted, with the
   // peer's address, its dialect and the namespace it joined (ddp-rendezvous logs it).
   std::function<void(const std::string& peer, Dialect dialect, const std::string& ns)> on_torch_client;
+  // Called on the server's thread once for each torch connection refused because no torch
+  // namespace is set, with the peer's address (ddp-rendezvous logs it).
+  std::function<void(const std::string& peer)> on_torch_refused;
 };
 
 struct ServerStats {
