@@ -9,6 +9,9 @@
 namespace ddprun {
 
 StoreHost::StoreHost(rdzv::ServerOptions options) : work_(boost::asio::make_work_guard(io_)) {
+  // torch's clients expect an attempt's keys to last while its store does, whoever
+  // connects or leaves meanwhile.
+  options.hold_torch_namespace = true;
   try {
     server_ = std::make_unique<rdzv::StoreServer>(io_, options);
   } catch (const rdzv::StoreError& e) {

@@ -23,7 +23,8 @@ class StoreHost {
   uint16_t port() const { return port_; }
   const std::string& token() const { return token_; }
   // Torch clients (TCPStore's protocol) that connect from now on go to namespace `ns`
-  // (empty: refused). Safe from any thread.
+  // (empty: refused); its keys stay, connected or not, until the next call moves on
+  // (ServerOptions::hold_torch_namespace). Safe from any thread.
   void set_torch_namespace(std::string ns) { server_->set_torch_namespace(std::move(ns)); }
 
  private:

@@ -104,6 +104,14 @@ void log_torch_clients(rdzv::ServerOptions& options) {
   };
 }
 
+// A torch client where none is admitted (no --torch-clients) is logged once, with the fix.
+void log_refused_torch_clients(rdzv::ServerOptions& options) {
+  options.on_torch_refused = [](const std::string& peer) {
+    spdlog::warn("refused a torch TCPStore client from {}: this store admits none (ddp-rendezvous --torch-clients ID)",
+                 peer);
+  };
+}
+
 std::string signal_name(int sig) { return std::string("SIG") + sigabbrev_np(sig); }
 
 // SIGHUP: new keys for connections from now on, or the old ones when a file cannot be read.
@@ -200,6 +208,7 @@ int main(int argc, char** argv) {
     if (!t.port) options.torch_namespace = t.job;
   }
   if (!torch_jobs->empty()) log_torch_clients(options);
+  log_refused_torch_clients(options);
 
   try {
     if (credential->parsed()) return print_credential(files.secret_file, job);

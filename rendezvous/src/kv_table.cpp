@@ -23,14 +23,26 @@ const std::string* KvTable::find(const std::string& key) const {
   return it == map_.end() ? nullptr : &it->second;
 }
 
-int64_t KvTable::add(const std::string& key, int64_t delta) {
+namespace {
+// The decimal integer `v` holds, read by `parse`; false when there is none or it is past int64.
+bool read_integer(const std::string& v, KvTable::Parse parse, int64_t& out) {
+  const char* p = v.data();
+  const char* end = p + v.size();
+  if (parse == KvTable::Parse::kLeadingNumber) {
+    // std::stoll's reading (strtoll in the C locale, base 10), without its exceptions.
+    while (p != end && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) ++p;
+    if (end - p > 1 && *p == '+' && p[1] >= '0' && p[1] <= '9') ++p;  // from_chars takes no '+'
+  }
+  auto [stop, ec] = std::from_chars(p, end, out);
+  if (p == end || ec != std::errc()) return false;
+  return parse == KvTable::Parse::kLeadingNumber || stop == end;
+}
+}  // namespace
+
+int64_t KvTable::add(const std::string& key, int64_t delta, Parse parse) {
   int64_t current = 0;
-  if (const std::string* v = find(key)) {
-    const char* end = v->data() + v->size();
-    auto [ptr, ec] = std::from_chars(v->data(), end, current);
-    if (v->empty() || ec != std::errc() || ptr != end) {
-      throw StoreError("add: the value of '" + key + "' is not an integer");
-    }
+  if (const std::string* v = find(key); v != nullptr && !read_integer(*v, parse, current)) {
+    throw StoreError("add: the value of '" + key + "' is not an integer");
   }
   if ((delta > 0 && current > INT64_MAX - delta) || (delta < 0 && current < INT64_MIN - delta)) {
     throw StoreError("add: '" + key + "' would overflow");

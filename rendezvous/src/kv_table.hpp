@@ -20,7 +20,12 @@ class KvTable {
 
   void set(const std::string& key, std::string value);
   const std::string* find(const std::string& key) const;
-  int64_t add(const std::string& key, int64_t delta);  // throws StoreError for non-integers
+  // How add() reads the value it adds to: kWhole, the whole value as a decimal integer
+  // (ddprun's rule); kLeadingNumber, as std::stoll does (torch's servers): leading
+  // whitespace, a sign, digits, stopping at the first non-digit ("8x" is 8, "0x10" is 0).
+  enum class Parse { kWhole, kLeadingNumber };
+  // Throws StoreError for a value that does not parse, or a result past int64.
+  int64_t add(const std::string& key, int64_t delta, Parse parse = Parse::kWhole);
   std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired);
   bool erase(const std::string& key);
   void append(const std::string& key, const std::string& value);

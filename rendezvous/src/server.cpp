@@ -19,6 +19,9 @@ using wire::Type;
 
 namespace {
 constexpr uint32_t kMaxBodyBeforeHello = 1024;
+// torch's libuv server takes keys of up to 8 KiB on the wire (MAX_STRING_LEN) and closes
+// the connection beyond; its clients may rely on that much.
+constexpr uint32_t kTorchMaxKey = 8u << 10;
 
 // Refused politely: one error frame, written without waiting, then the socket closes.
 void refuse(tcp::socket& socket, const char* why) {
@@ -191,8 +194,26 @@ ServerCore::ServerCore(asio::io_context& io, ServerOptions options)
       give_back_timer_(io),
       budget_(options_.max_memory) {
   limits_.max_body = options_.max_value + 2 * limits_.max_key + 64;
+  torch_limits_.max_key = kTorchMaxKey;
+  torch_limits_.max_body = options_.max_value + 2 * torch_limits_.max_key + 64;
   hello_limits_.max_body = kMaxBodyBeforeHello;
   open_listener(acceptor_, options_.host, options_.port);
+  if (options_.hold_torch_namespace) hold_torch_namespace();
+}
+
+void ServerCore::hold_torch_namespace() {
+  const std::string& want = options_.torch_namespace;
+  if (want == held_torch_ns_) return;
+  bool joined = false;
+  if (!want.empty()) {
+    try {
+      join(want);
+      joined = true;
+    } catch (const StoreError&) {  // no room for it now: its connections join it as they come
+    }
+  }
+  if (!held_torch_ns_.empty()) leave(held_torch_ns_);
+  held_torch_ns_ = joined ? want : std::string();
 }
 
 // Binds and listens on host:port, non-blocking; throws StoreError when it cannot.
@@ -280,6 +301,8 @@ void ServerCore::stop() {
   all.reserve(sessions_.size());
   for (auto& [ptr, session] : sessions_) all.push_back(session);
   for (auto& s : all) s->close(true);
+  if (!held_torch_ns_.empty()) leave(held_torch_ns_);
+  held_torch_ns_.clear();
 }
 
 StoreServer::StoreServer(asio::io_context& io, ServerOptions options)
@@ -316,7 +339,10 @@ uint16_t StoreServer::add_torch_listener(uint16_t port, std::string ns) {
 }
 
 void StoreServer::set_torch_namespace(std::string ns) {
-  asio::post(impl_->io_, [core = impl_, ns = std::move(ns)]() mutable { core->options_.torch_namespace = std::move(ns); });
+  asio::post(impl_->io_, [core = impl_, ns = std::move(ns)]() mutable {
+    core->options_.torch_namespace = std::move(ns);
+    if (core->options_.hold_torch_namespace && !core->stopped_) core->hold_torch_namespace();
+  });
 }
 
 }  // namespace rdzv

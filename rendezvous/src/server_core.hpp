@@ -120,6 +120,9 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
                     const std::string* torch_ns);
   void admit(boost::asio::ip::tcp::socket socket, const std::string& torch_ns);
   void stop();
+  // ServerOptions::hold_torch_namespace: holds options_.torch_namespace (joins it as a
+  // connection would) and lets go of the one held before.
+  void hold_torch_namespace();
 
   Namespace& join(const std::string& name);
   void leave(const std::string& name);
@@ -140,6 +143,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   auth::Authenticator auth_{options_.token, options_.secret};
   wire::Limits limits_;
   wire::Limits hello_limits_;  // before authentication: only what a HELLO needs
+  wire::Limits torch_limits_;  // torch connections: libuv's key limit
+  std::string held_torch_ns_;  // joined by hold_torch_namespace(); empty: none
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;
   std::vector<std::unique_ptr<TorchListener>> torch_listeners_;

@@ -19,6 +19,10 @@ namespace {
 // A connection must authenticate within this, and may not send more than a HELLO
 // needs before it does: an unauthenticated peer can hold neither memory nor a slot long.
 constexpr Millis kAuthTimeout(10000);
+// Where no torch client is admitted, a connection is greeted once its first bytes say
+// it speaks ddprun's protocol, or when none came within this: a torch client (which
+// speaks first) is then refused before it could read a greeting as a reply.
+constexpr Millis kGreetGrace(200);
 // Queued reply bytes past which a send buffer is freed once written, so an idle
 // session keeps no big buffer (smaller ones are reused: the hot path allocates nothing).
 constexpr size_t kKeepSendBuffer = 64u << 10;
@@ -30,19 +34,37 @@ Session::Session(tcp::socket socket, std::shared_ptr<ServerCore> server)
 Session::~Session() = default;
 
 void Session::start(const std::string& torch_ns) {
-  // Where torch clients are admitted, a connection is greeted only once its first bytes
-  // say it speaks ddprun's protocol: torch's clients speak first and read no greeting.
+  // A connection is greeted only once its first bytes say it speaks ddprun's protocol:
+  // torch's clients speak first and read no greeting. Where torch clients are not
+  // admitted, a silent one is greeted after a short grace (an older ddprun client,
+  // which waits for the greeting before it sends anything).
   torch_ns_ = torch_ns;
-  if (torch_ns_.empty()) greet();
-  timer_.expires_after(kAuthTimeout);  // also bounds the wait for the first bytes
+  if (torch_ns_.empty()) {
+    timer_.expires_after(kGreetGrace);
+    timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->closed_ || self->ns_ != nullptr) return;
+      self->guarded([&] {
+        if (!self->greeted_) self->greet();
+        self->arm_auth_timer(kAuthTimeout - kGreetGrace);
+      });
+    });
+  } else {
+    arm_auth_timer(kAuthTimeout);  // also bounds the wait for the first bytes
+  }
+  read_more();
+}
+
+void Session::arm_auth_timer(Millis after) {
+  timer_.expires_after(after);
   timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
     auto self = weak.lock();
     if (!ec && self && self->ns_ == nullptr) self->close(false);  // never authenticated
   });
-  read_more();
 }
 
 void Session::greet() {
+  greeted_ = true;
   nonce_ = auth::random_bytes(wire::kNonceSize);
   wire::BodyWriter w;
   w.bytes(nonce_).u32(server_->auth_.required() ? 1 : 0);
@@ -57,8 +79,9 @@ bool Session::detect_dialect() {
   try {
     d = torch_wire::detect(std::string_view(inbuf_.data(), filled_));
   } catch (const wire::ProtocolError&) {
-    if (torch_ns_.empty()) {  // greeted already: the frame parser says what is wrong
+    if (torch_ns_.empty()) {  // the frame parser says what is wrong, after the greeting
       dialect_known_ = true;
+      if (!greeted_) greet();
       return true;
     }
     ++server_->counters_.protocol_errors;
@@ -71,12 +94,11 @@ bool Session::detect_dialect() {
   }
   dialect_known_ = true;
   if (d.dialect == Dialect::kDdprun) {
-    if (!torch_ns_.empty()) greet();
+    if (!greeted_) greet();
     return true;
   }
   if (torch_ns_.empty()) {
-    ++server_->counters_.refused_torch;
-    fail(0, "this store admits no torch.distributed.TCPStore clients");
+    torch_refuse();
     return false;
   }
   torch_begin(d.dialect);

@@ -69,6 +69,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // session.cpp: reading and writing.
   void greet();
+  void arm_auth_timer(Millis after);
   bool detect_dialect();
   bool enqueue(std::string_view head, std::string_view body);
   void flush();
@@ -108,6 +109,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // torch_session.cpp: torch's dialects (PROTOCOL.md, "torch's dialects").
   void torch_begin(Dialect dialect);
+  void torch_refuse();
   void torch_read();
   void torch_input();
   bool torch_buffer(size_t at_least);
@@ -158,6 +160,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // (empty: torch connections are refused), and its input, buffered until a request is whole.
   Dialect dialect_ = Dialect::kDdprun;
   bool dialect_known_ = false;        // until the first bytes arrive
+  bool greeted_ = false;              // the CHALLENGE is sent
   std::string torch_ns_;
   std::unique_ptr<char[]> tin_;       // charged to the budget
   size_t tin_capacity_ = 0;

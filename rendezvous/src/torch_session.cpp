@@ -51,12 +51,25 @@ void Session::torch_begin(Dialect dialect) {
   torch_input();
 }
 
+// A torch client where none is admitted: no greeting (it would read one as a reply),
+// the server's hook told, and the connection closed.
+void Session::torch_refuse() {
+  ++server_->counters_.refused_torch;
+  if (server_->options_.on_torch_refused) {
+    try {
+      server_->options_.on_torch_refused(peer_of(socket_));
+    } catch (...) {  // a logging hook must not keep the connection
+    }
+  }
+  close(false);
+}
+
 // Makes the input buffer hold at least `at_least` bytes, charging the budget first.
 // False (closed) when the budget cannot take it.
 bool Session::torch_buffer(size_t at_least) {
   if (tin_capacity_ >= at_least) return true;
   size_t size = std::max(at_least, 2 * tin_capacity_);
-  size = std::min<size_t>(size, std::max<size_t>(at_least, server_->limits_.max_body + 64));
+  size = std::min<size_t>(size, std::max<size_t>(at_least, server_->torch_limits_.max_body + 64));
   if (grow_buffer(tin_, tin_capacity_, tin_have_, size)) return true;
   ++server_->counters_.refused_memory;
   close(false);
@@ -80,7 +93,7 @@ void Session::torch_input() {
   while (!closed_ && !doomed_ && !output_backlogged() && tin_have_ - used >= std::max<size_t>(tin_needed_, 1)) {
     torch_wire::Decoded d;
     try {
-      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->limits_);
+      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->torch_limits_);
     } catch (const wire::ProtocolError&) {
       return torch_gone(true);
     }
@@ -132,7 +145,7 @@ void Session::torch_reply(std::string_view bytes) {
 
 // Throws unless a reply of `reply` bytes may be built and queued.
 void Session::torch_room(size_t reply) {
-  if (reply > server_->limits_.max_body) throw StoreError("torch reply over the frame limit");
+  if (reply > server_->torch_limits_.max_body) throw StoreError("torch reply over the frame limit");
   if (!server_->budget_.fits(2 * reply)) {
     ++server_->counters_.refused_memory;
     throw StoreError("store memory limit reached");
@@ -183,7 +196,7 @@ void Session::torch_handle(torch_wire::Request& q) {
     }
     case Query::kAdd:
       require_fits(table.growth_if_set(q.keys[0], 20));  // at most 20 digits
-      torch_wire::put_i64(out, change(q.keys[0], [&](KvTable& t) { return t.add(q.keys[0], q.number); }));
+      torch_wire::put_i64(out, change(q.keys[0], [&](KvTable& t) { return t.add(q.keys[0], q.number, KvTable::Parse::kLeadingNumber); }));
       break;
     case Query::kCheck:
       out.push_back(static_cast<char>(ns_->torch_ready(q.keys) ? torch_wire::kReady : torch_wire::kNotReady));
@@ -304,7 +317,7 @@ void Session::torch_barrier(const std::string& key, int64_t world_size) {
   size_t before = table.bytes();
   int64_t count = 0;
   try {
-    count = table.add(key, 1);  // no wake-up yet: earlier arrivals wait for the last
+    count = table.add(key, 1, KvTable::Parse::kLeadingNumber);  // no wake-up yet: earlier arrivals wait for the last
   } catch (...) {
     count_stored(before);
     throw;

@@ -38,6 +38,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kMaxConnecting = 1024;
+constexpr size_t kMagicBytes = 4;  // the frame magic opening a HELLO
 
 struct Config {
   tcp::endpoint endpoint;
@@ -63,26 +64,39 @@ class Client : public std::enable_shared_from_this<Client> {
     socket_.async_connect(cfg_.endpoint, [self = shared_from_this(), on_ready](const boost::system::error_code& ec) {
       if (ec) fail("connect: " + ec.message());
       self->socket_.set_option(tcp::no_delay(true));
-      self->read_frame([self, on_ready](Type, std::string body) {
-        rdzv::wire::BodyReader r(body, {});
-        std::string server_nonce = r.bytes();
-        std::string client_nonce = rdzv::auth::random_bytes(rdzv::wire::kNonceSize);
-        rdzv::wire::Request hello;
-        hello.type = Type::kHello;
-        hello.values = {"bench", client_nonce,
-                        self->cfg_.token.empty()
-                            ? ""
-                            : rdzv::auth::client_proof(self->cfg_.token, server_nonce, client_nonce, "bench")};
-        self->request(hello, [on_ready](Type t, std::string) {
-          if (t != Type::kOk) fail("authentication refused");
-          on_ready();
-        });
+      // The HELLO's magic goes first, as rdzv::connect sends it: a store that also
+      // admits torch's clients greets a connection only once its first bytes are ddprun's.
+      self->out_ = rdzv::wire::make_frame(Type::kHello, 0, {}).substr(0, kMagicBytes);
+      asio::async_write(self->socket_, asio::buffer(self->out_), [self, on_ready](const boost::system::error_code& e, size_t) {
+        if (e) fail("write: " + e.message());
+        self->read_greeting(on_ready);
       });
     });
   }
 
-  void request(const rdzv::wire::Request& q, std::function<void(Type, std::string)> on_reply) {
-    out_ = rdzv::wire::make_frame(q.type, ++id_, rdzv::wire::encode_request(q));
+  // The CHALLENGE, then the rest of the HELLO; on_ready once it is accepted.
+  void read_greeting(std::function<void()> on_ready) {
+    read_frame([self = shared_from_this(), on_ready](Type, std::string body) {
+      rdzv::wire::BodyReader r(body, {});
+      std::string server_nonce = r.bytes();
+      std::string client_nonce = rdzv::auth::random_bytes(rdzv::wire::kNonceSize);
+      rdzv::wire::Request hello;
+      hello.type = Type::kHello;
+      hello.values = {"bench", client_nonce,
+                      self->cfg_.token.empty()
+                          ? ""
+                          : rdzv::auth::client_proof(self->cfg_.token, server_nonce, client_nonce, "bench")};
+      auto accepted = [on_ready](Type t, std::string) {
+        if (t != Type::kOk) fail("authentication refused");
+        on_ready();
+      };
+      self->request(hello, accepted, kMagicBytes);
+    });
+  }
+
+  // Sends `q` (less its first `sent` bytes, already on their way) and reads the reply.
+  void request(const rdzv::wire::Request& q, std::function<void(Type, std::string)> on_reply, size_t sent = 0) {
+    out_ = rdzv::wire::make_frame(q.type, ++id_, rdzv::wire::encode_request(q)).substr(sent);
     asio::async_write(socket_, asio::buffer(out_),
                       [self = shared_from_this(), on_reply](const boost::system::error_code& ec, size_t) {
                         if (ec) fail("write: " + ec.message());

@@ -248,18 +248,25 @@ TEST_CASE("torch clients are confined to the torch namespace", "[server][torch]"
   CHECK(other->get("secret", 5s) == "s");
 }
 
-TEST_CASE("where no torch namespace is set, torch clients are refused and ddprun's are greeted at once", "[server][torch]") {
+TEST_CASE("where no torch namespace is set, torch clients are refused unanswered and ddprun's are greeted", "[server][torch]") {
   ServerThread server;
-  auto ddprun = server.client("a");
+  auto ddprun = server.client("a");  // sends the frame magic first: greeted at once
   ddprun->set("k", "v");
-  TorchClient t(server.port(), Dialect::kTorchLegacy);
-  t.send(TorchClient::q(Query::kGetNumKeys));
-  CHECK(t.closed());
-  CHECK(eventually([&] { return server.stats().counters.refused_torch == 1; }));
-  testing::RawConnection raw(server.port());  // greeted before it says anything
+  // No greeting that torch's client would read as its reply: the connection just closes.
+  for (Dialect d : {Dialect::kTorchLegacy, Dialect::kTorch}) {
+    testing::RawConnection raw(server.port());
+    auto first = d == Dialect::kTorch ? TorchClient::q(Query::kValidate, {}, {}, rdzv::torch_wire::kValidateMagic)
+                                      : TorchClient::q(Query::kGetNumKeys);
+    raw.send_bytes(rdzv::torch_wire::encode(first, d));
+    CHECK(raw.read_until_closed().empty());
+  }
+  CHECK(eventually([&] { return server.stats().counters.refused_torch == 2; }));
+  testing::RawConnection raw(server.port());  // an older client that waits for the greeting
+  auto t0 = std::chrono::steady_clock::now();
   auto challenge = raw.read_frame(2s);
   REQUIRE(challenge.has_value());
   CHECK(challenge->header.type == rdzv::wire::Type::kChallenge);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 150ms);  // after the grace for a first byte
   CHECK(ddprun->get("k", 5s) == "v");
 }
 
@@ -337,4 +344,76 @@ TEST_CASE("torch connections obey the memory budget and the per-connection wait 
     CHECK(t.closed());
     CHECK(eventually([&] { return server.stats().waiters == 0; }));
   }
+}
+
+TEST_CASE("torch: ADD reads the stored value as std::stoll does", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient keeper(server.port());
+  const std::vector<std::pair<std::string, int64_t>> readable = {
+      {" 8", 9}, {"8 ", 9}, {"+8", 9}, {"8x", 9}, {"\t7", 8}, {"0x10", 1}, {"-0", 1}, {" \n-5z", -4}};
+  for (const auto& [text, after] : readable) {
+    INFO("stored '" << text << "'");
+    TorchClient t(server.port());
+    t.set("p", text);
+    CHECK(t.add("p", 1) == after);
+    CHECK(t.get("p") == std::to_string(after));
+  }
+  for (std::string text : {"", " ", "abc", "+", "+-1", "- 1", "99999999999999999999"}) {
+    INFO("stored '" << text << "'");
+    TorchClient t(server.port());
+    t.set("bad", text);
+    t.send(TorchClient::q(Query::kAdd, {"bad"}, {}, 1));
+    CHECK(t.closed());
+  }
+  // ddprun's own ADD stays strict on the same namespace.
+  auto ddprun = server.client("job1");
+  ddprun->set("strict", "8x");
+  CHECK_THROWS_AS(ddprun->add("strict", 1), rdzv::StoreError);
+}
+
+TEST_CASE("torch: keys of up to 8 KiB on the wire, as torch's libuv server takes", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient t(server.port());
+  const std::string longest(8192, 'k');
+  t.set(longest, "v");
+  CHECK(t.get(longest) == "v");
+  CHECK(t.check({longest}));
+  t.send(TorchClient::q(Query::kWait, {longest}));
+  CHECK(t.u8() == rdzv::torch_wire::kStopWaiting);
+  t.send(TorchClient::q(Query::kDeleteKey, {longest}));
+  CHECK(t.i64() == 1);
+  t.set(longest + "k", "v");
+  CHECK(t.closed());
+}
+
+TEST_CASE("a held torch namespace keeps its keys with no connection until the next one is set", "[server][torch]") {
+  rdzv::ServerOptions o = torch_options("attempt_0");
+  o.hold_torch_namespace = true;
+  ServerThread server(o);
+  {
+    TorchClient t(server.port());
+    t.set("x", "1");
+  }
+  CHECK(eventually([&] { return server.stats().connections == 0; }));  // no connection left in it
+  CHECK(server.stats().namespaces == 1);
+  {
+    TorchClient t(server.port());
+    CHECK(t.get("x") == "1");
+  }
+  CHECK(server.stats().keys == 1);
+  server.set_torch_namespace("attempt_1");
+  CHECK(eventually([&] { return server.stats().keys == 0 && server.stats().namespaces == 1; }));
+  TorchClient t(server.port());
+  CHECK(t.get("x").empty());
+}
+
+TEST_CASE("without hold, a torch namespace goes with its last connection", "[server][torch]") {
+  ServerThread server(torch_options());
+  {
+    TorchClient t(server.port());
+    t.set("x", "1");
+  }
+  CHECK(eventually([&] { return server.stats().namespaces == 0; }));
+  TorchClient t(server.port());
+  CHECK(t.get("x").empty());
 }

@@ -30,6 +30,7 @@ class ServerThread {
   }
 
   uint16_t port() const { return server_->port(); }
+  void set_torch_namespace(std::string ns) { server_->set_torch_namespace(std::move(ns)); }
   // The thread the server runs on.
   std::thread::id thread_id() const { return thread_.get_id(); }
 

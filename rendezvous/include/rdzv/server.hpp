@@ -37,9 +37,18 @@ struct ServerOptions {
   // authentication: each is confined to this one namespace. Empty: they are refused, and
   // the server greets every connection at once as before (PROTOCOL.md, "torch's dialects").
   std::string torch_namespace;
+  // Keeps the current torch_namespace and its keys while no connection is in it, as
+  // torch's own server keeps every key while it lives, until set_torch_namespace() moves
+  // on (then the old one goes as its last connection leaves) or the server stops.
+  // false: a namespace goes with its last connection, the torch one too (the daemon,
+  // so that the next job of the same id starts clean).
+  bool hold_torch_namespace = false;
   // Called on the server's thread once for each torch connection admitted, with the
   // peer's address, its dialect and the namespace it joined (ddp-rendezvous logs it).
   std::function<void(const std::string& peer, Dialect dialect, const std::string& ns)> on_torch_client;
+  // Called on the server's thread once for each torch connection refused because no torch
+  // namespace is set, with the peer's address (ddp-rendezvous logs it).
+  std::function<void(const std::string& peer)> on_torch_refused;
 };
 
 struct ServerStats {
@@ -73,7 +82,9 @@ class StoreServer {
   void set_credentials(std::string token, std::string secret);
 
   // Replaces ServerOptions::torch_namespace for torch connections that arrive from now
-  // on (ddprun moves its torch workers to each attempt's namespace). Safe from any thread.
+  // on (ddprun moves its torch workers to each attempt's namespace); with
+  // ServerOptions::hold_torch_namespace, holds the new one and lets go of the old one.
+  // Safe from any thread.
   void set_torch_namespace(std::string ns);
 
   // Opens one more port (0: an ephemeral one; returns it) on ServerOptions::host, served

@@ -17,7 +17,9 @@ enum class Dialect : uint8_t {
 inline constexpr size_t kDialects = 3;
 
 struct ServerCounters {
-  std::array<uint64_t, kDialects> connections_open{};   // by dialect, once it is known
+  // Open connections by dialect, counted once admitted: ddprun's once its HELLO
+  // succeeded, torch's once it joined its job's namespace.
+  std::array<uint64_t, kDialects> connections_open{};
   std::array<uint64_t, kDialects> connections_total{};  // admitted since start, by dialect
   std::array<uint64_t, 256> ddprun_requests{};          // by wire::Type
   std::array<uint64_t, 64> torch_requests{};            // by torch's query type, 2.x numbering (1.13's mapped onto it)

@@ -11,6 +11,7 @@
 // libuv: those records are listed in kLibuvAnswers with libuv's answer.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <regex>
@@ -41,6 +42,13 @@ const std::map<std::string, std::string> kLibuvAnswers = {
     {"wait(['later3']) woken by a second client's compare_set",
      R"({"call": "wait(['later3']) woken by a second client's compare_set", "result": null, "woke": true})"},
 };
+
+// Records where ddp-rendezvous differs from torch's server on purpose (PROTOCOL.md, "torch's
+// dialects"): the daemon drops a job's keys when its last connection closes, so that the
+// next job with the same id starts clean; torch's server keeps them while it lives (and
+// so does ddprun's embedded store for its current attempt). Whatever the daemon answers
+// there is accepted, a timeout still within its bounds.
+const std::vector<std::string> kDaemonDrops = {"get('a') by a new client after every client left"};
 
 struct Record {
   std::string line;  // the record without "seconds"
@@ -127,6 +135,11 @@ TEST_CASE("torch's TCPStore client gets the same answers from ddprun's server as
       continue;
     }
     INFO("record " << i << " (" << want.call << ")");
+    if (std::find(kDaemonDrops.begin(), kDaemonDrops.end(), want.call) != kDaemonDrops.end()) {
+      CHECK(got.call == want.call);
+      check_timeout(got, "ddp-rendezvous");
+      continue;
+    }
     CHECK(got.line == want.line);
     differ += got.line != want.line;
     check_timeout(want, "torch's server");
