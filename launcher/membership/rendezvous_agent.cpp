@@ -60,7 +60,10 @@ RendezvousAgent::RendezvousAgent(const LaunchPlan& plan, JobLink& link, WorkerSt
       elastic_ = std::make_unique<ElasticRendezvous>(store_, plan_, stop_signal_,
                                                      silence_limit(to_ms(plan_.options.heartbeat_timeout)),
                                                      store_address(),
-                                                     [this](const std::string& address) {
+                                                     [this](const std::string& address, int attempt) {
+                                                       // Serving the attempt before the port is registered:
+                                                       // no worker reaches the store before it does.
+                                                       worker_store_.serve_attempt(link_.options().ns, attempt);
                                                        return worker_store_.offer_port(address);
                                                      });
     } catch (const rdzv::StoreError& e) {
@@ -199,7 +202,11 @@ JobLayout RendezvousAgent::fixed_join(int attempt) {
     std::string address = o.local_addr.value_or(store_.local_address());
     store_.set(contract::JobKeys(attempt).node(me),
                 plan_.hostname + "\n" + address + "\n" + std::to_string(plan_.nproc));
-    if (me == 0) store_.set(contract::JobKeys(attempt).master_port(), std::to_string(worker_store_.offer_port(address)));
+    if (me == 0) {
+      // The store serves this attempt's torch namespace before any worker can learn MASTER_PORT.
+      worker_store_.serve_attempt(link_.options().ns, attempt);
+      store_.set(contract::JobKeys(attempt).master_port(), std::to_string(worker_store_.offer_port(address)));
+    }
 
     std::vector<std::string> keys;
     for (int r = 0; r < o.nnodes; ++r) keys.push_back(contract::JobKeys(attempt).node(r));

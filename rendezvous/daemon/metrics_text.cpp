@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "protocol.hpp"
+#include "torch_wire.hpp"
 
 namespace rdzv::metrics {
 
@@ -13,16 +14,11 @@ namespace {
 
 constexpr std::array<const char*, kDialects> kProtocols = {"ddprun", "torch", "torch_legacy"};
 
-// torch's query types in its 2.x numbering (torch_wire.hpp's Query, after PyTorch's
-// QueryType); 1.13's requests are counted under these too. A number without a name is
-// shown as itself.
+// torch's query types in its 2.x numbering (1.13's requests are counted under these
+// too), named by the decoder's own table. A number without a name is shown as itself.
 const char* torch_type_name(size_t t) {
-  static constexpr std::array<const char*, 19> kNames = {
-      "VALIDATE",  "SET",       "COMPARE_SET", "GET",        "ADD",       "CHECK",     "WAIT",
-      "GETNUMKEYS", "DELETE_KEY", "APPEND",     "MULTI_GET",  "MULTI_SET", "CANCEL_WAIT", "PING",
-      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS",  "BARRIER"};
-  if (t < kNames.size()) return kNames[t];
-  return t == 63 ? "WATCH_KEY" : nullptr;  // 1.13's, refused
+  const char* name = torch_wire::query_name(static_cast<torch_wire::Query>(t));
+  return std::string_view(name) == "unknown" ? nullptr : name;
 }
 
 // The requests a ddprun client may send.

@@ -40,7 +40,7 @@ constexpr Millis kReadTimeout{5000};
 
 ElasticRendezvous::ElasticRendezvous(rdzv::TcpStore& store, const LaunchPlan& plan, std::function<int()> stop_signal,
                                      Millis silence_limit, std::string where,
-                                     std::function<int(const std::string&)> offer_port)
+                                     std::function<int(const std::string&, int)> offer_port)
     : store_(store),
       plan_(plan),
       stop_signal_(std::move(stop_signal)),
@@ -99,7 +99,7 @@ void ElasticRendezvous::register_for(int attempt) {
   me.address = plan_.options.local_addr.value_or(store_.local_address());  // --local_addr wins
   me.nproc = plan_.nproc;
   me.hint = plan_.options.node_rank_given ? plan_.options.node_rank : elastic::kNoHint;
-  me.port = offer_port_ ? offer_port_(me.address) : pick_free_port();
+  me.port = offer_port_ ? offer_port_(me.address, attempt) : pick_free_port();
   store_.set(keys.member(id_), me.encode());
   store_.append(keys.joined(), std::to_string(id_) + "\n");
   // elastic/round only grows: compare_set from what was read, until it holds >= attempt.

@@ -27,11 +27,11 @@ class ElasticRendezvous {
  public:
   // Takes this node's id (elastic/ticket). `store` and `plan` must outlive this.
   // `where`: the store's HOST:PORT, for messages. Throws rdzv::StoreError.
-  // `offer_port(address)`: the port this node registers, MASTER_PORT when it becomes
+  // `offer_port(address, attempt)`: the port this node registers for `attempt`, MASTER_PORT when it becomes
   // member 0 (WorkerStore::offer_port); unset: a free port.
   ElasticRendezvous(rdzv::TcpStore& store, const LaunchPlan& plan, std::function<int()> stop_signal,
                     std::chrono::milliseconds silence_limit, std::string where,
-                    std::function<int(const std::string&)> offer_port = {});
+                    std::function<int(const std::string&, int)> offer_port = {});
 
   int64_t id() const { return id_; }
   // The member ids (group-rank order) of the attempt join() returned last.
@@ -88,7 +88,7 @@ class ElasticRendezvous {
   std::function<int()> stop_signal_;
   std::chrono::milliseconds silence_limit_;
   std::string where_;
-  std::function<int(const std::string&)> offer_port_;
+  std::function<int(const std::string&, int)> offer_port_;
   int64_t id_ = -1;
   int registered_ = -1;  // the attempt this node registered for last
   std::vector<int64_t> members_;

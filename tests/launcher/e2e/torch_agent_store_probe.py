@@ -15,6 +15,8 @@ import argparse
 import datetime
 import os
 import signal
+import socket
+import struct
 import time
 
 import torch
@@ -68,6 +70,23 @@ def who_listens(port):
     return "another-process"
 
 
+def raw_add(key, delta):
+    """ADD as torch 1.13's wire dialect sends it, but with `key` exactly as given: torch's
+    own client puts "/" before every key, so it could never name an agent's key even in
+    the agents' namespace. Returns the counter's new value."""
+    data = key.encode()
+    request = bytes([3]) + struct.pack("<Q", len(data)) + data + struct.pack("<q", delta)  # 3: ADD
+    with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=30) as s:
+        s.sendall(request)
+        reply = b""
+        while len(reply) < 8:
+            chunk = s.recv(8 - len(reply))
+            if not chunk:
+                raise RuntimeError("the store closed the connection before answering ADD")
+            reply += chunk
+    return struct.unpack("<q", reply)[0]
+
+
 def raw_client():
     """A torch TCPStore client on MASTER_ADDR:MASTER_PORT, without the prefix torch adds."""
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
@@ -100,7 +119,7 @@ def main():
     dist.barrier()
     own = store.add(f"probe/attempt_{attempt}", 0) == 1
     earlier = attempt > 0 and store.add(f"probe/attempt_{attempt - 1}", 0) != 0
-    agents = store.add("attempt/0/exits", 0) != 0
+    agents = raw_add("attempt/0/exits", 0) != 0  # the agents count attempt 0's worker exits there
 
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
