@@ -56,8 +56,9 @@ struct WorkerEnv {
   std::string run_id;         // TORCHELASTIC_RUN_ID (and DDPRUN_RUN_ID)
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: 0 on the first attempt
   int max_restarts = 0;       // TORCHELASTIC_MAX_RESTARTS
-  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves its own store
-  // on MASTER_PORT (ddprun writes False: its store is elsewhere).
+  // TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent already serves a store on
+  // MASTER_PORT (torchrun 2.x, and ddprun unless --no_agent_store; ddprun's own runtime
+  // still uses DDPRUN_STORE_*).
   bool use_agent_store = false;
   std::optional<StoreEndpoint> store;  // ddprun's job store (Launcher::Ddprun only)
   // DDPRUN_TOKEN, when there is no ddprun store: the shared token the store rank 0
