@@ -160,6 +160,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // (empty: torch connections are refused), and its input, buffered until a request is whole.
   Dialect dialect_ = Dialect::kDdprun;
   bool dialect_known_ = false;        // until the first bytes arrive
+  bool auth_deadline_armed_ = false;  // where torch clients are admitted: once the first bytes came
   bool greeted_ = false;              // the CHALLENGE is sent
   std::string torch_ns_;
   std::unique_ptr<char[]> tin_;       // charged to the budget

@@ -9,6 +9,7 @@
 #include "raw_client.hpp"
 #include "server_fixture.hpp"
 #include "session.hpp"  // the per-connection caps
+#include "subprocess.hpp"
 #include "torch_client.hpp"
 
 using namespace std::chrono_literals;
@@ -416,4 +417,27 @@ TEST_CASE("without hold, a torch namespace goes with its last connection", "[ser
   CHECK(eventually([&] { return server.stats().namespaces == 0; }));
   TorchClient t(server.port());
   CHECK(t.get("x").empty());
+}
+
+TEST_CASE("torch 1.13: a real client idle past the first-bytes deadline keeps both connections, spinning nothing",
+          "[server][torch][slow]") {
+  // 1.13 opens a request connection and a silent watch-key connection; closing the
+  // silent one makes its watch thread spin a core, closing the other loses the store.
+  ServerThread server(torch_options());
+  std::string script =
+      "import sys, time, datetime, torch.distributed as d\n"
+      "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=10))\n"
+      "before = time.process_time()\n"
+      "time.sleep(12)\n"
+      "used = time.process_time() - before\n"
+      "s.set('k', 'v')\n"
+      "assert s.get('k') == b'v'\n"
+      "print('cpu', used)\n";
+  auto r = testing::run({"/usr/bin/python3", "-c", script, std::to_string(server.port())}, {}, 60s);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  REQUIRE(r.out.rfind("cpu ", 0) == 0);
+  double cpu = std::stod(r.out.substr(4));
+  INFO("CPU seconds used while idle: " << cpu);
+  CHECK(cpu < 0.5);
 }
