@@ -64,12 +64,13 @@ void Session::torch_refuse() {
   close(false);
 }
 
-// Makes the input buffer hold at least `at_least` bytes, charging the budget first.
-// False (closed) when the budget cannot take it.
+// Makes the input buffer hold at least `at_least` bytes, charging the budget first: it
+// doubles, up to the size of the request under way (as far as its bytes tell) or the
+// request limit. False (closed) when the budget cannot take it.
 bool Session::torch_buffer(size_t at_least) {
   if (tin_capacity_ >= at_least) return true;
-  size_t size = std::max(at_least, 2 * tin_capacity_);
-  size = std::min<size_t>(size, std::max<size_t>(at_least, server_->torch_limits_.max_body + 64));
+  size_t cap = tin_needed_ >= at_least ? tin_needed_ : server_->torch_limits_.max_body + 64;
+  size_t size = std::max(at_least, std::min(2 * tin_capacity_, cap));
   if (grow_buffer(tin_, tin_capacity_, tin_have_, size)) return true;
   ++server_->counters_.refused_memory;
   close(false);
@@ -124,9 +125,9 @@ void Session::torch_input() {
     reading_paused_ = true;
     return;
   }
-  if (tin_have_ == tin_capacity_ || tin_needed_ > tin_capacity_) {
-    if (!torch_buffer(std::max(tin_needed_, tin_have_ + 1))) return;
-  }
+  // Grown only once the bytes that came fill it: a request's declared size is no
+  // reason to allocate, or else a few bytes could pin the largest request's worth.
+  if (tin_have_ == tin_capacity_ && !torch_buffer(tin_have_ + 1)) return;
   torch_read();
 }
 

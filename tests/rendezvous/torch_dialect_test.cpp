@@ -441,3 +441,21 @@ TEST_CASE("torch 1.13: a real client idle past the first-bytes deadline keeps bo
   INFO("CPU seconds used while idle: " << cpu);
   CHECK(cpu < 0.5);
 }
+
+TEST_CASE("torch: a request's declared size allocates nothing until its bytes arrive", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient keeper(server.port());
+  const size_t idle_held = server.stats().held;
+  TorchClient t(server.port());
+  const std::string value((16u << 20) - 64, 'v');
+  std::string request = rdzv::torch_wire::encode(TorchClient::q(Query::kSet, {"big"}, {value}), rdzv::Dialect::kTorch);
+  const size_t head = 1 + 8 + 3 + 8;  // type, key, the value's length
+  t.send_raw(request.substr(0, head + 100));
+  REQUIRE(eventually([&] { return server.stats().counters.connections_open[static_cast<size_t>(Dialect::kTorch)] == 2; }));
+  std::this_thread::sleep_for(200ms);  // the server has read the bytes that came
+  auto held = server.stats().held;
+  INFO("held " << held << " bytes, " << idle_held << " with one idle connection");
+  CHECK(held < idle_held + (256u << 10));
+  t.send_raw(request.substr(head + 100));  // the rest: the buffer grows as it arrives
+  CHECK(t.get("big").size() == value.size());
+}
