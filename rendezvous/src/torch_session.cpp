@@ -65,12 +65,12 @@ void Session::torch_refuse() {
 }
 
 // Makes the input buffer hold at least `at_least` bytes, charging the budget first: it
-// doubles, up to the size of the request under way (as far as its bytes tell) or the
-// request limit. False (closed) when the budget cannot take it.
+// doubles, up to the request limit. (Not capped at the decoder's `needed`: that is the
+// end of the next field, and a request of many small fields would then grow the
+// buffer, and copy it, once per field.) False (closed) when the budget cannot take it.
 bool Session::torch_buffer(size_t at_least) {
   if (tin_capacity_ >= at_least) return true;
-  size_t cap = tin_needed_ >= at_least ? tin_needed_ : server_->torch_limits_.max_body + 64;
-  size_t size = std::max(at_least, std::min(2 * tin_capacity_, cap));
+  size_t size = std::max(at_least, std::min<size_t>(2 * tin_capacity_, server_->torch_limits_.max_body + 64));
   if (grow_buffer(tin_, tin_capacity_, tin_have_, size)) return true;
   ++server_->counters_.refused_memory;
   close(false);
