@@ -167,6 +167,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t tin_capacity_ = 0;
   size_t tin_have_ = 0;
   size_t tin_needed_ = 0;             // bytes a whole request needs at least (the decoder's word)
+  torch_wire::ScanState tin_scan_;    // how far the scan of the request at tin_'s start got
   bool torch_validated_ = false;
 };
 

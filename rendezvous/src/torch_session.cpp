@@ -94,7 +94,8 @@ void Session::torch_input() {
   while (!closed_ && !doomed_ && !output_backlogged() && tin_have_ - used >= std::max<size_t>(tin_needed_, 1)) {
     torch_wire::Decoded d;
     try {
-      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->torch_limits_);
+      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->torch_limits_,
+                             tin_scan_);
     } catch (const wire::ProtocolError&) {
       return torch_gone(true);
     }

@@ -459,3 +459,43 @@ TEST_CASE("torch: a request's declared size allocates nothing until its bytes ar
   t.send_raw(request.substr(head + 100));  // the rest: the buffer grows as it arrives
   CHECK(t.get("big").size() == value.size());
 }
+
+TEST_CASE("torch: a request trickled in small pieces is scanned once, not from its start on every read", "[server][torch]") {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 65536; ++i) keys.push_back("k" + std::to_string(100000 + i));
+  const std::string request = rdzv::torch_wire::encode(TorchClient::q(Query::kWait, keys), rdzv::Dialect::kTorch);
+  const uint64_t fields = 1 + keys.size();  // the count, then the keys
+  const size_t piece = 8 + 7;               // about one key entry
+  SECTION("the decoder, fed one piece more each time") {
+    rdzv::wire::Limits limits;
+    limits.max_key = 8192;
+    limits.max_keys = 65536;
+    rdzv::torch_wire::ScanState state;
+    const uint64_t before = rdzv::torch_wire::field_steps();
+    rdzv::torch_wire::Decoded d;
+    size_t calls = 0;
+    for (size_t have = 1; d.consumed == 0; have = std::min(request.size(), have + piece), ++calls) {
+      d = rdzv::torch_wire::decode(std::string_view(request).substr(0, have), Dialect::kTorch, limits, state);
+    }
+    CHECK(d.consumed == request.size());
+    CHECK(d.request.keys == keys);
+    const uint64_t steps = rdzv::torch_wire::field_steps() - before;
+    INFO(steps << " field steps in " << calls << " calls for " << fields << " fields");
+    CHECK(steps <= fields + calls);  // each call resumes at the field it stopped in
+  }
+  SECTION("a server reading it from a socket in pieces") {
+    ServerThread server(torch_options());
+    TorchClient t(server.port());
+    const uint64_t before = rdzv::torch_wire::field_steps();
+    const size_t pieces = 1024;
+    const size_t each = (request.size() + pieces - 1) / pieces;
+    for (size_t at = 0; at < request.size(); at += each) {
+      t.send_raw(request.substr(at, each));
+      std::this_thread::sleep_for(100us);
+    }
+    REQUIRE(eventually([&] { return server.stats().waiters == 1; }));
+    const uint64_t steps = rdzv::torch_wire::field_steps() - before;
+    INFO(steps << " field steps for " << fields << " fields in " << pieces << " pieces");
+    CHECK(steps <= fields + 2 * pieces);
+  }
+}
