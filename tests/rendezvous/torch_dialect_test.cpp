@@ -8,6 +8,7 @@
 
 #include "raw_client.hpp"
 #include "server_fixture.hpp"
+#include "server_core.hpp"  // waiter_key_checks
 #include "session.hpp"  // the per-connection caps
 #include "subprocess.hpp"
 #include "torch_client.hpp"
@@ -498,4 +499,30 @@ TEST_CASE("torch: a request trickled in small pieces is scanned once, not from i
     INFO(steps << " field steps for " << fields << " fields in " << pieces << " pieces");
     CHECK(steps <= fields + 2 * pieces);
   }
+}
+
+TEST_CASE("torch: waking a WAIT on many keys, set one by one in order, looks at each key about once", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient waiter(server.port());
+  TorchClient setter(server.port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 65536; ++i) keys.push_back("w" + std::to_string(i));
+  waiter.send(TorchClient::q(Query::kWait, keys));
+  REQUIRE(eventually([&] { return server.stats().waiters == 1; }));
+  const uint64_t before = rdzv::waiter_key_checks();
+  setter.set(keys[0], "x");
+  setter.send(TorchClient::q(Query::kDeleteKey, {keys[0]}));  // taken away again behind the cursor
+  CHECK(setter.i64() == 1);
+  std::string batch;
+  for (size_t i = 1; i < keys.size(); ++i) {
+    batch += rdzv::torch_wire::encode(TorchClient::q(Query::kSet, {keys[i]}, {"x"}), rdzv::Dialect::kTorch);
+  }
+  setter.send_raw(batch);
+  CHECK(setter.num_keys() == static_cast<int64_t>(keys.size()) - 1);
+  CHECK(waiter.silent());  // the key deleted before the last SET is still missing
+  setter.set(keys[0], "x");
+  CHECK(waiter.u8() == rdzv::torch_wire::kStopWaiting);
+  const uint64_t checks = rdzv::waiter_key_checks() - before;
+  INFO(checks << " key checks for " << keys.size() << " keys");
+  CHECK(checks <= 6 * keys.size());
 }
