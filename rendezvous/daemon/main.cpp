@@ -5,6 +5,7 @@
 //   ddp-rendezvous --port 29400 --secret-file /etc/ddprun/secret
 //   ddp-rendezvous credential --job job42 --secret-file /etc/ddprun/secret > job42.cred
 //   ddprun --rdzv_endpoint host:29400 --rdzv_id job42 --rdzv_token_file job42.cred ...   (on every node)
+#include <spdlog/async.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
@@ -96,19 +97,43 @@ std::optional<std::vector<TorchJob>> parse_torch_jobs(const std::vector<std::str
   return jobs;
 }
 
+// The lines about torch connections, written on the store's thread: they go through a
+// bounded queue to a thread of their own, so a stderr that stops being read (a paused
+// pager, a stuck log shipper) never stalls the store; when the queue is full the
+// oldest line is dropped, and the drops are counted (dropped_connection_lines()).
+constexpr size_t kConnectionLogQueue = 1024;
+
+std::shared_ptr<spdlog::details::thread_pool>& connection_log_pool() {
+  static auto pool = std::make_shared<spdlog::details::thread_pool>(kConnectionLogQueue, 1);
+  return pool;
+}
+
+spdlog::logger& connection_log() {
+  static auto logger = [] {
+    auto l = std::make_shared<spdlog::async_logger>("ddp-rendezvous-connections",
+                                                    std::make_shared<spdlog::sinks::stderr_sink_mt>(),
+                                                    connection_log_pool(), spdlog::async_overflow_policy::overrun_oldest);
+    l->set_pattern("ddp-rendezvous: %l: %v");
+    return l;
+  }();
+  return *logger;
+}
+
+size_t dropped_connection_lines() { return connection_log_pool()->overrun_counter(); }
+
 // Every torch connection is logged once: it is unauthenticated.
 void log_torch_clients(rdzv::ServerOptions& options) {
   options.on_torch_client = [](const std::string& peer, rdzv::Dialect dialect, const std::string& job) {
-    spdlog::info("torch client {} ({}) joined job '{}' unauthenticated", peer,
-                 dialect == rdzv::Dialect::kTorch ? "torch >= 2.1" : "torch 1.13", job);
+    connection_log().info("torch client {} ({}) joined job '{}' unauthenticated", peer,
+                          dialect == rdzv::Dialect::kTorch ? "torch >= 2.1" : "torch 1.13", job);
   };
 }
 
 // A torch client where none is admitted (no --torch-clients) is logged once, with the fix.
 void log_refused_torch_clients(rdzv::ServerOptions& options) {
   options.on_torch_refused = [](const std::string& peer) {
-    spdlog::warn("refused a torch TCPStore client from {}: this store admits none (ddp-rendezvous --torch-clients ID)",
-                 peer);
+    connection_log().warn(
+        "refused a torch TCPStore client from {}: this store admits none (ddp-rendezvous --torch-clients ID)", peer);
   };
 }
 
@@ -236,6 +261,9 @@ int main(int argc, char** argv) {
       }
       spdlog::info("received {}: stopped accepting; closing {} open connection(s) and exiting", signal_name(sig),
                    server.stats().connections);
+      if (size_t dropped = dropped_connection_lines(); dropped > 0) {
+        spdlog::warn("{} line(s) about torch connections were dropped: stderr did not keep up", dropped);
+      }
       server.stop();
       io.stop();
     };

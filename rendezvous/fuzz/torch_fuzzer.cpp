@@ -3,7 +3,8 @@
 // the first bytes, then one request after another. Malformed input must end in
 // ProtocolError, never a crash, an over-read or an allocation sized from an unchecked
 // length; what decodes must encode back to the same bytes; and a request cut short
-// must read as incomplete, asking for no more bytes than it really needs.
+// must read as incomplete, asking for no more bytes than it really needs; a scan resumed
+// after part of a request came decodes it as a fresh one does.
 #include <cstddef>
 #include <cstdint>
 
@@ -22,6 +23,12 @@ void decode_stream(std::string_view bytes, rdzv::Dialect dialect, const rdzv::wi
     if (encode(d.request, dialect) != bytes.substr(0, d.consumed)) __builtin_trap();
     Decoded cut = decode(bytes.substr(0, d.consumed - 1), dialect, limits);
     if (cut.consumed != 0 || cut.needed < d.consumed - 1 + 1 || cut.needed > d.consumed) __builtin_trap();
+    ScanState state;  // a scan resumed where a shorter read left it decodes the same request
+    decode(bytes.substr(0, d.consumed / 2), dialect, limits, state);
+    Decoded resumed = decode(bytes.substr(0, d.consumed), dialect, limits, state);
+    if (resumed.consumed != d.consumed || encode(resumed.request, dialect) != bytes.substr(0, d.consumed)) {
+      __builtin_trap();
+    }
     bytes.remove_prefix(d.consumed);
   }
 }

@@ -61,13 +61,6 @@ std::string KvTable::compare_set(const std::string& key, const std::string& expe
   return v == nullptr ? std::string() : *v;
 }
 
-std::vector<std::string> KvTable::keys() const {
-  std::vector<std::string> out;
-  out.reserve(map_.size());
-  for (const auto& [key, value] : map_) out.push_back(key);
-  return out;
-}
-
 bool KvTable::erase(const std::string& key) {
   auto it = map_.find(key);
   if (it == map_.end()) return false;

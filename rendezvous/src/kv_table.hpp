@@ -33,8 +33,11 @@ class KvTable {
   // The keys of `keys` that do not exist, in their order (what a timeout reports).
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
   int64_t size() const { return static_cast<int64_t>(map_.size()); }
-  // Every key, in no particular order.
-  std::vector<std::string> keys() const;
+  // Calls fn(key) for every key, in no particular order; copies nothing.
+  template <typename Fn>
+  void for_each_key(Fn&& fn) const {
+    for (const auto& entry : map_) fn(entry.first);
+  }
 
   // Bytes of memory the table holds, as the allocator counts them: its hash nodes and
   // bucket array, and the heap blocks of keys and values too long to sit inside their

@@ -4,6 +4,7 @@
 #include "rdzv/server.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/post.hpp>
 
 #include "heap_blocks.hpp"
@@ -107,6 +108,13 @@ void ServerCore::give_back_soon() noexcept {
   }
 }
 
+namespace {
+std::atomic<uint64_t> g_waiter_key_checks{0};
+}  // namespace
+
+uint64_t waiter_key_checks() { return g_waiter_key_checks.load(std::memory_order_relaxed); }
+void count_waiter_key_checks(uint64_t n) { g_waiter_key_checks.fetch_add(n, std::memory_order_relaxed); }
+
 void ServerCore::wake(Namespace& ns, const std::string& key) {
   auto it = ns.waiters.find(key);
   if (it == ns.waiters.end()) return;
@@ -126,7 +134,7 @@ void ServerCore::wake(Namespace& ns, const std::string& key) {
   std::vector<std::shared_ptr<Waiter>> still_waiting;
   for (auto& w : list) {
     if (w->done) continue;
-    if (w->torch ? !ns.torch_ready(w->keys) : !ns.table.contains_all(w->keys)) {
+    if (!ns.ready(*w)) {
       still_waiting.push_back(std::move(w));
       continue;
     }
@@ -152,7 +160,7 @@ void ServerCore::wake_one(Namespace& ns, const std::string& key) {
   if (it == ns.waiters.end()) return;
   std::shared_ptr<Waiter> first;
   for (const auto& w : it->second) {
-    if (!w->done && w->torch && ns.torch_ready(w->keys)) {
+    if (!w->done && w->torch && ns.ready(*w)) {
       first = w;
       break;
     }

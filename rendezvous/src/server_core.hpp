@@ -3,6 +3,7 @@
 // requests, and the one memory budget that everything held for clients is charged to.
 #pragma once
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -35,7 +36,13 @@ struct Waiter {
   boost::asio::steady_timer timer;
   bool done = false;
   bool torch = false;  // a torch client's: a key is also there as a non-empty queue; no timeout
+  size_t cursor = 0;   // keys before it were there when last looked at (Namespace::ready)
 };
+
+// Keys looked at by Namespace::ready() in this process so far, all threads together
+// (tests bound the work of waking a waiter on many keys).
+uint64_t waiter_key_checks();
+void count_waiter_key_checks(uint64_t n);
 
 struct Namespace {
   KvTable table;
@@ -46,14 +53,33 @@ struct Namespace {
   size_t sessions = 0;
   size_t charged = 0;  // its entry in the server's map of namespaces, charged as stored bytes
 
-  // torch's view of "exists": a key, or a queue with something in it.
+  // Whether `key` exists: in torch's view also a queue with something in it.
+  bool present(const std::string& key, bool torch) const {
+    if (table.find(key) != nullptr) return true;
+    if (!torch) return false;
+    auto q = queues.find(key);
+    return q != queues.end() && !q->second.empty();
+  }
   bool torch_ready(const std::vector<std::string>& keys) const {
-    for (const auto& k : keys) {
-      if (table.find(k) != nullptr) continue;
-      auto q = queues.find(k);
-      if (q == queues.end() || q->second.empty()) return false;
+    return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return present(k, true); });
+  }
+  // Whether all of a waiter's keys exist, going on from its cursor (the key found
+  // missing last time) so that waking it once per key set costs each key once. Past
+  // the last key, all are looked at once more (one before the cursor may have been
+  // deleted meanwhile): the cursor then stops at the first missing one.
+  bool ready(Waiter& w) const {
+    const size_t from = w.cursor;
+    while (w.cursor < w.keys.size() && present(w.keys[w.cursor], w.torch)) ++w.cursor;
+    size_t checked = w.cursor - from + 1;
+    bool all = w.cursor == w.keys.size();
+    if (all) {
+      w.cursor = 0;
+      while (w.cursor < w.keys.size() && present(w.keys[w.cursor], w.torch)) ++w.cursor;
+      checked += w.cursor + 1;
+      all = w.cursor == w.keys.size();
     }
-    return true;
+    count_waiter_key_checks(checked);
+    return all;
   }
 };
 

@@ -49,9 +49,12 @@ void Session::start(const std::string& torch_ns) {
         self->arm_auth_timer(kAuthTimeout - kGreetGrace);
       });
     });
-  } else {
-    arm_auth_timer(kAuthTimeout);  // also bounds the wait for the first bytes
   }
+  // Where torch clients are admitted, a silent connection is left open (it holds its
+  // budget charge and a connection slot): torch 1.13 opens a second connection that
+  // sends nothing unless watch_key() is used, and its request connection sends nothing
+  // before the first call; closing either makes 1.13's watch thread spin. The deadline
+  // starts with the first bytes (detect_dialect).
   read_more();
 }
 
@@ -75,6 +78,10 @@ void Session::greet() {
 // false when more bytes are needed (a read is under way), the connection is closing,
 // or it speaks torch's protocol (handled from here on by torch_session.cpp).
 bool Session::detect_dialect() {
+  if (!torch_ns_.empty() && !auth_deadline_armed_) {  // bytes came: authenticate within the deadline
+    auth_deadline_armed_ = true;
+    arm_auth_timer(kAuthTimeout);
+  }
   torch_wire::Detection d;
   try {
     d = torch_wire::detect(std::string_view(inbuf_.data(), filled_));

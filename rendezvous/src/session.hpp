@@ -160,12 +160,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // (empty: torch connections are refused), and its input, buffered until a request is whole.
   Dialect dialect_ = Dialect::kDdprun;
   bool dialect_known_ = false;        // until the first bytes arrive
+  bool auth_deadline_armed_ = false;  // where torch clients are admitted: once the first bytes came
   bool greeted_ = false;              // the CHALLENGE is sent
   std::string torch_ns_;
   std::unique_ptr<char[]> tin_;       // charged to the budget
   size_t tin_capacity_ = 0;
   size_t tin_have_ = 0;
   size_t tin_needed_ = 0;             // bytes a whole request needs at least (the decoder's word)
+  torch_wire::ScanState tin_scan_;    // how far the scan of the request at tin_'s start got
   bool torch_validated_ = false;
 };
 

@@ -64,12 +64,13 @@ void Session::torch_refuse() {
   close(false);
 }
 
-// Makes the input buffer hold at least `at_least` bytes, charging the budget first.
-// False (closed) when the budget cannot take it.
+// Makes the input buffer hold at least `at_least` bytes, charging the budget first: it
+// doubles, up to the request limit. (Not capped at the decoder's `needed`: that is the
+// end of the next field, and a request of many small fields would then grow the
+// buffer, and copy it, once per field.) False (closed) when the budget cannot take it.
 bool Session::torch_buffer(size_t at_least) {
   if (tin_capacity_ >= at_least) return true;
-  size_t size = std::max(at_least, 2 * tin_capacity_);
-  size = std::min<size_t>(size, std::max<size_t>(at_least, server_->torch_limits_.max_body + 64));
+  size_t size = std::max(at_least, std::min<size_t>(2 * tin_capacity_, server_->torch_limits_.max_body + 64));
   if (grow_buffer(tin_, tin_capacity_, tin_have_, size)) return true;
   ++server_->counters_.refused_memory;
   close(false);
@@ -93,7 +94,8 @@ void Session::torch_input() {
   while (!closed_ && !doomed_ && !output_backlogged() && tin_have_ - used >= std::max<size_t>(tin_needed_, 1)) {
     torch_wire::Decoded d;
     try {
-      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->torch_limits_);
+      d = torch_wire::decode(std::string_view(tin_.get() + used, tin_have_ - used), dialect_, server_->torch_limits_,
+                             tin_scan_);
     } catch (const wire::ProtocolError&) {
       return torch_gone(true);
     }
@@ -124,9 +126,9 @@ void Session::torch_input() {
     reading_paused_ = true;
     return;
   }
-  if (tin_have_ == tin_capacity_ || tin_needed_ > tin_capacity_) {
-    if (!torch_buffer(std::max(tin_needed_, tin_have_ + 1))) return;
-  }
+  // Grown only once the bytes that came fill it: a request's declared size is no
+  // reason to allocate, or else a few bytes could pin the largest request's worth.
+  if (tin_have_ == tin_capacity_ && !torch_buffer(tin_have_ + 1)) return;
   torch_read();
 }
 
@@ -299,13 +301,16 @@ void Session::torch_queue_pop(const std::string& key, std::string& out) {
   server_->budget_.store(-static_cast<int64_t>(freed));
 }
 
+// The reply is sized and checked before anything is copied, then the keys are written
+// straight into it: a namespace full of keys costs no uncharged copy of them.
 void Session::torch_list_keys(std::string& out) {
-  std::vector<std::string> keys = ns_->table.keys();
+  const KvTable& table = ns_->table;
   size_t reply = 8;
-  for (const auto& k : keys) reply += 8 + k.size();
+  table.for_each_key([&](const std::string& k) { reply += 8 + k.size(); });
   torch_room(reply);
-  torch_wire::put_i64(out, static_cast<int64_t>(keys.size()));
-  for (const auto& k : keys) torch_wire::put_bytes(out, k);
+  out.reserve(reply);
+  torch_wire::put_i64(out, table.size());
+  table.for_each_key([&](const std::string& k) { torch_wire::put_bytes(out, k); });
 }
 
 // torch's BARRIER (libuv): counts arrivals in `key` as decimal text; the arrival that

@@ -1,9 +1,10 @@
 // Decoding torch's TCPStore requests (torch_wire.hpp): one scan that checks every
-// length and finds where the request ends, then, only for a complete request, a
-// second pass that copies its fields out.
+// length and finds where the request ends, resumed where it stopped as more bytes
+// arrive, then, only for a complete request, a second pass that copies its fields out.
 #include "torch_wire.hpp"
 
 #include <array>
+#include <atomic>
 #include <cstring>
 
 namespace rdzv::torch_wire {
@@ -19,63 +20,11 @@ constexpr std::array<Query, 9> kLegacyQueries = {Query::kSet,  Query::kCompareSe
                                                  Query::kGetNumKeys, Query::kLegacyWatchKey, Query::kDeleteKey};
 constexpr uint8_t kLastQuery = static_cast<uint8_t>(Query::kBarrier);
 
+std::atomic<uint64_t> g_field_steps{0};
+
 // The bytes of a request are not all there yet: at least `needed` in all are.
 struct Short {
   size_t needed;
-};
-
-// Reads fields at a position, bounded by the request limit; `copy` false only checks.
-class Cursor {
- public:
-  Cursor(std::string_view in, const wire::Limits& limits, bool copy) : in_(in), limits_(limits), copy_(copy) {}
-
-  size_t pos() const { return pos_; }
-  bool copying() const { return copy_; }
-
-  template <typename T>
-  T value() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-
-  // A u64-length-prefixed string; keys are also bounded by max_key.
-  void bytes(std::string* out, bool is_key) {
-    uint64_t size = value<uint64_t>();
-    if (is_key && size > limits_.max_key) {
-      throw ProtocolError("torch request: a key of " + std::to_string(size) + " bytes (limit " +
-                          std::to_string(limits_.max_key) + ")");
-    }
-    need(size);
-    if (out != nullptr) out->assign(in_.data() + pos_, size);
-    pos_ += size;
-  }
-
-  uint64_t count() {
-    uint64_t n = value<uint64_t>();
-    if (n > limits_.max_keys) {
-      throw ProtocolError("torch request: " + std::to_string(n) + " keys (limit " + std::to_string(limits_.max_keys) +
-                          ")");
-    }
-    return n;
-  }
-
- private:
-  // Throws Short when fewer than `n` more bytes are buffered, ProtocolError when they
-  // would make the request longer than a request may be.
-  void need(uint64_t n) {
-    if (n > limits_.max_body || pos_ + n > limits_.max_body + size_t{16}) {
-      throw ProtocolError("torch request longer than " + std::to_string(limits_.max_body) + " bytes");
-    }
-    if (in_.size() - pos_ < n) throw Short{pos_ + static_cast<size_t>(n)};
-  }
-
-  std::string_view in_;
-  const wire::Limits& limits_;
-  bool copy_;
-  size_t pos_ = 0;
 };
 
 Query query_of(uint8_t type, Dialect dialect) {
@@ -87,58 +36,136 @@ Query query_of(uint8_t type, Dialect dialect) {
   throw ProtocolError("torch request: unknown query type " + std::to_string(type));
 }
 
-// One pass over a request whose type byte is already read.
-void fields(Cursor& c, Request& q) {
-  // The scan stores nothing: an incomplete request costs no allocation.
-  auto key = [&] { c.bytes(c.copying() ? &q.keys.emplace_back() : nullptr, true); };
-  auto value = [&] { c.bytes(c.copying() ? &q.values.emplace_back() : nullptr, false); };
-  switch (q.query) {
+// The kinds of field a request is made of, in order (the same order fields() reads).
+enum class Field { kU32, kI64, kCount, kKey, kValue, kEnd };
+
+// The field at `index` of a request of query `q`, with `count` keys where it has a count.
+Field field_at(Query q, uint64_t index, uint64_t count) {
+  switch (q) {
     case Query::kValidate:
-      q.number = c.value<uint32_t>();
-      if (q.number != kValidateMagic) throw ProtocolError("torch VALIDATE with a wrong magic number");
-      break;
     case Query::kPing:
-      q.number = c.value<uint32_t>();
-      break;
+      return index == 0 ? Field::kU32 : Field::kEnd;
     case Query::kSet:
     case Query::kAppend:
     case Query::kQueuePush:
-      key();
-      value();
-      break;
+      return index == 0 ? Field::kKey : index == 1 ? Field::kValue : Field::kEnd;
     case Query::kCompareSet:
-      key();
-      value();
-      value();
-      break;
+      return index == 0 ? Field::kKey : index <= 2 ? Field::kValue : Field::kEnd;
     case Query::kGet:
     case Query::kDeleteKey:
     case Query::kQueuePop:
     case Query::kQueueLen:
     case Query::kLegacyWatchKey:
-      key();
-      break;
+      return index == 0 ? Field::kKey : Field::kEnd;
     case Query::kAdd:
     case Query::kBarrier:
-      key();
-      q.number = c.value<int64_t>();
-      break;
+      return index == 0 ? Field::kKey : index == 1 ? Field::kI64 : Field::kEnd;
     case Query::kCheck:
     case Query::kWait:
     case Query::kMultiGet:
-      for (uint64_t i = 0, n = c.count(); i < n; ++i) key();
-      break;
+      return index == 0 ? Field::kCount : index <= count ? Field::kKey : Field::kEnd;
     case Query::kMultiSet:
-      for (uint64_t i = 0, n = c.count(); i < n; ++i) {
-        key();
-        value();
-      }
-      break;
+      if (index == 0) return Field::kCount;
+      if (index > 2 * count) return Field::kEnd;
+      return index % 2 == 1 ? Field::kKey : Field::kValue;
     case Query::kGetNumKeys:
     case Query::kCancelWait:
     case Query::kListKeys:
-      break;
+      return Field::kEnd;
   }
+  return Field::kEnd;
+}
+
+// Scans the fields of the request in `in` (its type byte first) from where `st` stopped,
+// checking every length; throws Short at the first field not all there (st then says
+// where to go on), ProtocolError for a length over a limit.
+void scan(std::string_view in, Query q, const wire::Limits& limits, ScanState& st) {
+  if (st.pos == 0) st.pos = 1;
+  auto need = [&](size_t at, uint64_t n) {  // as Cursor::need, at a position after the type byte
+    if (n > limits.max_body || at - 1 + n > limits.max_body + size_t{16}) {
+      throw ProtocolError("torch request longer than " + std::to_string(limits.max_body) + " bytes");
+    }
+    if (in.size() - at < n) throw Short{at + static_cast<size_t>(n)};
+  };
+  auto u64_at = [&](size_t at) {
+    need(at, 8);
+    uint64_t v;
+    std::memcpy(&v, in.data() + at, sizeof(v));
+    return v;
+  };
+  for (Field f; (f = field_at(q, st.fields, st.count)) != Field::kEnd; ++st.fields) {
+    g_field_steps.fetch_add(1, std::memory_order_relaxed);
+    switch (f) {
+      case Field::kU32:
+        need(st.pos, 4);
+        st.pos += 4;
+        break;
+      case Field::kI64:
+        need(st.pos, 8);
+        st.pos += 8;
+        break;
+      case Field::kCount: {
+        uint64_t n = u64_at(st.pos);
+        if (n > limits.max_keys) {
+          throw ProtocolError("torch request: " + std::to_string(n) + " keys (limit " +
+                              std::to_string(limits.max_keys) + ")");
+        }
+        st.count = n;
+        st.pos += 8;
+        break;
+      }
+      case Field::kKey:
+      case Field::kValue: {
+        uint64_t size = u64_at(st.pos);
+        if (f == Field::kKey && size > limits.max_key) {
+          throw ProtocolError("torch request: a key of " + std::to_string(size) + " bytes (limit " +
+                              std::to_string(limits.max_key) + ")");
+        }
+        need(st.pos + 8, size);
+        st.pos += 8 + size;
+        break;
+      }
+      case Field::kEnd:
+        break;
+    }
+  }
+}
+
+// Copies the fields of a request that scan() found whole.
+Request copy_out(std::string_view in, Query q) {
+  Request r;
+  r.query = q;
+  size_t pos = 1;
+  auto u64_at = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, in.data() + at, sizeof(v));
+    return v;
+  };
+  uint64_t count = 0;
+  for (uint64_t i = 0;; ++i) {
+    Field f = field_at(q, i, count);
+    if (f == Field::kEnd) break;
+    if (f == Field::kU32) {
+      uint32_t v;
+      std::memcpy(&v, in.data() + pos, sizeof(v));
+      r.number = v;
+      pos += 4;
+    } else if (f == Field::kI64) {
+      r.number = static_cast<int64_t>(u64_at(pos));
+      pos += 8;
+    } else if (f == Field::kCount) {
+      count = u64_at(pos);
+      r.keys.reserve(count);
+      if (q == Query::kMultiSet) r.values.reserve(count);
+      pos += 8;
+    } else {
+      size_t size = u64_at(pos);
+      (f == Field::kKey ? r.keys : r.values).emplace_back(in.data() + pos + 8, size);
+      pos += 8 + size;
+    }
+  }
+  if (q == Query::kValidate && r.number != kValidateMagic) throw ProtocolError("torch VALIDATE with a wrong magic number");
+  return r;
 }
 
 const uint8_t* magic_bytes() {
@@ -162,27 +189,31 @@ Detection detect(std::string_view b) {
   throw ProtocolError("the first byte " + std::to_string(first) + " is neither ddprun's frame nor a torch request");
 }
 
-Decoded decode(std::string_view buffered, Dialect dialect, const wire::Limits& limits) {
+Decoded decode(std::string_view buffered, Dialect dialect, const wire::Limits& limits, ScanState& state) {
   Decoded d;
   if (buffered.empty()) {
     d.needed = 1;
     return d;
   }
-  Request scan;
-  scan.query = query_of(static_cast<uint8_t>(buffered[0]), dialect);
+  const Query query = query_of(static_cast<uint8_t>(buffered[0]), dialect);
   try {
-    Cursor check(buffered.substr(1), limits, false);
-    fields(check, scan);
+    scan(buffered, query, limits, state);
   } catch (const Short& s) {
-    d.needed = 1 + s.needed;
+    d.needed = s.needed;
     return d;
   }
-  d.request.query = scan.query;
-  Cursor copy(buffered.substr(1), limits, true);
-  fields(copy, d.request);
-  d.consumed = 1 + copy.pos();
+  d.consumed = state.pos;
+  state = {};
+  d.request = copy_out(buffered, query);
   return d;
 }
+
+Decoded decode(std::string_view buffered, Dialect dialect, const wire::Limits& limits) {
+  ScanState fresh;
+  return decode(buffered, dialect, limits, fresh);
+}
+
+uint64_t field_steps() { return g_field_steps.load(std::memory_order_relaxed); }
 
 void put_bytes(std::string& out, std::string_view v) {
   put_i64(out, static_cast<int64_t>(v.size()));

@@ -86,12 +86,28 @@ struct Decoded {
   Request request;
 };
 
+// Where the scan of an incomplete request stopped, so that the next decode() of the
+// same request goes on from there rather than from its first byte: `pos` bytes of it
+// hold `fields` whole fields, `count` the key count once read. A fresh state starts a
+// request; decode() resets it once a request is whole.
+struct ScanState {
+  size_t pos = 0;
+  uint64_t fields = 0;
+  uint64_t count = 0;
+};
+
 // Decodes the request at the start of `buffered`, incrementally: it allocates nothing
 // for a request whose bytes have not all arrived, and checks every length against
 // `limits` (keys against max_key, key counts against max_keys, the whole request
 // against max_body) before allocating. Throws wire::ProtocolError for an unknown type,
-// a length over a limit, a bad VALIDATE magic.
+// a length over a limit, a bad VALIDATE magic. `state` carries the scan from one call
+// to the next while the request's bytes arrive (the same bytes, more of them).
+Decoded decode(std::string_view buffered, Dialect dialect, const wire::Limits& limits, ScanState& state);
 Decoded decode(std::string_view buffered, Dialect dialect, const wire::Limits& limits);
+
+// Fields scanned by decode() in this process so far, all threads together (tests bound
+// the work a request trickled in small pieces costs).
+uint64_t field_steps();
 
 // Encodes a request as the dialect's client sends it (tests and the fuzzer's round trip).
 std::string encode(const Request& q, Dialect dialect);

@@ -7,7 +7,9 @@
 // Each failing session must close exactly once: its will fires, its namespace's keys
 // go with its last connection, the connection count and the memory budget come back,
 // and (under AddressSanitizer in CI) nothing is used after it is freed.
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <new>
@@ -15,6 +17,7 @@
 
 #include "raw_client.hpp"
 #include "server_fixture.hpp"
+#include "torch_client.hpp"
 
 using namespace std::chrono_literals;
 
@@ -157,4 +160,33 @@ TEST_CASE("each connection is charged to the memory budget until it closes", "[s
   auto client = server.client("again");  // room again
   client->set("k", "v");
   CHECK(client->get("k", std::chrono::seconds(2)) == "v");
+}
+
+TEST_CASE("torch LIST_KEYS allocates nothing beyond its reply", "[server][memory][torch]") {
+  rdzv::ServerOptions options;
+  options.torch_namespace = "job";
+  testing::ServerThread server(options);
+  testing::TorchClient t(server.port());
+  // Keys short enough to sit inside their strings: a copy of them all (32 bytes each)
+  // is larger than the reply (8 + 8 + 9 bytes each).
+  constexpr size_t kKeys = 4000;
+  std::vector<std::string> keys, values;
+  for (size_t i = 0; i < kKeys; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof(key), "key-%05zu", i);
+    keys.emplace_back(key);
+    values.emplace_back("v");
+  }
+  t.send(testing::TorchClient::q(testing::TorchClient::Query::kMultiSet, keys, values));
+  REQUIRE(t.num_keys() == static_cast<int64_t>(kKeys));
+  const size_t reply = 8 + kKeys * (8 + 9);
+  {
+    FailAllocations fail(server.thread_id(), reply + 8 * 1024);
+    t.send(testing::TorchClient::q(testing::TorchClient::Query::kListKeys));
+    REQUIRE(t.i64() == static_cast<int64_t>(kKeys));
+    std::vector<std::string> listed;
+    for (size_t i = 0; i < kKeys; ++i) listed.push_back(t.bytes());
+    std::sort(listed.begin(), listed.end());
+    CHECK(listed == keys);
+  }
 }

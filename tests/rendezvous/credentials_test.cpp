@@ -1,7 +1,10 @@
 // The ddp-rendezvous daemon as a real process: per-job credentials derived from its
 // secret, the shared token beside them, `credential --job`, and its signals (SIGHUP
 // re-reads the key files, SIGTERM drains). Clients are the real TcpStore, on loopback.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <regex>
@@ -247,4 +250,27 @@ TEST_CASE("the daemon's --torch-clients takes valid job ids, one per listener", 
   auto bad_port = testing::run({kRendezvousBin, "--port=0", "--torch-clients=a=70000"}, {}, 10s);
   CHECK(bad_port.status == 2);
   CHECK_THAT(bad_port.err, Catch::Contains("ID=PORT"));
+}
+
+TEST_CASE("a daemon whose stderr is not read goes on serving torch connections", "[daemon][torch]") {
+  // stderr is a FIFO this test holds open and never reads: once its 64 KiB fill, a
+  // write to it blocks. Each torch connection is logged; the store must not stall.
+  TempDir dir;
+  const auto fifo = dir / "stderr";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(reader >= 0);
+  Process daemon({"/bin/bash", "-c", "exec \"$0\" \"$@\" 2>" + fifo.string(), kRendezvousBin, "--host", "127.0.0.1",
+                  "--port", "0", "--torch-clients", "alpha"});
+  std::smatch m;
+  std::regex listening(R"(listening on 127\.0\.0\.1:(\d+))");
+  REQUIRE(daemon.wait_for_stdout([&](const std::string& out) { return std::regex_search(out, m, listening); }, 10s));
+  std::string out = daemon.out();
+  REQUIRE(std::regex_search(out, m, listening));
+  const auto port = static_cast<uint16_t>(std::stoi(m[1]));
+  for (int i = 0; i < 3000; ++i) testing::TorchClient passing(port);  // ~100 bytes of log each
+  testing::TorchClient last(port);
+  last.set("k", "v");
+  CHECK(last.get("k") == "v");
+  close(reader);
 }

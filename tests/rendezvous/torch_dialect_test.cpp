@@ -8,7 +8,9 @@
 
 #include "raw_client.hpp"
 #include "server_fixture.hpp"
+#include "server_core.hpp"  // waiter_key_checks
 #include "session.hpp"  // the per-connection caps
+#include "subprocess.hpp"
 #include "torch_client.hpp"
 
 using namespace std::chrono_literals;
@@ -416,4 +418,111 @@ TEST_CASE("without hold, a torch namespace goes with its last connection", "[ser
   CHECK(eventually([&] { return server.stats().namespaces == 0; }));
   TorchClient t(server.port());
   CHECK(t.get("x").empty());
+}
+
+TEST_CASE("torch 1.13: a real client idle past the first-bytes deadline keeps both connections, spinning nothing",
+          "[server][torch][slow]") {
+  // 1.13 opens a request connection and a silent watch-key connection; closing the
+  // silent one makes its watch thread spin a core, closing the other loses the store.
+  ServerThread server(torch_options());
+  std::string script =
+      "import sys, time, datetime, torch.distributed as d\n"
+      "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=10))\n"
+      "before = time.process_time()\n"
+      "time.sleep(12)\n"
+      "used = time.process_time() - before\n"
+      "s.set('k', 'v')\n"
+      "assert s.get('k') == b'v'\n"
+      "print('cpu', used)\n";
+  auto r = testing::run({"/usr/bin/python3", "-c", script, std::to_string(server.port())}, {}, 60s);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  REQUIRE(r.out.rfind("cpu ", 0) == 0);
+  double cpu = std::stod(r.out.substr(4));
+  INFO("CPU seconds used while idle: " << cpu);
+  CHECK(cpu < 0.5);
+}
+
+TEST_CASE("torch: a request's declared size allocates nothing until its bytes arrive", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient keeper(server.port());
+  const size_t idle_held = server.stats().held;
+  TorchClient t(server.port());
+  const std::string value((16u << 20) - 64, 'v');
+  std::string request = rdzv::torch_wire::encode(TorchClient::q(Query::kSet, {"big"}, {value}), rdzv::Dialect::kTorch);
+  const size_t head = 1 + 8 + 3 + 8;  // type, key, the value's length
+  t.send_raw(request.substr(0, head + 100));
+  REQUIRE(eventually([&] { return server.stats().counters.connections_open[static_cast<size_t>(Dialect::kTorch)] == 2; }));
+  std::this_thread::sleep_for(200ms);  // the server has read the bytes that came
+  auto held = server.stats().held;
+  INFO("held " << held << " bytes, " << idle_held << " with one idle connection");
+  CHECK(held < idle_held + (256u << 10));
+  t.send_raw(request.substr(head + 100));  // the rest: the buffer grows as it arrives
+  CHECK(t.get("big").size() == value.size());
+}
+
+TEST_CASE("torch: a request trickled in small pieces is scanned once, not from its start on every read", "[server][torch]") {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 65536; ++i) keys.push_back("k" + std::to_string(100000 + i));
+  const std::string request = rdzv::torch_wire::encode(TorchClient::q(Query::kWait, keys), rdzv::Dialect::kTorch);
+  const uint64_t fields = 1 + keys.size();  // the count, then the keys
+  const size_t piece = 8 + 7;               // about one key entry
+  SECTION("the decoder, fed one piece more each time") {
+    rdzv::wire::Limits limits;
+    limits.max_key = 8192;
+    limits.max_keys = 65536;
+    rdzv::torch_wire::ScanState state;
+    const uint64_t before = rdzv::torch_wire::field_steps();
+    rdzv::torch_wire::Decoded d;
+    size_t calls = 0;
+    for (size_t have = 1; d.consumed == 0; have = std::min(request.size(), have + piece), ++calls) {
+      d = rdzv::torch_wire::decode(std::string_view(request).substr(0, have), Dialect::kTorch, limits, state);
+    }
+    CHECK(d.consumed == request.size());
+    CHECK(d.request.keys == keys);
+    const uint64_t steps = rdzv::torch_wire::field_steps() - before;
+    INFO(steps << " field steps in " << calls << " calls for " << fields << " fields");
+    CHECK(steps <= fields + calls);  // each call resumes at the field it stopped in
+  }
+  SECTION("a server reading it from a socket in pieces") {
+    ServerThread server(torch_options());
+    TorchClient t(server.port());
+    const uint64_t before = rdzv::torch_wire::field_steps();
+    const size_t pieces = 1024;
+    const size_t each = (request.size() + pieces - 1) / pieces;
+    for (size_t at = 0; at < request.size(); at += each) {
+      t.send_raw(request.substr(at, each));
+      std::this_thread::sleep_for(100us);
+    }
+    REQUIRE(eventually([&] { return server.stats().waiters == 1; }));
+    const uint64_t steps = rdzv::torch_wire::field_steps() - before;
+    INFO(steps << " field steps for " << fields << " fields in " << pieces << " pieces");
+    CHECK(steps <= fields + 2 * pieces);
+  }
+}
+
+TEST_CASE("torch: waking a WAIT on many keys, set one by one in order, looks at each key about once", "[server][torch]") {
+  ServerThread server(torch_options());
+  TorchClient waiter(server.port());
+  TorchClient setter(server.port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 65536; ++i) keys.push_back("w" + std::to_string(i));
+  waiter.send(TorchClient::q(Query::kWait, keys));
+  REQUIRE(eventually([&] { return server.stats().waiters == 1; }));
+  const uint64_t before = rdzv::waiter_key_checks();
+  setter.set(keys[0], "x");
+  setter.send(TorchClient::q(Query::kDeleteKey, {keys[0]}));  // taken away again behind the cursor
+  CHECK(setter.i64() == 1);
+  std::string batch;
+  for (size_t i = 1; i < keys.size(); ++i) {
+    batch += rdzv::torch_wire::encode(TorchClient::q(Query::kSet, {keys[i]}, {"x"}), rdzv::Dialect::kTorch);
+  }
+  setter.send_raw(batch);
+  CHECK(setter.num_keys() == static_cast<int64_t>(keys.size()) - 1);
+  CHECK(waiter.silent());  // the key deleted before the last SET is still missing
+  setter.set(keys[0], "x");
+  CHECK(waiter.u8() == rdzv::torch_wire::kStopWaiting);
+  const uint64_t checks = rdzv::waiter_key_checks() - before;
+  INFO(checks << " key checks for " << keys.size() << " keys");
+  CHECK(checks <= 6 * keys.size());
 }
