@@ -71,11 +71,13 @@ def who_listens(port):
 
 
 def raw_add(key, delta):
-    """ADD as torch 1.13's wire dialect sends it, but with `key` exactly as given: torch's
-    own client puts "/" before every key, so it could never name an agent's key even in
-    the agents' namespace. Returns the counter's new value."""
+    """ADD as torch 2.x's client sends it (VALIDATE, then ADD), but with `key` exactly as
+    given: torch's own client puts "/" before every key, so it could never name an agent's
+    key even in the agents' namespace. Any 2.x TCPStore server answers it (torchrun's agent
+    store too). Returns the counter's new value."""
     data = key.encode()
-    request = bytes([3]) + struct.pack("<Q", len(data)) + data + struct.pack("<q", delta)  # 3: ADD
+    validate = bytes([0]) + struct.pack("<I", 0x3C85F7CE)  # 0: VALIDATE, torch's magic
+    request = validate + bytes([4]) + struct.pack("<Q", len(data)) + data + struct.pack("<q", delta)  # 4: ADD
     with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=30) as s:
         s.sendall(request)
         reply = b""
