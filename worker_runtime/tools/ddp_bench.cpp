@@ -7,19 +7,40 @@
 // the output, reduce_scatter: the input); time = mean microseconds per call, the
 // largest over ranks; algbw = size / time; busbw = algbw times the bytes each
 // rank must move relative to size: all_reduce 2(n-1)/n, all_gather and
-// reduce_scatter (n-1)/n, broadcast 1.
+// reduce_scatter (n-1)/n, broadcast 1. --device cuda puts the buffers in GPU memory
+// (the GPU numbered LOCAL_RANK), where the group's nccl member moves them.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "ddp/init.hpp"
 
+#if DDPRUN_BENCH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace {
+
+#if DDPRUN_BENCH_CUDA
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+// Device memory for one buffer: what --device cuda measures.
+struct DeviceMemory {
+  void* p = nullptr;
+  explicit DeviceMemory(size_t bytes) { cuda_check(cudaMalloc(&p, std::max<size_t>(bytes, 4)), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(p); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+};
+#endif
 
 size_t parse_size(const std::string& s) {
   size_t pos = 0;
@@ -43,6 +64,7 @@ struct Config {
   double target_ms = 150;  // time spent per size (decides the iteration count)
   bool check = true;
   bool group_memory = false;
+  bool cuda = false;  // --device cuda: buffers in GPU memory (cudaMalloc)
 };
 
 double busbw_factor(const std::string& op, int n) {
@@ -58,10 +80,15 @@ struct Case {
   ddp::ProcessGroup& pg;
   std::vector<std::unique_ptr<ddp::GroupMemory>> memory;
   std::vector<std::vector<float>> heap;
+#if DDPRUN_BENCH_CUDA
+  std::vector<std::unique_ptr<DeviceMemory>> device;
+#endif
   std::span<float> in, out;
+  bool cuda;
   size_t bytes;
 
-  Case(std::string o, ddp::ProcessGroup& g, size_t b, bool group_memory) : op(std::move(o)), pg(g), bytes(b) {
+  Case(std::string o, ddp::ProcessGroup& g, size_t b, bool group_memory, bool on_cuda)
+      : op(std::move(o)), pg(g), cuda(on_cuda), bytes(b) {
     const size_t n = static_cast<size_t>(pg.size());
     const size_t count = b / sizeof(float);
     size_t in_count = count, out_count = 0;
@@ -69,18 +96,50 @@ struct Case {
     else if (op == "reduce_scatter") in_count = count / n * n, out_count = count / n;
     in = make(in_count, group_memory);
     out = make(out_count, group_memory);
-    std::fill(in.begin(), in.end(), 1.0f);
+    upload(in, std::vector<float>(in.size(), 1.0f));
   }
   std::span<float> make(size_t count, bool group_memory) {
+#if DDPRUN_BENCH_CUDA
+    if (cuda) {
+      device.push_back(std::make_unique<DeviceMemory>(count * sizeof(float)));
+      return {static_cast<float*>(device.back()->p), count};
+    }
+#endif
     if (!group_memory) return heap.emplace_back(count, 0.0f);
     memory.push_back(pg.allocate(count * sizeof(float)));
     return {reinterpret_cast<float*>(memory.back()->data()), count};
   }
+  ddp::Buffer buffer(std::span<float> s) const {
+    ddp::Buffer b = ddp::view(s);
+    if (cuda) b.device = ddp::Device::Cuda;
+    return b;
+  }
+  // Host values into a buffer, and a buffer's values back (copies for --device cuda).
+  void upload(std::span<float> dst, const std::vector<float>& v) {
+#if DDPRUN_BENCH_CUDA
+    if (cuda) {
+      cuda_check(cudaMemcpy(dst.data(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+      return;
+    }
+#endif
+    std::copy(v.begin(), v.end(), dst.begin());
+  }
+  std::vector<float> download(std::span<float> src) {
+    std::vector<float> v(src.size());
+#if DDPRUN_BENCH_CUDA
+    if (cuda) {
+      cuda_check(cudaMemcpy(v.data(), src.data(), v.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      return v;
+    }
+#endif
+    std::copy(src.begin(), src.end(), v.begin());
+    return v;
+  }
   void run() {
-    if (op == "all_reduce") pg.all_reduce(ddp::view(in));
-    else if (op == "broadcast") pg.broadcast(ddp::view(in), 0);
-    else if (op == "all_gather") pg.all_gather(ddp::view(in), ddp::view(out));
-    else pg.reduce_scatter(ddp::view(in), ddp::view(out));
+    if (op == "all_reduce") pg.all_reduce(buffer(in));
+    else if (op == "broadcast") pg.broadcast(buffer(in), 0);
+    else if (op == "all_gather") pg.all_gather(buffer(in), buffer(out));
+    else pg.reduce_scatter(buffer(in), buffer(out));
   }
   // One call on inputs that depend on the rank and the position (small integers,
   // exact in f32): whether every rank got what the collective promises. A uniform
@@ -89,9 +148,12 @@ struct Case {
   bool correct() {
     const int n = pg.size(), r = pg.rank();
     const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
-    for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+    std::vector<float> input(in.size());
+    for (size_t i = 0; i < in.size(); ++i) input[i] = value(r, i);
+    upload(in, input);
     run();
-    auto all = [](std::span<float> s, auto want) {
+    auto all = [this](std::span<float> buf, auto want) {
+      const std::vector<float> s = download(buf);
       for (size_t i = 0; i < s.size(); ++i)
         if (s[i] != want(i)) return false;
       return true;
@@ -121,7 +183,21 @@ int main(int argc, char** argv) {
   app.add_option("-c,--check", c.check, "check results (1) or not (0)");
   app.add_option("-R,--group_memory", c.group_memory,
                  "buffers from the group's own memory, ProcessGroup::allocate (1) or the heap (0)");
+  std::string device = "cpu";
+  app.add_option("-d,--device", device, "where the buffers live: cpu (host memory) or cuda (cudaMalloc, GPU local_rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
+  c.cuda = device == "cuda";
+#if !DDPRUN_BENCH_CUDA
+  if (c.cuda) {
+    std::fprintf(stderr, "ddp-bench: --device cuda: this build has no CUDA (configure with -DDDPRUN_WITH_CUDA=ON)\n");
+    return 2;
+  }
+#endif
+  if (c.cuda && c.group_memory) {
+    std::fprintf(stderr, "ddp-bench: --device cuda and --group_memory 1 exclude each other (group memory is host memory)\n");
+    return 2;
+  }
   try {
     c.min_bytes = std::max<size_t>(4, parse_size(b));
     c.max_bytes = parse_size(e);
@@ -145,13 +221,26 @@ int main(int argc, char** argv) {
   }
 
   try {
+#if DDPRUN_BENCH_CUDA
+    // Before init: NCCL takes the current device, and the buffers must live on it.
+    if (c.cuda) {
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        std::fprintf(stderr, "ddp-bench: --device cuda: no CUDA device is visible\n");
+        return 2;
+      }
+      const char* lr = std::getenv("LOCAL_RANK");
+      const int local = lr ? std::atoi(lr) : 0;
+      cuda_check(cudaSetDevice(devices == 1 ? 0 : local % devices), "cudaSetDevice");
+    }
+#endif
     auto pg = ddp::init();
     const int n = pg->size();
     const bool root = pg->rank() == 0;
     if (root) {
-      // Buffers are host memory: with backend cpu+nccl they go to the cpu member.
-      std::printf("# ddp-bench: %d ranks, backend %s, f32 sum, host buffers%s\n", n, pg->backend().c_str(),
-                  c.group_memory ? " in group memory" : "");
+      // Host buffers go to the cpu member of backend cpu+nccl, device buffers to nccl.
+      std::printf("# ddp-bench: %d ranks, backend %s, f32 sum, %s buffers%s\n", n, pg->backend().c_str(),
+                  c.cuda ? "device (cuda)" : "host", c.group_memory ? " in group memory" : "");
       std::printf("# %-14s %12s %12s %10s %10s %7s\n", "op", "size(B)", "time(us)", "algbw", "busbw", "wrong");
       std::printf("# %-14s %12s %12s %10s %10s %7s\n", "", "", "", "(GB/s)", "(GB/s)", "");
     }
@@ -165,7 +254,7 @@ int main(int argc, char** argv) {
         const size_t bytes = std::max(unit, static_cast<size_t>(sz) / unit * unit);
         if (bytes == last_bytes) continue;
         last_bytes = bytes;
-        Case k(op, *pg, bytes, c.group_memory);
+        Case k(op, *pg, bytes, c.group_memory, c.cuda);
         int wrong = 0;
         if (c.check && !k.correct()) wrong = 1;
         for (int i = 0; i < c.warmup; ++i) k.run();
