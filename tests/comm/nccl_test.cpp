@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -54,12 +55,20 @@ int cuda_devices(std::string& why) {
   return n;
 }
 
-#define SKIP_WITHOUT_GPU(devices)                      \
-  std::string why_;                                    \
-  const int devices = cuda_devices(why_);              \
-  if (devices == 0) {                                  \
-    WARN("SKIPPED: no CUDA device: " << why_);         \
-    return;                                            \
+// Where a device is expected (DDP_EXPECT_GPU=1: the GPU test double), no device
+// fails the test instead of skipping it.
+bool gpu_expected() {
+  const char* e = std::getenv("DDP_EXPECT_GPU");
+  return e != nullptr && std::string(e) == "1";
+}
+
+#define SKIP_WITHOUT_GPU(devices)                                    \
+  std::string why_;                                                  \
+  const int devices = cuda_devices(why_);                            \
+  if (devices == 0) {                                                \
+    if (gpu_expected()) FAIL("no CUDA device (DDP_EXPECT_GPU=1): " << why_); \
+    WARN("SKIPPED: no CUDA device: " << why_);                       \
+    return;                                                          \
   }
 
 // Runs `body(rank)` for `n` ranks on threads (one GPU per rank: NCCL refuses two

@@ -1,0 +1,268 @@
+// The NCCL backend end to end on the GPU test double (tests/gpu_double/): device_worker
+// under the real ddprun (and as plain processes where ddprun would end the job first),
+// with cudaMalloc'd buffers. The double's libraries come first on LD_LIBRARY_PATH
+// (CTest's ENVIRONMENT, GPU_DOUBLE_ENV), and DDP_GPU_DOUBLE_DEVICES says how many
+// devices there are (4 unless a test says otherwise).
+//
+// The collective matrix, async work and subgroups; the auto router; a peer that exits
+// or is killed; the flight recorder; a mismatch named by the stall report; ddp-bench
+// --device cuda; and each of the double's faults giving one clear error.
+#include <catch2/catch.hpp>
+#include <map>
+#include <regex>
+
+#include "e2e.hpp"
+#include "subprocess.hpp"
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kDeviceWorker = DEVICE_WORKER_BIN;
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// device_worker `args` under ddprun with `n` ranks.
+RunResult run_job(int n, const std::vector<std::string>& args, std::map<std::string, std::string> env = {},
+                  std::vector<std::string> flags = {}) {
+  ProcessOptions o;
+  o.set_env = std::move(env);
+  std::vector<std::string> argv{"--nproc_per_node=" + std::to_string(n)};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(kDeviceWorker);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(e2e::ddprun(argv), o, 120s);
+}
+
+std::string tail(const std::string& s) { return s.substr(s.size() > 6000 ? s.size() - 6000 : 0); }
+
+// Every rank's last line says all its checks passed (at least `min_checks`).
+void check_all_passed(const RunResult& r, int n, int min_checks) {
+  INFO("stdout: " << tail(r.out) << "\nstderr: " << tail(r.err));
+  CHECK(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  REQUIRE(static_cast<int>(ranks.size()) == n);
+  for (auto& [rank, lines] : ranks) {
+    REQUIRE(!lines.empty());
+    std::smatch m;
+    REQUIRE(std::regex_match(lines.back(), m, std::regex(R"(rank (\d+): (\d+) checks, 0 failed)")));
+    CHECK(std::stoi(m[1]) == rank);
+    CHECK(std::stoi(m[2]) >= min_checks);
+  }
+}
+
+// The one "ERROR <s> <type>: <what>" line of `rank`.
+std::string error_of(const std::map<int, std::vector<std::string>>& ranks, int rank) {
+  std::string found;
+  int count = 0;
+  const std::regex error("rank " + std::to_string(rank) + R"(: ERROR [\d.]+ (.*))");
+  if (!ranks.contains(rank)) return "";
+  for (const auto& line : ranks.at(rank)) {
+    std::smatch m;
+    if (std::regex_match(line, m, error)) {
+      found = m[1];
+      ++count;
+    }
+  }
+  INFO("rank " << rank << " printed " << count << " ERROR lines");
+  CHECK(count == 1);
+  return found;
+}
+
+double seconds_after(const std::string& line, const std::string& marker) {
+  auto at = line.find(marker);
+  REQUIRE(at != std::string::npos);
+  return std::stod(line.substr(at + marker.size()));
+}
+
+}  // namespace
+
+TEST_CASE("4 ranks on device buffers: every collective x dtype x op x count, async work, subgroups",
+          "[nccl][double]") {
+  check_all_passed(run_job(4, {"matrix"}, {{"DDP_BACKEND", "nccl"}}), 4, 1000);
+}
+
+TEST_CASE("3 ranks on device buffers: the matrix with blocks that do not pair up", "[nccl][double]") {
+  check_all_passed(run_job(3, {"matrix"}, {{"DDP_BACKEND", "nccl"}}), 3, 1000);
+}
+
+TEST_CASE("backend auto: host buffers go to cpu and device buffers to nccl in one job", "[nccl][double]") {
+  auto r = run_job(3, {"auto"}, {{"DDP_BACKEND", "auto"}});
+  check_all_passed(r, 3, 4);
+  for (int k = 0; k < 3; ++k) CHECK(contains(r.out, "rank " + std::to_string(k) + ": backend cpu+nccl"));
+}
+
+TEST_CASE("backend auto with more ranks than GPUs: every rank agrees on cpu", "[nccl][double]") {
+  auto r = run_job(3, {"auto"}, {{"DDP_BACKEND", "auto"}, {"DDP_GPU_DOUBLE_DEVICES", "2"}});
+  check_all_passed(r, 3, 2);
+  for (int k = 0; k < 3; ++k) CHECK(contains(r.out, "rank " + std::to_string(k) + ": backend cpu\n"));
+}
+
+TEST_CASE("the flight recorder marks a device call started at once and completed when its event fires",
+          "[nccl][double]") {
+  check_all_passed(run_job(2, {"flight"}, {{"DDP_BACKEND", "nccl"}}), 2, 0);
+}
+
+TEST_CASE("NCCL's refusals keep the group; a call past its timeout and abort() break it", "[nccl][double]") {
+  auto r = run_job(2, {"misuse"}, {{"DDP_BACKEND", "nccl"}});
+  check_all_passed(r, 2, 3);
+  CHECK(contains(r.out, "InvalidArgument: NCCL all_reduce #1 of group 0: invalid argument"));
+  CHECK(contains(r.out, "Timeout: NCCL all_reduce #4 of group 0 did not finish within 400 ms"));
+  CHECK(contains(r.out, "the test aborts rank 1"));
+}
+
+TEST_CASE("a rank that exits 0 during a device all_reduce fails the others within 5 s, naming it",
+          "[nccl][double]") {
+  auto r = run_job(3, {"exit", "1"}, {{"DDP_BACKEND", "nccl"}});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  auto ranks = e2e::by_rank(r.out);
+  REQUIRE(ranks.contains(1));
+  const double died = seconds_after(ranks[1].front(), "dying at ");
+  for (int k : {0, 2}) {
+    const std::string e = error_of(ranks, k);
+    CHECK(std::regex_search(e, std::regex(R"(^PeerError: .*rank 1 \(pid \d+\).* in all_reduce #2 of group 0)")));
+    CHECK(seconds_after(ranks[k].front() + " " + e, "ERROR ") - died < 5.0);
+  }
+}
+
+TEST_CASE("a group ended with a call still waiting for a rank that exited ends at once", "[nccl][double]") {
+  auto r = run_job(3, {"drop", "2"}, {{"DDP_BACKEND", "nccl"}, {"DDP_TIMEOUT_SEC", "60"}});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  for (int k : {0, 1}) {
+    const std::regex ended("rank " + std::to_string(k) + R"(: the group ended in ([\d.]+) s)");
+    std::smatch m;
+    REQUIRE(std::regex_search(r.out, m, ended));
+    CHECK(std::stod(m[1]) < 5.0);
+  }
+}
+
+TEST_CASE("a SIGKILLed rank fails the others within 5 s, naming it (plain processes)", "[nccl][double]") {
+  const int port = e2e::free_port();
+  std::vector<std::unique_ptr<Process>> ps;
+  for (int k = 0; k < 3; ++k) {
+    ProcessOptions o;
+    o.set_env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}, {"RANK", std::to_string(k)},
+                 {"WORLD_SIZE", "3"},          {"LOCAL_RANK", std::to_string(k)},    {"LOCAL_WORLD_SIZE", "3"},
+                 {"DDP_BACKEND", "nccl"}};
+    o.unset_env = {"DDPRUN_STORE_ADDR", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "TORCHELASTIC_RUN_ID"};
+    ps.push_back(std::make_unique<Process>(std::vector<std::string>{kDeviceWorker, "die", "2"}, o));
+  }
+  for (auto& p : ps) REQUIRE(p->wait(60s).has_value());
+  const double died = seconds_after(ps[2]->out(), "dying at ");
+  for (int k : {0, 1}) {
+    const std::string out = ps[k]->out();
+    INFO("rank " << k << " stdout: " << out << "\nstderr: " << ps[k]->err());
+    CHECK(std::regex_search(out, std::regex(R"(ERROR [\d.]+ PeerError: .*rank 2 \(pid \d+\))")));
+    CHECK(seconds_after(out, ": ERROR ") - died < 5.0);
+    CHECK(contains(out, "0 failed"));
+  }
+}
+
+TEST_CASE("ranks in different device collectives: the stall report names both calls", "[nccl][double]") {
+  auto r = run_job(2, {"mismatch"}, {{"DDP_BACKEND", "nccl"}, {"DDP_TIMEOUT_SEC", "60"}},
+                   {"--standalone", "--stall_timeout=2", "--stall_action=stop", "--grace_period=2"});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 124);
+  CHECK(contains(r.err, "stall report for job"));
+  CHECK(std::regex_search(r.err, std::regex(R"(rank 0 waits in all_reduce #2 of group 0)")));
+  CHECK(std::regex_search(r.err, std::regex(R"(rank 1 waits in all_gather #2 of group 0)")));
+}
+
+TEST_CASE("ddp-bench --device cuda runs on the nccl member when every rank has a GPU", "[nccl][double][bench]") {
+  auto r = run(e2e::ddprun({"--nproc_per_node=2", DDP_BENCH_BIN, "--device", "cuda", "-b", "8", "-e", "64K", "-f",
+                            "32", "-o", "all", "-c", "1", "--target_ms", "2"}),
+               {}, 120s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, "backend cpu+nccl, f32 sum, device (cuda) buffers"));
+  CHECK(std::regex_search(r.out, std::regex(R"(all_reduce\s+65536\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0)")));
+}
+
+TEST_CASE("ddp-bench --device cuda with more ranks than GPUs is refused with exit 2 and a reason",
+          "[nccl][double][bench]") {
+  auto r = run(e2e::ddprun({"--nproc_per_node=3", DDP_BENCH_BIN, "--device", "cuda", "-e", "64"}),
+               {.set_env = {{"DDP_GPU_DOUBLE_DEVICES", "2"}}, .unset_env = {}}, 120s);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status != 0);
+  CHECK(contains(r.out + r.err, "--device cuda needs the nccl backend"));
+  CHECK(std::regex_search(r.err, std::regex(R"(exit(code| code|ed with)?:? 2)")));
+}
+
+// ---- the double's faults: each one error of the right kind, never a hang or a crash ----
+
+namespace {
+
+struct Fault {
+  std::string knob;      // DDP_GPU_DOUBLE_FAULTS
+  std::string expect0;   // rank 0's error: "<type>: <text>" (a regex, searched)
+  std::string expect1;   // rank 1's
+};
+
+void run_fault(const Fault& f) {
+  auto r = run_job(2, {"fault"}, {{"DDP_BACKEND", "nccl"}, {"DDP_TIMEOUT_SEC", "2"}, {"DDP_GPU_DOUBLE_FAULTS", f.knob}});
+  INFO("fault " << f.knob << "\nstdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);  // each rank exits 0 once it printed its error
+  CHECK(r.seconds < 30);
+  CHECK(!contains(r.out + r.err, "Segmentation"));
+  auto ranks = e2e::by_rank(r.out);
+  CHECK(std::regex_search(error_of(ranks, 0), std::regex(f.expect0)));
+  CHECK(std::regex_search(error_of(ranks, 1), std::regex(f.expect1)));
+}
+
+}  // namespace
+
+TEST_CASE("fault init_hang: init times out on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Timeout: NCCL init: rank \\d of 2: not every rank joined within";
+  run_fault({"init_hang", e, e});
+}
+
+TEST_CASE("fault init_error: init fails on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Error: NCCL init \\(ncclCommInitRankConfig\\) failed: unhandled system error";
+  run_fault({"init_error", e, e});
+}
+
+TEST_CASE("fault unique_id_error: rank 0 names ncclGetUniqueId and rank 1 names rank 0", "[nccl][double][fault]") {
+  run_fault({"unique_id_error", "^Error: ncclGetUniqueId failed: unhandled system error", "rank 0"});
+}
+
+TEST_CASE("fault async_error: NCCL's asynchronous error fails the next wait on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Error: NCCL communicator failed: remote process exited or there was a network error";
+  run_fault({"async_error=2", e, e});
+}
+
+TEST_CASE("fault enqueue_error: a refused enqueue fails the call on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Error: NCCL all_reduce #2 of group 0 failed: unhandled system error";
+  run_fault({"enqueue_error=1", e, e});
+}
+
+TEST_CASE("fault enqueue_error on rank 1 only: rank 0 fails naming rank 1 when it exits", "[nccl][double][fault]") {
+  run_fault({"enqueue_error@1=1", "^PeerError: .*rank 1 .*all_reduce #2 of group 0",
+             "^Error: NCCL all_reduce #2 of group 0 failed: unhandled system error"});
+}
+
+TEST_CASE("fault enqueue_pending: an enqueue that never settles times out on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Timeout: NCCL all_reduce #2 of group 0 could not be enqueued within 2000 ms";
+  run_fault({"enqueue_pending=1", e, e});
+}
+
+TEST_CASE("fault event_error: a kernel fault on the stream fails the call on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Error: NCCL all_reduce #2 of group 0: CUDA error: unspecified launch failure";
+  run_fault({"event_error=1", e, e});
+}
+
+TEST_CASE("fault split_error: new_group fails on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Error: NCCL new_group: ncclCommSplit failed: unhandled system error";
+  run_fault({"split_error", e, e});
+}
+
+TEST_CASE("fault split_hang: new_group times out on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Timeout: NCCL new_group: ncclCommSplit did not finish within 2000 ms";
+  run_fault({"split_hang", e, e});
+}
+
+TEST_CASE("fault stream_error: no stream for the communicator fails init on every rank", "[nccl][double][fault]") {
+  const std::string e = "^Error: NCCL backend: cudaStreamCreateWithFlags: out of memory";
+  run_fault({"stream_error", e, e});
+}
