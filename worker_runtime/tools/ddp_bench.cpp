@@ -235,6 +235,12 @@ int main(int argc, char** argv) {
     }
 #endif
     auto pg = ddp::init();
+    if (c.cuda && pg->backend().find("nccl") == std::string::npos) {
+      // Every rank got the same group (auto agrees across ranks), so all refuse alike.
+      std::fprintf(stderr, "ddp-bench: --device cuda needs the nccl backend, but this job's group is '%s' "
+                   "(a node has fewer GPUs than ranks, or DDP_BACKEND says so)\n", pg->backend().c_str());
+      return 2;
+    }
     const int n = pg->size();
     const bool root = pg->rank() == 0;
     if (root) {
