@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "ddp/types.hpp"
@@ -119,10 +120,22 @@ bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == nc
 // ---------------------------------------------------------------------------------
 class NcclWork final : public Work::State {
  public:
-  NcclWork(std::shared_ptr<Communicator> comm, cudaEvent_t event, Clock::time_point deadline, CallId call,
-           Millis timeout)
-      : comm_(std::move(comm)), event_(event), deadline_(deadline), call_(std::move(call)), timeout_(timeout) {}
-  ~NcclWork() override { comm_->give_event(event_); }
+  NcclWork(std::shared_ptr<Communicator> comm, uint64_t ticket, cudaEvent_t event, Clock::time_point deadline,
+           CallId call, Millis timeout)
+      : comm_(std::move(comm)), ticket_(ticket), event_(event), deadline_(deadline), call_(std::move(call)),
+        timeout_(timeout) {}
+  ~NcclWork() override {
+    bool seen_done = false;
+    {
+      std::lock_guard lock(mu);
+      seen_done = done;
+    }
+    if (!seen_done && recorder_owner) {
+      comm_->orphan(ticket_, event_, std::move(recorder_owner), record);
+    } else {
+      comm_->give_event(event_);
+    }
+  }
 
   bool finished() override { return poll(); }
 
@@ -145,6 +158,7 @@ class NcclWork final : public Work::State {
     }
     cudaError_t e = cudaEventQuery(event_);
     if (e == cudaSuccess) {
+      comm_->close_orphans(ticket_);  // those issued before this one ended too
       // ncclCommAbort ends the kernels early, which fires the event too: an operation
       // seen finishing after the communicator broke is not trusted.
       complete(comm_->broken());
@@ -169,6 +183,7 @@ class NcclWork final : public Work::State {
   }
 
   std::shared_ptr<Communicator> comm_;
+  uint64_t ticket_;                  // the operation's number on comm_ (launch order)
   cudaEvent_t event_;                // recorded after the operation on the group's stream
   Clock::time_point deadline_;       // the operation's timeout, from when it was issued
   CallId call_;                      // for messages, and whose peers it waits on
@@ -200,12 +215,22 @@ Communicator::Communicator(ncclComm_t comm, int device, Millis timeout,
 Communicator::~Communicator() {
   DeviceGuard guard(device_, /*quiet=*/true);
   // Let operations still queued (async ones nobody waited for) finish, within the
-  // group's timeout, rather than cutting them off.
+  // group's timeout, rather than cutting them off; but not wait for a peer that is
+  // gone or a communicator NCCL reports failed (check() aborts it then).
   if (stream_ != nullptr && !stop_.load()) {
     auto deadline = deadline_after(timeout_);
     Backoff backoff;
-    while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() < deadline) backoff.pause();
+    const CallId ending{"the group's end", 0, "", -1};
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() < deadline && !check(ending)) {
+      backoff.pause();
+    }
   }
+  close_orphans();
+  for (Orphan& o : orphans_) {  // never ended: failed
+    o.recorder->ended(o.record, false);
+    free_events_.push_back(o.event);
+  }
+  orphans_.clear();
   release();
 }
 
@@ -275,6 +300,30 @@ void Communicator::give_event(cudaEvent_t e) {
   free_events_.push_back(e);
 }
 
+void Communicator::orphan(uint64_t ticket, cudaEvent_t e, std::shared_ptr<detail::FlightRecorder> recorder,
+                          uint64_t record) {
+  {
+    std::lock_guard lock(events_mu_);
+    // Works may be dropped in any order; keep the orphans in launch order.
+    auto at = orphans_.end();
+    while (at != orphans_.begin() && std::prev(at)->ticket > ticket) --at;
+    orphans_.insert(at, Orphan{ticket, e, std::move(recorder), record});
+  }
+  close_orphans();
+}
+
+void Communicator::close_orphans(uint64_t done_through) {
+  std::lock_guard lock(events_mu_);
+  while (!orphans_.empty()) {
+    Orphan& o = orphans_.front();
+    if (o.ticket > done_through && cudaEventQuery(o.event) == cudaErrorNotReady) break;
+    // As NcclWork::poll: an operation seen ending after the communicator broke failed.
+    o.recorder->ended(o.record, broken() == nullptr);
+    free_events_.push_back(o.event);
+    orphans_.pop_front();
+  }
+}
+
 // Frees what exists; aborting rather than ncclCommDestroy never waits for peers
 // (which may have exited already) at shutdown.
 void Communicator::release() {
@@ -291,6 +340,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
   if (auto e = broken()) std::rethrow_exception(e);
   auto deadline = deadline_after(timeout);
   cudaEvent_t event = take_event();
+  uint64_t ticket = 0;
   std::exception_ptr error;
   bool breaks = true;  // whether `error` breaks the communicator
   {
@@ -307,6 +357,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
         ncclResult_t r = settle(comm_, fn(enqueue, comm_, stream_), deadline, &stop_);
         if (r == ncclSuccess) {
           check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
+          ticket = ++launched_;
         } else if (r == ncclInProgress) {
           error = stop_.load() ? broken()
                                : std::make_exception_ptr(Timeout("NCCL " + call.label() + " could not be enqueued within " +
@@ -328,7 +379,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
     fail(error);
     std::rethrow_exception(broken());
   }
-  return std::make_shared<NcclWork>(shared_from_this(), event, deadline, std::move(call), timeout);
+  return std::make_shared<NcclWork>(shared_from_this(), ticket, event, deadline, std::move(call), timeout);
 }
 
 ncclComm_t Communicator::split(int color, int key, Millis timeout) {

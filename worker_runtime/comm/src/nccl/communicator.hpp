@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "flight_recorder.hpp"
 #include "peer_watch.hpp"
 #include "work_state.hpp"
 
@@ -88,6 +90,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   cudaEvent_t take_event();
   void give_event(cudaEvent_t e);
 
+  // A Work dropped before anyone saw its operation end hands over its completion
+  // event and flight-recorder entry: the entry is closed once the event fired (or a
+  // later operation's did, the stream being in order), so the group never looks stuck
+  // in a call nobody waits for.
+  // `ticket` is the operation's number on this communicator (launch order).
+  void orphan(uint64_t ticket, cudaEvent_t e, std::shared_ptr<detail::FlightRecorder> recorder, uint64_t record);
+  // Closes the entries of orphans whose events fired, and of those numbered up to
+  // `done_through` (a later operation's event fired: the stream runs in order).
+  void close_orphans(uint64_t done_through = 0);
+
  private:
   using EnqueueFn = ncclResult_t (*)(void* enqueue, ncclComm_t comm, cudaStream_t stream);
   std::shared_ptr<Work::State> launch_erased(CallId call, Millis timeout, void* enqueue, EnqueueFn fn);
@@ -108,6 +120,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   std::mutex events_mu_;
   std::vector<cudaEvent_t> free_events_;  // completion events ready for reuse
+  uint64_t launched_ = 0;           // operations enqueued so far (under mu_): their tickets
+  struct Orphan {
+    uint64_t ticket;
+    cudaEvent_t event;
+    std::shared_ptr<detail::FlightRecorder> recorder;
+    uint64_t record;
+  };
+  std::deque<Orphan> orphans_;            // in issue order (under events_mu_)
 };
 
 }  // namespace ddp::nccl
