@@ -287,6 +287,15 @@ void async_work(ddp::ProcessGroup& pg) {
     bufs.back()->upload(std::vector<double>(257, r + k));
     works.push_back(pg.all_reduce(bufs.back()->buf(), ReduceOp::Sum, {.async_op = true}));
   }
+  // A caller driving another GPU keeps it: the group's calls run on its own device.
+  int mine = -1, devices = 0, now = -1;
+  cuda_ok(cudaGetDevice(&mine), "cudaGetDevice");
+  cuda_ok(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  cuda_ok(cudaSetDevice((mine + 1) % devices), "cudaSetDevice");
+  works.push_back(pg.barrier({.async_op = true}));
+  cuda_ok(cudaGetDevice(&now), "cudaGetDevice");
+  check(now == (mine + 1) % devices, "the caller's current device is left as it was");
+  cuda_ok(cudaSetDevice(mine), "cudaSetDevice");
   DeviceBuffer in(DType::I64, 3), out(DType::I64, 3 * n);
   in.upload(values(r, 3));
   works.push_back(pg.all_gather(in.buf(), out.buf(), {.async_op = true}));

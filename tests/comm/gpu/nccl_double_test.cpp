@@ -103,6 +103,27 @@ TEST_CASE("backend auto with more ranks than GPUs: every rank agrees on cpu", "[
   for (int k = 0; k < 3; ++k) CHECK(contains(r.out, "rank " + std::to_string(k) + ": backend cpu\n"));
 }
 
+TEST_CASE("backend auto without a device: every rank agrees on cpu", "[nccl][double]") {
+  auto r = run_job(2, {"auto"}, {{"DDP_BACKEND", "auto"}, {"DDP_GPU_DOUBLE_DEVICES", "0"}});
+  check_all_passed(r, 2, 2);
+  for (int k = 0; k < 2; ++k) CHECK(contains(r.out, "rank " + std::to_string(k) + ": backend cpu\n"));
+}
+
+TEST_CASE("backend nccl without a device, or with fewer devices than ranks: one clear error", "[nccl][double]") {
+  auto none = run_job(2, {"fault"}, {{"DDP_BACKEND", "nccl"}, {"DDP_GPU_DOUBLE_DEVICES", "0"}});
+  INFO("stdout: " << none.out << "\nstderr: " << none.err);
+  for (int k = 0; k < 2; ++k) {
+    CHECK(std::regex_search(error_of(e2e::by_rank(none.out), k).text,
+                            std::regex("^Error: the nccl backend needs a GPU, but CUDA reports: ")));
+  }
+  auto few = run_job(3, {"fault"}, {{"DDP_BACKEND", "nccl"}, {"DDP_GPU_DOUBLE_DEVICES", "2"}, {"DDP_TIMEOUT_SEC", "20"}});
+  INFO("stdout: " << few.out << "\nstderr: " << few.err);
+  CHECK(few.seconds < 15);
+  auto ranks = e2e::by_rank(few.out);
+  CHECK(error_of(ranks, 2).text == "Error: the nccl backend puts local rank 2 on GPU 2, but 2 GPU(s) are visible");
+  for (int k = 0; k < 2; ++k) CHECK(std::regex_search(error_of(ranks, k).text, std::regex("^PeerError: .*rank 2 ")));
+}
+
 TEST_CASE("the flight recorder marks a device call started at once and completed when its event fires",
           "[nccl][double]") {
   check_all_passed(run_job(2, {"flight"}, {{"DDP_BACKEND", "nccl"}}), 2, 0);
