@@ -1,0 +1,174 @@
+// The CUDA runtime double: "device" memory (host memory the double owns, recorded
+// with the device that was current at cudaMalloc), copies and fills.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "../gpu_double.hpp"
+#include "state.hpp"
+
+namespace gpu_double {
+namespace {
+
+constexpr size_t kAlignment = 256;  // cudaMalloc's documented minimum alignment
+
+struct Allocations {
+  std::mutex mu;
+  std::map<uintptr_t, Allocation> by_base;
+};
+Allocations& allocations() {
+  static Allocations* a = new Allocations();  // never freed: stream threads may outlive statics
+  return *a;
+}
+
+// Whether [p, p + bytes) lies in device memory.
+bool is_device(const void* p, size_t bytes) {
+  Allocation a;
+  return find_allocation(p, bytes, a);
+}
+
+// Checks the sides of a copy that `kind` says are device memory.
+bool copy_args_ok(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return true;
+  if (dst == nullptr || src == nullptr) return false;
+  switch (kind) {
+    case cudaMemcpyHostToHost:
+    case cudaMemcpyDefault:
+      return true;
+    case cudaMemcpyHostToDevice:
+      return is_device(dst, bytes);
+    case cudaMemcpyDeviceToHost:
+      return is_device(src, bytes);
+    case cudaMemcpyDeviceToDevice:
+      return is_device(dst, bytes) && is_device(src, bytes);
+  }
+  return false;
+}
+
+}  // namespace
+
+bool find_allocation(const void* p, size_t bytes, Allocation& out) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(allocations().mu);
+  auto& m = allocations().by_base;
+  auto it = m.upper_bound(addr);
+  if (it == m.begin()) return false;
+  --it;
+  const Allocation& a = it->second;
+  const size_t need = bytes == 0 ? 1 : bytes;
+  if (addr < a.base || addr - a.base > a.size || a.size - (addr - a.base) < need) return false;
+  out = a;
+  return true;
+}
+
+// Registers `size` bytes of device memory on `device`; nullptr when out of memory.
+void* allocate_device(size_t size, int device) {
+  void* p = std::aligned_alloc(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment);
+  if (p == nullptr) return nullptr;
+  std::lock_guard lock(allocations().mu);
+  allocations().by_base[reinterpret_cast<uintptr_t>(p)] = Allocation{reinterpret_cast<uintptr_t>(p), size, device};
+  return p;
+}
+
+// Unregisters and frees device memory; false when `p` is not the base of an allocation.
+bool free_device(void* p) {
+  {
+    std::lock_guard lock(allocations().mu);
+    if (allocations().by_base.erase(reinterpret_cast<uintptr_t>(p)) == 0) return false;
+  }
+  std::free(p);
+  return true;
+}
+
+}  // namespace gpu_double
+
+using namespace gpu_double;
+
+extern "C" {
+// For the NCCL double's ncclMemAlloc/ncclMemFree.
+__attribute__((visibility("default"))) void* gpu_double_alloc(size_t size, int device) {
+  return allocate_device(size, device);
+}
+__attribute__((visibility("default"))) int gpu_double_free(void* p) { return free_device(p) ? 0 : -1; }
+// The device of the allocation holding [p, p + bytes), or -1 when that is not device memory.
+__attribute__((visibility("default"))) int gpu_double_device_of(const void* p, size_t bytes) {
+  Allocation a;
+  return p != nullptr && find_allocation(p, bytes, a) ? a.device : -1;
+}
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  *ptr = allocate_device(size, current_device());
+  return *ptr != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  // Unlike CUDA, the double does not synchronize the device here (see gpu_double.hpp).
+  return free_device(ptr) ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  *ptr = std::aligned_alloc(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment);
+  return *ptr != nullptr || size == 0 ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (!copy_args_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
+  auto s = resolve_stream(stream);
+  if (count > 0) enqueue_ordered(s, [dst, src, count] { std::memmove(dst, src, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (!copy_args_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
+  auto s = legacy_stream(current_device());
+  s->wait_until(enqueue_ordered(s, [dst, src, count] { std::memmove(dst, src, count); }));
+  return fail(sticky_error(s->device()));
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (count > 0 && !is_device(ptr, count)) return fail(cudaErrorInvalidValue);
+  auto s = resolve_stream(stream);
+  if (count > 0) enqueue_ordered(s, [ptr, value, count] { std::memset(ptr, value, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (count > 0 && !is_device(ptr, count)) return fail(cudaErrorInvalidValue);
+  auto s = legacy_stream(current_device());
+  s->wait_until(enqueue_ordered(s, [ptr, value, count] { std::memset(ptr, value, count); }));
+  return fail(sticky_error(s->device()));
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  if (attributes == nullptr) return fail(cudaErrorInvalidValue);
+  *attributes = cudaPointerAttributes{};
+  Allocation a;
+  if (ptr != nullptr && find_allocation(ptr, 0, a)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = a.device;
+    attributes->devicePointer = const_cast<void*>(ptr);
+    attributes->hostPointer = nullptr;
+  } else {
+    // Plain host memory: CUDA 11+ answers cudaSuccess with type Unregistered; the
+    // device it reports then is not documented (the double says -2).
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    attributes->devicePointer = nullptr;
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  return cudaSuccess;
+}
