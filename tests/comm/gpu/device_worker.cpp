@@ -12,7 +12,7 @@
 //   device_worker die <victim>  the victim SIGKILLs itself while the others wait in an
 //                               all_reduce
 //   device_worker exit <victim> the victim exits 0 while the others wait in one
-//   device_worker mismatch      rank 0 calls all_reduce, the others all_gather (stalls)
+//   device_worker mismatch      rank 0 calls broadcast, rank 1 scatter (stalls)
 //   device_worker drop <victim> the victim exits 0; the others end their group with an
 //                               async all_reduce left unwaited
 //   device_worker fault         init, a subgroup and all_reduces until one fails (the
@@ -363,17 +363,17 @@ int routed(ddp::ProcessGroup& pg) {
   std::vector<float> host(6, static_cast<float>(r + 1));
   pg.all_reduce(ddp::view(host));
   check(host == std::vector<float>(6, n * (n + 1) / 2.0f), "host all_reduce");
-  DeviceBuffer dev(DType::F32, 6);
-  dev.upload(std::vector<double>(6, r + 1));
-  if (pg.backend() == "cpu") {
+  if (pg.backend() == "cpu") {  // there may be no device at all: the refusal comes first
     try {
-      pg.all_reduce(dev.buf());
+      pg.all_reduce(Buffer{host.data(), host.size(), DType::F32, ddp::Device::Cuda});
       check(false, "a device buffer on a cpu-only group is refused");
     } catch (const ddp::InvalidArgument& e) {
       check(std::string(e.what()).find("GPU memory") != std::string::npos, "the refusal names GPU memory");
     }
     return 0;
   }
+  DeviceBuffer dev(DType::F32, 6);
+  dev.upload(std::vector<double>(6, r + 1));
   pg.all_reduce(dev.buf());
   check(same(DType::F32, dev.download(), std::vector<double>(6, n * (n + 1) / 2.0)), "device all_reduce");
   // Device and host calls in flight together: each kind on its own member.
@@ -510,15 +510,17 @@ int drop_at_exit(ddp::ProcessGroup& pg, int victim) {
   return 0;
 }
 
+// Rank 0 calls broadcast from rank 1, rank 1 scatter from rank 0: each waits for data
+// the other never sends (NCCL matches calls by position and checks nothing), a hang.
 int mismatch(ddp::ProcessGroup& pg) {
-  DeviceBuffer in(DType::F32, 256), out(DType::F32, 256 * pg.size());
-  pg.all_reduce(in.buf());
+  DeviceBuffer buf(DType::F32, 256);
+  pg.all_reduce(buf.buf());
   std::printf("rank %d: calling\n", g_rank);
   std::fflush(stdout);
   if (pg.rank() == 0) {
-    pg.all_reduce(in.buf());
+    pg.broadcast(buf.buf(), 1);
   } else {
-    pg.all_gather(in.buf(), out.buf());
+    pg.scatter(Buffer{}, buf.buf(), 0);
   }
   return 1;  // never reached: ddprun stops the stalled job
 }

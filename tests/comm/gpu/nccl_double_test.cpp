@@ -84,11 +84,11 @@ double seconds_after(const std::string& line, const std::string& marker) {
 
 TEST_CASE("4 ranks on device buffers: every collective x dtype x op x count, async work, subgroups",
           "[nccl][double]") {
-  check_all_passed(run_job(4, {"matrix"}, {{"DDP_BACKEND", "nccl"}}), 4, 1000);
+  check_all_passed(run_job(4, {"matrix"}, {{"DDP_BACKEND", "nccl"}}), 4, 600);
 }
 
 TEST_CASE("3 ranks on device buffers: the matrix with blocks that do not pair up", "[nccl][double]") {
-  check_all_passed(run_job(3, {"matrix"}, {{"DDP_BACKEND", "nccl"}}), 3, 1000);
+  check_all_passed(run_job(3, {"matrix"}, {{"DDP_BACKEND", "nccl"}}), 3, 600);
 }
 
 TEST_CASE("backend auto: host buffers go to cpu and device buffers to nccl in one job", "[nccl][double]") {
@@ -129,7 +129,7 @@ TEST_CASE("the flight recorder marks a device call started at once and completed
   check_all_passed(run_job(2, {"flight"}, {{"DDP_BACKEND", "nccl"}}), 2, 0);
 }
 
-TEST_CASE("NCCL's refusals keep the group; a call past its timeout and abort() break it", "[nccl][double]") {
+TEST_CASE("NCCL's refusals keep the group, a call past its timeout and abort() break it", "[nccl][double]") {
   auto r = run_job(2, {"misuse"}, {{"DDP_BACKEND", "nccl"}});
   check_all_passed(r, 2, 3);
   CHECK(contains(r.out, "InvalidArgument: NCCL all_reduce #1 of group 0: invalid argument"));
@@ -146,7 +146,7 @@ TEST_CASE("a rank that exits 0 during a device all_reduce fails the others withi
   const double died = seconds_after(ranks[1].front(), "dying at ");
   for (int k : {0, 2}) {
     const Failure e = error_of(ranks, k);
-    CHECK(std::regex_search(e.text, std::regex(R"(^PeerError: .*rank 1 exited 0 .* in all_reduce #2 of group 0)")));
+    CHECK(std::regex_search(e.text, std::regex(R"(^PeerError: NCCL: (peer )?rank 1 .*exited.* in all_reduce #2 of group 0)")));
     CHECK(e.at - died < 5.0);
   }
 }
@@ -179,20 +179,20 @@ TEST_CASE("a SIGKILLed rank fails the others within 5 s, naming it (plain proces
   for (int k : {0, 1}) {
     const std::string out = ps[k]->out();
     INFO("rank " << k << " stdout: " << out << "\nstderr: " << ps[k]->err());
-    CHECK(std::regex_search(out, std::regex(R"(ERROR [\d.]+ PeerError: .*rank 2 \(pid \d+\))")));
+    CHECK(std::regex_search(out, std::regex(R"(ERROR [\d.]+ PeerError: NCCL: peer rank 2 \(pid \d+ .*exited in all_reduce #2 of group 0)")));
     CHECK(seconds_after(out, ": ERROR ") - died < 5.0);
     CHECK(contains(out, "0 failed"));
   }
 }
 
-TEST_CASE("ranks in different device collectives: the stall report names both calls", "[nccl][double]") {
+TEST_CASE("ranks in different device collectives (broadcast and scatter): the stall report names both calls", "[nccl][double]") {
   auto r = run_job(2, {"mismatch"}, {{"DDP_BACKEND", "nccl"}, {"DDP_TIMEOUT_SEC", "60"}},
                    {"--standalone", "--stall_timeout=2", "--stall_action=stop", "--grace_period=2"});
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   CHECK(r.status == 124);
   CHECK(contains(r.err, "stall report for job"));
-  CHECK(std::regex_search(r.err, std::regex(R"(rank 0 waits in all_reduce #2 of group 0)")));
-  CHECK(std::regex_search(r.err, std::regex(R"(rank 1 waits in all_gather #2 of group 0)")));
+  CHECK(contains(r.err, "rank 0 waits in broadcast #2 of group 0 (broadcast 256×f32 root 1, started)"));
+  CHECK(contains(r.err, "rank 1 waits in scatter #2 of group 0 (scatter 256×f32 root 0, started)"));
 }
 
 TEST_CASE("ddp-bench --device cuda runs on the nccl member when every rank has a GPU", "[nccl][double][bench]") {
@@ -202,7 +202,16 @@ TEST_CASE("ddp-bench --device cuda runs on the nccl member when every rank has a
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   CHECK(r.status == 0);
   CHECK(contains(r.out, "backend cpu+nccl, f32 sum, device (cuda) buffers"));
-  CHECK(std::regex_search(r.out, std::regex(R"(all_reduce\s+65536\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0)")));
+  std::map<std::string, int> rows;  // op: sizes measured, each with 0 wrong
+  const std::regex row(R"(\s*(\w+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+))");
+  auto ranks = e2e::by_rank(r.out);
+  for (const auto& line : ranks[0]) {
+    std::smatch m;
+    if (!std::regex_match(line, m, row)) continue;
+    CHECK(m[3] == "0");
+    ++rows[m[1]];
+  }
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}) CHECK(rows[op] == 3);
 }
 
 TEST_CASE("ddp-bench --device cuda with more ranks than GPUs is refused with exit 2 and a reason",
@@ -283,7 +292,7 @@ TEST_CASE("fault split_error: new_group fails on every rank", "[nccl][double][fa
 }
 
 TEST_CASE("fault split_hang: new_group times out on every rank", "[nccl][double][fault]") {
-  const std::string e = "^Timeout: NCCL new_group: ncclCommSplit did not finish within 2000 ms";
+  const std::string e = "^Timeout: NCCL new_group: ncclCommSplit did not finish within \\d+ ms";
   run_fault({"split_hang", e, e});
 }
 
