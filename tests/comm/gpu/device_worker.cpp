@@ -496,6 +496,8 @@ int victim_job(ddp::ProcessGroup& pg, const std::string& mode, int victim) {
   }
   if (!fails([&] { pg.all_reduce(b.buf()); })) return 1;
   check(fails([&] { pg.barrier(); }, /*quiet=*/true), "the group stays broken");
+  // Stay a while: a survivor that left at once would be the next one its peers see go.
+  std::this_thread::sleep_for(1s);
   return 0;
 }
 

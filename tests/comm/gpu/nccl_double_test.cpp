@@ -7,9 +7,12 @@
 // The collective matrix, async work and subgroups; the auto router; a peer that exits
 // or is killed; the flight recorder; a mismatch named by the stall report; ddp-bench
 // --device cuda; and each of the double's faults giving one clear error.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <map>
 #include <regex>
+#include <thread>
 
 #include "e2e.hpp"
 #include "subprocess.hpp"
@@ -163,17 +166,55 @@ TEST_CASE("a group ended with a call still waiting for a rank that exited ends a
   }
 }
 
-TEST_CASE("a SIGKILLed rank fails the others within 5 s, naming it (plain processes)", "[nccl][double]") {
+namespace {
+
+// device_worker `args` as `n` plain processes with torchrun-style variables (rank 0
+// hosts the store): a rank that is killed does not end the others, as under ddprun.
+std::vector<std::unique_ptr<Process>> start_plain(int n, const std::vector<std::string>& args,
+                                                  const std::map<std::string, std::string>& env = {}) {
   const int port = e2e::free_port();
   std::vector<std::unique_ptr<Process>> ps;
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < n; ++k) {
     ProcessOptions o;
     o.set_env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}, {"RANK", std::to_string(k)},
-                 {"WORLD_SIZE", "3"},          {"LOCAL_RANK", std::to_string(k)},    {"LOCAL_WORLD_SIZE", "3"},
-                 {"DDP_BACKEND", "nccl"}};
+                 {"WORLD_SIZE", std::to_string(n)}, {"LOCAL_RANK", std::to_string(k)},
+                 {"LOCAL_WORLD_SIZE", std::to_string(n)}, {"DDP_BACKEND", "nccl"}};
+    o.set_env.insert(env.begin(), env.end());
     o.unset_env = {"DDPRUN_STORE_ADDR", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "TORCHELASTIC_RUN_ID"};
-    ps.push_back(std::make_unique<Process>(std::vector<std::string>{kDeviceWorker, "die", "2"}, o));
+    std::vector<std::string> argv{kDeviceWorker};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ps.push_back(std::make_unique<Process>(argv, o));
   }
+  return ps;
+}
+
+// Rank 1 of 2 is SIGKILLed while NCCL still forms a communicator with it (`fault` keeps
+// rank 1 there): rank 0 must fail within 5 s naming it, not at DDP_TIMEOUT_SEC (30 s).
+void killed_while_forming(const std::string& fault, const std::string& where) {
+  auto ps = start_plain(2, {"fault"}, {{"DDP_GPU_DOUBLE_FAULTS", fault}, {"DDP_TIMEOUT_SEC", "30"}});
+  std::this_thread::sleep_for(1500ms);  // both are in init, or in new_group's split, by now
+  ps[1]->send_signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  REQUIRE(ps[0]->wait(60s).has_value());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string out = ps[0]->out();
+  INFO("rank 0 stdout: " << out << "\nstderr: " << ps[0]->err());
+  CHECK(seconds < 5.0);
+  CHECK(std::regex_search(out, std::regex("ERROR [\\d.]+ PeerError: NCCL " + where + ": peer rank 1 ")));
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed while NCCL forms the communicator fails the others at once", "[nccl][double]") {
+  killed_while_forming("init_hang@1", "init");
+}
+
+TEST_CASE("a rank killed while NCCL splits a subgroup fails the others at once", "[nccl][double]") {
+  killed_while_forming("split_hang@1", "new_group");
+}
+
+TEST_CASE("a SIGKILLed rank fails the others within 5 s, naming it (plain processes)", "[nccl][double]") {
+  auto ps = start_plain(3, {"die", "2"});
   for (auto& p : ps) REQUIRE(p->wait(60s).has_value());
   const double died = seconds_after(ps[2]->out(), "dying at ");
   for (int k : {0, 1}) {

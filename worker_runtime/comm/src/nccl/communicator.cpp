@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <thread>
 
@@ -100,11 +101,11 @@ class DeviceGuard {
 };
 
 // Polls `comm` while a non-blocking call is in progress. Returns the settled result,
-// or ncclInProgress when `deadline` passed or `stop` was raised first.
-ncclResult_t settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, const std::atomic<bool>* stop) {
+// or ncclInProgress when `deadline` passed or `give_up()` said so first.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline, const std::function<bool()>& give_up) {
   Backoff backoff;
   while (r == ncclInProgress) {
-    if (Clock::now() >= deadline || (stop != nullptr && stop->load())) return ncclInProgress;
+    if (Clock::now() >= deadline || give_up()) return ncclInProgress;
     backoff.pause();
     if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
   }
@@ -354,7 +355,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
         // after what the caller queued there, without making its later work wait for us.
         check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
         check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-        ncclResult_t r = settle(comm_, fn(enqueue, comm_, stream_), deadline, &stop_);
+        ncclResult_t r = settle(comm_, fn(enqueue, comm_, stream_), deadline, [this] { return stop_.load(); });
         if (r == ncclSuccess) {
           check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
           ticket = ++launched_;
@@ -393,16 +394,24 @@ ncclComm_t Communicator::split(int color, int key, Millis timeout) {
     DeviceGuard guard(device_);
     ncclConfig_t config = nonblocking_config();
     ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
+    // Every rank of the parent takes part: one that is gone ends the wait at once.
+    int dead = -1;
+    auto give_up = [&] { return stop_.load() || (dead = watch_->dead_peer(-1)) >= 0; };
     // The new communicator reports the split's progress; a rank left out has none, so
     // it watches the parent (which must be quiet again before its next call anyway).
-    if (child != nullptr) r = settle(child, r, deadline, &stop_);
+    if (child != nullptr) r = settle(child, r, deadline, give_up);
     if (r == ncclSuccess || r == ncclInProgress) {
       ncclResult_t parent = ncclInProgress;
       if (ncclCommGetAsyncError(comm_, &parent) != ncclSuccess) parent = ncclInternalError;
-      parent = settle(comm_, parent, deadline, &stop_);
+      parent = settle(comm_, parent, deadline, give_up);
       if (r == ncclSuccess) r = parent;
     }
-    if (r != ncclSuccess) {
+    if (r == ncclInProgress && dead >= 0) {
+      if (child != nullptr) ncclCommAbort(child);
+      child = nullptr;
+      error = std::make_exception_ptr(PeerError(
+          dead, "NCCL new_group: " + watch_->how_gone(dead) + " in ncclCommSplit; the communicator was aborted"));
+    } else if (r != ncclSuccess) {
       std::string text = r == ncclInProgress ? "did not finish within " + ms_text(timeout)
                                               : "failed: " + nccl_text(r, child != nullptr ? child : comm_);
       if (child != nullptr) ncclCommAbort(child);
@@ -423,15 +432,21 @@ ncclComm_t Communicator::split(int color, int key, Millis timeout) {
 }
 
 // Rank 0's id is already known to all; forms the communicator within `timeout`.
-ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout) {
+ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout,
+                             const detail::PeerWatch& watch) {
   ncclUniqueId id;
   std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
   ncclConfig_t config = nonblocking_config();
   ncclComm_t comm = nullptr;
   auto deadline = deadline_after(timeout);
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (comm != nullptr) r = settle(comm, r, deadline, nullptr);
+  int dead = -1;
+  if (comm != nullptr) r = settle(comm, r, deadline, [&] { return (dead = watch.dead_peer(-1)) >= 0; });
   if (r == ncclSuccess) return comm;
+  if (r == ncclInProgress && dead >= 0) {
+    ncclCommAbort(comm);
+    throw PeerError(dead, "NCCL init: " + watch.how_gone(dead) + " while forming the communicator");
+  }
   std::string text = r == ncclInProgress ? "rank " + std::to_string(rank) + " of " + std::to_string(size) +
                                                ": not every rank joined within " + ms_text(timeout)
                                          : nccl_text(r, comm);

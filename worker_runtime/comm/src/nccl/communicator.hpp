@@ -33,8 +33,10 @@ std::string nccl_text(ncclResult_t r, ncclComm_t comm);
 void check_cuda(cudaError_t e, const std::string& what);
 
 // Forms the communicator of rank `rank` of `size` from rank 0's unique id within
-// `timeout`. Throws Timeout when not every rank joined in time, Error otherwise.
-ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout);
+// `timeout`. Throws PeerError at once when `watch` sees a rank gone, Timeout when not
+// every rank joined in time, Error otherwise.
+ncclComm_t init_communicator(const std::string& id_bytes, int size, int rank, Millis timeout,
+                             const detail::PeerWatch& watch);
 
 // One call as errors name it. Cheap to copy (short strings); the name is built only
 // when an error needs it.

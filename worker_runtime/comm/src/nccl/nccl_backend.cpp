@@ -293,7 +293,7 @@ std::unique_ptr<Backend> make_nccl_backend(const GroupSetup& setup) {
   std::string id = exchange_nccl_unique_id(*setup.store, contract::group_keys::nccl_unique_id(), setup.rank,
                                            setup.connect_timeout, setup.peers);
   auto watch = std::make_shared<const PeerWatch>(*setup.store, setup.rank, setup.size, setup.connect_timeout, setup.peers);
-  ncclComm_t comm = nccl::init_communicator(id, setup.size, setup.rank, setup.connect_timeout);
+  ncclComm_t comm = nccl::init_communicator(id, setup.size, setup.rank, setup.connect_timeout, *watch);
   auto communicator = std::make_shared<Communicator>(comm, device, setup.timeout, std::move(watch));
   return std::make_unique<NcclBackend>(setup.rank, setup.size, std::move(communicator), setup.timeout,
                                             setup.connect_timeout);
