@@ -150,7 +150,7 @@
 //    runs it in the background for a non-blocking communicator).
 //  - Waiting costs no CPU: waits sleep on a futex in the segment (a few yields
 //    first) and every change meant for a rank wakes it.
-//  - ncclGetLastError gives the calling thread's last error text. ncclMemAlloc and
+//  - ncclGetLastError gives the process's last error text (as NCCL, one for all threads). ncclMemAlloc and
 //    ncclMemFree allocate device memory on the current device. ncclGetVersion
 //    reports NCCL_VERSION_CODE of the headers.
 //  - Not implemented: ncclCommInitAll, ncclCommInitRankScalable, ncclCommShrink,

@@ -1,6 +1,8 @@
 // The CUDA runtime double: devices, versions, errors and the double's own marker.
 #include <cuda_runtime_api.h>
 
+#include <pthread.h>
+
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -23,6 +25,11 @@ Sticky& sticky() {
   static Sticky* s = new Sticky();  // never freed: stream threads may outlive statics
   return *s;
 }
+
+const int kForkHandlers = [] {
+  pthread_atfork([] { sticky().mu.lock(); }, [] { sticky().mu.unlock(); }, [] { sticky().mu.unlock(); });
+  return 0;
+}();
 
 struct ErrorText {
   cudaError_t code;

@@ -2,6 +2,8 @@
 // with the device that was current at cudaMalloc), copies and fills.
 #include <cuda_runtime_api.h>
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -22,6 +24,14 @@ Allocations& allocations() {
   static Allocations* a = new Allocations();  // never freed: stream threads may outlive statics
   return *a;
 }
+
+// Allocations stay valid in a forked child (its memory is a copy): only the lock
+// must not be held across fork().
+const int kForkHandlers = [] {
+  pthread_atfork([] { allocations().mu.lock(); }, [] { allocations().mu.unlock(); },
+                 [] { allocations().mu.unlock(); });
+  return 0;
+}();
 
 // Whether [p, p + bytes) lies in device memory.
 bool is_device(const void* p, size_t bytes) {

@@ -2,6 +2,8 @@
 // events (a point in a stream's queue) and host functions on a stream.
 #include <cuda_runtime_api.h>
 
+#include <pthread.h>
+
 #include <chrono>
 #include <map>
 
@@ -39,6 +41,19 @@ Registry& registry() {
   static Registry* r = new Registry();  // never freed: worker threads may outlive statics
   return *r;
 }
+
+// A forked child has none of its parent's worker threads: it starts with no streams
+// (CUDA does not support using a context across fork(); the double lets a child
+// start afresh, which tests that fork after using it rely on).
+const int kForkHandlers = [] {
+  pthread_atfork([] { registry().mu.lock(); }, [] { registry().mu.unlock(); },
+                 [] {
+                   registry().mu.unlock();
+                   registry().legacy.clear();
+                   registry().streams.clear();
+                 });
+  return 0;
+}();
 
 void remember(const std::shared_ptr<Stream>& s) {
   std::lock_guard lock(registry().mu);

@@ -52,6 +52,10 @@ cudaEvent_t mark(Core& c, cudaStream_t stream) {
 // non-blocking communicator (NCCL connects peers then, in the background), which
 // the double has settled already; ncclSuccess otherwise.
 ncclResult_t launch(const std::shared_ptr<Core>& core, std::vector<Call> calls) {
+  // As NCCL, work on the communicator's device: stream 0 is that device's legacy stream.
+  int caller_device = 0;
+  cudaGetDevice(&caller_device);
+  cudaSetDevice(core->device);
   std::vector<cudaStream_t> streams;
   for (const Call& c : calls)
     if (std::find(streams.begin(), streams.end(), c.stream) == streams.end()) streams.push_back(c.stream);
@@ -69,6 +73,7 @@ ncclResult_t launch(const std::shared_ptr<Core>& core, std::vector<Call> calls) 
     cudaStreamWaitEvent(streams[i], after, 0);
     mark(*core, streams[i]);
   }
+  cudaSetDevice(caller_device);
   std::lock_guard lock(core->mu);
   const bool first_launch = !core->launched;
   core->launched = true;

@@ -16,7 +16,9 @@
 namespace gpu_double::nccl {
 namespace {
 
-thread_local std::string t_last_error;
+// The last error's text: process-wide, as NCCL keeps it.
+std::mutex g_error_mu;
+char g_last_error[1024] = "";
 
 bool is_blocking(const ncclConfig_t* config, bool inherited) {
   if (config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT) return inherited;
@@ -115,7 +117,10 @@ const char* result_text(ncclResult_t r) {
 }  // namespace
 
 ncclResult_t fail(ncclResult_t r, const std::string& text) {
-  if (r != ncclSuccess && r != ncclInProgress) t_last_error = "gpu double: " + text;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::lock_guard lock(g_error_mu);
+    std::snprintf(g_last_error, sizeof(g_last_error), "gpu double: %s", text.c_str());
+  }
   return r;
 }
 
@@ -142,7 +147,7 @@ ncclResult_t ncclGetVersion(int* version) {
 
 const char* ncclGetErrorString(ncclResult_t result) { return result_text(result); }
 
-const char* ncclGetLastError(ncclComm_t /*comm*/) { return t_last_error.c_str(); }
+const char* ncclGetLastError(ncclComm_t /*comm*/) { return g_last_error; }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   trace(nullptr, "ncclGetUniqueId");

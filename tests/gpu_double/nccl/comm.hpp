@@ -70,7 +70,7 @@ struct Call {
 // Runs one fused task of `calls` (all on `core`) until done or aborted.
 void run_calls(Core& core, std::vector<Call>& calls);
 
-// Records `text` as the calling thread's last NCCL error and returns `r`.
+// Records `text` as the process's last NCCL error (ncclGetLastError) and returns `r`.
 ncclResult_t fail(ncclResult_t r, const std::string& text);
 void trace(const Core* core, const std::string& what);
 

@@ -1,0 +1,191 @@
+// The CUDA runtime double: devices, errors, memory, stream order and asynchrony,
+// events. Runs under the double (LD_LIBRARY_PATH); every case checks that first.
+#include <atomic>
+#include <future>
+
+#include "double_test_support.hpp"
+
+using namespace gpu_double_test;
+
+namespace {
+
+// A host function that blocks its stream until release() (or the destructor).
+struct Gate {
+  std::promise<void> opened;
+  std::shared_future<void> open = opened.get_future().share();
+  bool released = false;
+  static void wait(void* self) { static_cast<Gate*>(self)->open.wait(); }
+  void block(cudaStream_t s) { check_cuda(cudaLaunchHostFunc(s, &Gate::wait, this), "cudaLaunchHostFunc"); }
+  void release() {
+    if (!released) opened.set_value();
+    released = true;
+  }
+  ~Gate() { release(); }
+};
+
+}  // namespace
+
+TEST_CASE("the test runs under the double", "[double]") {
+  require_double();
+  using Version = const char* (*)();
+  auto version = reinterpret_cast<Version>(dlsym(RTLD_DEFAULT, "gpu_double_version"));
+  CHECK(std::string(version()).find("gpu double") != std::string::npos);
+  int v = 0;
+  CHECK(cudaRuntimeGetVersion(&v) == cudaSuccess);
+  CHECK(v == CUDART_VERSION);
+  CHECK(cudaDriverGetVersion(&v) == cudaSuccess);
+  CHECK(ncclGetVersion(&v) == ncclSuccess);
+  CHECK(v == NCCL_VERSION_CODE);
+}
+
+TEST_CASE("devices: count from the knob, the current device per thread, errors recorded per thread", "[double]") {
+  require_double();
+  int n = 0;
+  REQUIRE(cudaGetDeviceCount(&n) == cudaSuccess);
+  CHECK(n == 4);  // GPU_DOUBLE_ENV sets DDP_GPU_DOUBLE_DEVICES=4
+  REQUIRE(cudaSetDevice(3) == cudaSuccess);
+  int d = -1;
+  CHECK(cudaGetDevice(&d) == cudaSuccess);
+  CHECK(d == 3);
+  std::thread([] {
+    int other = -1;
+    cudaGetDevice(&other);
+    CHECK(other == 0);  // a new thread starts on device 0
+  }).join();
+
+  CHECK(cudaSetDevice(4) == cudaErrorInvalidDevice);
+  CHECK(cudaPeekAtLastError() == cudaErrorInvalidDevice);
+  CHECK(cudaGetLastError() == cudaErrorInvalidDevice);
+  CHECK(cudaGetLastError() == cudaSuccess);  // cleared
+  CHECK(std::string(cudaGetErrorString(cudaErrorNotReady)) == "device not ready");
+  CHECK(std::string(cudaGetErrorName(cudaErrorInvalidDevice)) == "cudaErrorInvalidDevice");
+  cudaSetDevice(0);
+}
+
+TEST_CASE("memory: device pointers are recorded and host pointers are refused where device memory is due", "[double]") {
+  require_double();
+  cudaSetDevice(2);
+  DeviceBuffer<int> buf(16);
+  cudaPointerAttributes a{};
+  REQUIRE(cudaPointerGetAttributes(&a, buf.ptr + 3) == cudaSuccess);
+  CHECK(a.type == cudaMemoryTypeDevice);
+  CHECK(a.device == 2);
+  std::vector<int> host(16, 5);
+  REQUIRE(cudaPointerGetAttributes(&a, host.data()) == cudaSuccess);
+  CHECK(a.type == cudaMemoryTypeUnregistered);
+
+  CHECK(cudaMemcpy(host.data(), host.data() + 1, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(buf.ptr, host.data(), 17 * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemset(host.data(), 0, 4) == cudaErrorInvalidValue);
+  CHECK(cudaFree(host.data()) == cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  buf.upload(host);
+  CHECK(cudaMemset(buf.ptr + 8, 0, 8 * sizeof(int)) == cudaSuccess);
+  const auto back = buf.download();
+  CHECK(back[7] == 5);
+  CHECK(back[8] == 0);
+  void* nothing = reinterpret_cast<void*>(1);
+  CHECK(cudaMalloc(&nothing, 0) == cudaSuccess);
+  CHECK(nothing == nullptr);
+  cudaSetDevice(0);
+}
+
+TEST_CASE("streams: work is asynchronous and in order and an event is not ready while earlier work runs", "[double]") {
+  require_double();
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  DeviceBuffer<int> buf(1024);
+  std::vector<int> ones(1024, 1);
+  buf.upload(std::vector<int>(1024, 0));
+  cudaEvent_t before = nullptr, after = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&before, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&after) == cudaSuccess);
+  CHECK(cudaEventQuery(after) == cudaSuccess);  // never recorded: complete, as in CUDA
+
+  Gate gate;
+  REQUIRE(cudaEventRecord(before, s) == cudaSuccess);
+  gate.block(s);
+  REQUIRE(cudaMemcpyAsync(buf.ptr, ones.data(), 1024 * sizeof(int), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  REQUIRE(cudaEventRecord(after, s) == cudaSuccess);
+
+  CHECK(eventually([&] { return cudaEventQuery(before) == cudaSuccess; }, 5s));
+  CHECK(stays_pending([&] { return cudaEventQuery(after); }, 100ms));
+  CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+  CHECK(cudaGetLastError() == cudaSuccess);  // NotReady is not an error
+
+  gate.release();
+  CHECK(cudaEventSynchronize(after) == cudaSuccess);
+  CHECK(cudaEventQuery(after) == cudaSuccess);
+  CHECK(cudaStreamQuery(s) == cudaSuccess);
+  CHECK(buf.download() == ones);
+  cudaEventDestroy(before);
+  cudaEventDestroy(after);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("streams: cudaStreamWaitEvent orders one stream after a point of another", "[double]") {
+  require_double();
+  cudaStream_t a = nullptr, b = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&b) == cudaSuccess);
+  DeviceBuffer<int> src(256), dst(256);
+  src.upload(std::vector<int>(256, 0));
+  dst.upload(std::vector<int>(256, 9));
+  cudaEvent_t filled = nullptr, copied = nullptr;
+  cudaEventCreate(&filled);
+  cudaEventCreate(&copied);
+
+  Gate gate;
+  gate.block(a);
+  REQUIRE(cudaMemsetAsync(src.ptr, 1, 256 * sizeof(int), a) == cudaSuccess);
+  REQUIRE(cudaEventRecord(filled, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, filled, 0) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(dst.ptr, src.ptr, 256 * sizeof(int), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+  REQUIRE(cudaEventRecord(copied, b) == cudaSuccess);
+
+  CHECK(stays_pending([&] { return cudaEventQuery(copied); }, 100ms));
+  gate.release();
+  CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+  CHECK(dst.download() == std::vector<int>(256, 0x01010101));
+  float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, filled, copied) == cudaSuccess);
+  CHECK(ms >= 0);
+  cudaEventDestroy(filled);
+  cudaEventDestroy(copied);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+TEST_CASE("streams: cudaMemcpy waits for the legacy stream and blocking streams sync with it", "[double]") {
+  require_double();
+  DeviceBuffer<int> buf(64);
+  buf.upload(std::vector<int>(64, 0));
+  {
+    Gate gate;
+    gate.block(nullptr);  // the legacy default stream
+    REQUIRE(cudaMemsetAsync(buf.ptr, 2, 64 * sizeof(int), nullptr) == cudaSuccess);
+    std::thread opener([&] {
+      std::this_thread::sleep_for(50ms);
+      gate.release();
+    });
+    const auto v = buf.download();  // cudaMemcpy: after the memset
+    opener.join();
+    CHECK(v == std::vector<int>(64, 0x02020202));
+  }
+  // Work on a blocking stream is seen by a later cudaMemcpy (the legacy stream waits for it).
+  cudaStream_t blocking = nullptr;
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  Gate gate;
+  gate.block(blocking);
+  REQUIRE(cudaMemsetAsync(buf.ptr, 3, 64 * sizeof(int), blocking) == cudaSuccess);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(50ms);
+    gate.release();
+  });
+  const auto v = buf.download();
+  opener.join();
+  CHECK(v == std::vector<int>(64, 0x03030303));
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  cudaStreamDestroy(blocking);
+}
