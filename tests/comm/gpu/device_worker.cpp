@@ -12,6 +12,7 @@
 //   device_worker die <victim>  the victim SIGKILLs itself while the others wait in an
 //                               all_reduce
 //   device_worker exit <victim> the victim exits 0 while the others wait in one
+//   device_worker subexit <victim>  the same in a subgroup of ranks 1..n-1
 //   device_worker mismatch      rank 0 calls broadcast, rank 1 scatter (stalls)
 //   device_worker drop <victim> the victim exits 0; the others end their group with an
 //                               async all_reduce left unwaited
@@ -328,6 +329,18 @@ void subgroups(ddp::ProcessGroup& pg) {
     pair->broadcast(root.buf(), 0);  // the subgroup's rank 0 is global rank 1
     check(same(DType::I32, root.download(), {1, 7}), "subgroup broadcast from its rank 0");
   }
+  if (n >= 3) {  // a subgroup of a subgroup: ranks {2, 0} of {0, 1, 2}
+    auto trio = pg.new_group({0, 1, 2});
+    auto inner = trio ? trio->new_group({2, 0}) : nullptr;
+    check((inner != nullptr) == (r == 0 || r == 2), "nested new_group membership");
+    if (inner) {
+      check(inner->rank() == (r == 2 ? 0 : 1), "nested new_group ranks");
+      DeviceBuffer b(DType::I32, 4);
+      b.upload(std::vector<double>(4, r + 1));
+      inner->all_reduce(b.buf());
+      check(same(DType::I32, b.download(), std::vector<double>(4, 4)), "nested subgroup all_reduce");
+    }
+  }
   std::vector<int> odd;
   for (int k = 1; k < n; k += 2) odd.push_back(k);
   auto odds = pg.new_group(odd);
@@ -484,12 +497,20 @@ int faulty(ddp::ProcessGroup& pg) {
   return 1;
 }
 
-int victim_job(ddp::ProcessGroup& pg, const std::string& mode, int victim) {
+int victim_job(ddp::ProcessGroup& parent, const std::string& mode, int victim) {
   DeviceBuffer b(DType::F32, 1024);
+  std::shared_ptr<ddp::ProcessGroup> sub;
+  if (mode == "subexit") {  // ranks 1..n-1; rank 0, no member, leaves at once
+    std::vector<int> members;
+    for (int k = 1; k < parent.size(); ++k) members.push_back(k);
+    sub = parent.new_group(members);
+    if (!sub) return 0;
+  }
+  ddp::ProcessGroup& pg = sub ? *sub : parent;
   pg.barrier();
-  if (pg.rank() == victim) {
+  if (parent.rank() == victim) {
     std::this_thread::sleep_for(300ms);  // the others wait in the all_reduce by now
-    std::printf("rank %d: dying at %.6f\n", g_rank, now_s());
+    std::printf("rank %d: dying (pid %d) at %.6f\n", g_rank, static_cast<int>(::getpid()), now_s());
     std::fflush(stdout);
     if (mode == "die") ::kill(::getpid(), SIGKILL);
     std::_Exit(0);
@@ -545,7 +566,7 @@ int main(int argc, char** argv) {
     else if (mode == "flight") rc = flight(*pg);
     else if (mode == "misuse") rc = misuse(*pg);
     else if (mode == "fault") rc = faulty(*pg);
-    else if (mode == "die" || mode == "exit") rc = victim_job(*pg, mode, victim);
+    else if (mode == "die" || mode == "exit" || mode == "subexit") rc = victim_job(*pg, mode, victim);
     else if (mode == "mismatch") rc = mismatch(*pg);
     else if (mode == "drop") rc = drop_at_exit(*pg, victim);
     else std::fprintf(stderr, "device_worker: unknown mode '%s'\n", mode.c_str());
@@ -555,7 +576,10 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - ending).count());
   } catch (const std::exception& e) {
     print_error(e);
-    return mode == "fault" ? 0 : 1;
+    if (mode != "fault") return 1;
+    // Stay a moment: where every rank fails alike, none should see another leave first.
+    std::this_thread::sleep_for(500ms);
+    return 0;
   }
   std::printf("rank %d: %d checks, %d failed\n", g_rank, g_checks, g_failures);
   return g_failures == 0 ? rc : 1;

@@ -146,10 +146,28 @@ TEST_CASE("a rank that exits 0 during a device all_reduce fails the others withi
   INFO("stdout: " << r.out << "\nstderr: " << r.err);
   auto ranks = e2e::by_rank(r.out);
   REQUIRE(ranks.contains(1));
-  const double died = seconds_after(ranks[1].front(), "dying at ");
+  const double died = seconds_after(ranks[1].front(), ") at ");
   for (int k : {0, 2}) {
     const Failure e = error_of(ranks, k);
     CHECK(std::regex_search(e.text, std::regex(R"(^PeerError: NCCL: (peer )?rank 1 .*exited.* in all_reduce #2 of group 0)")));
+    CHECK(e.at - died < 5.0);
+  }
+}
+
+TEST_CASE("a subgroup member that exits fails the subgroup's other members at once, naming it", "[nccl][double]") {
+  auto r = run_job(4, {"subexit", "2"}, {{"DDP_BACKEND", "nccl"}});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  REQUIRE(ranks.contains(2));
+  const double died = seconds_after(ranks[2].front(), ") at ");
+  std::smatch pid;
+  REQUIRE(std::regex_search(ranks[2].front(), pid, std::regex(R"(pid (\d+))")));
+  for (int k : {1, 3}) {
+    const Failure e = error_of(ranks, k);
+    // Named by its exit record (global rank 2) or by its pid (as the subgroup's rank 1).
+    CHECK(std::regex_search(e.text, std::regex("^PeerError: NCCL: (rank 2 exited|peer rank 1 \\(pid " + pid.str(1) +
+                                               " ).* in all_reduce #2 of group 0\\.0")));
     CHECK(e.at - died < 5.0);
   }
 }
@@ -216,7 +234,7 @@ TEST_CASE("a rank killed while NCCL splits a subgroup fails the others at once",
 TEST_CASE("a SIGKILLed rank fails the others within 5 s, naming it (plain processes)", "[nccl][double]") {
   auto ps = start_plain(3, {"die", "2"});
   for (auto& p : ps) REQUIRE(p->wait(60s).has_value());
-  const double died = seconds_after(ps[2]->out(), "dying at ");
+  const double died = seconds_after(ps[2]->out(), ") at ");
   for (int k : {0, 1}) {
     const std::string out = ps[k]->out();
     INFO("rank " << k << " stdout: " << out << "\nstderr: " << ps[k]->err());

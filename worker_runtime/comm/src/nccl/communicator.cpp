@@ -383,7 +383,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
   return std::make_shared<NcclWork>(shared_from_this(), ticket, event, deadline, std::move(call), timeout);
 }
 
-ncclComm_t Communicator::split(int color, int key, Millis timeout) {
+ncclComm_t Communicator::split(int color, int key, Millis timeout, const detail::PeerWatch& waits_on) {
   if (auto e = broken()) std::rethrow_exception(e);
   auto deadline = deadline_after(timeout);
   ncclComm_t child = nullptr;
@@ -394,9 +394,8 @@ ncclComm_t Communicator::split(int color, int key, Millis timeout) {
     DeviceGuard guard(device_);
     ncclConfig_t config = nonblocking_config();
     ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
-    // Every rank of the parent takes part: one that is gone ends the wait at once.
     int dead = -1;
-    auto give_up = [&] { return stop_.load() || (dead = watch_->dead_peer(-1)) >= 0; };
+    auto give_up = [&] { return stop_.load() || (dead = waits_on.dead_peer(-1)) >= 0; };
     // The new communicator reports the split's progress; a rank left out has none, so
     // it watches the parent (which must be quiet again before its next call anyway).
     if (child != nullptr) r = settle(child, r, deadline, give_up);
@@ -410,7 +409,7 @@ ncclComm_t Communicator::split(int color, int key, Millis timeout) {
       if (child != nullptr) ncclCommAbort(child);
       child = nullptr;
       error = std::make_exception_ptr(PeerError(
-          dead, "NCCL new_group: " + watch_->how_gone(dead) + " in ncclCommSplit; the communicator was aborted"));
+          dead, "NCCL new_group: " + waits_on.how_gone(dead) + " in ncclCommSplit; the communicator was aborted"));
     } else if (r != ncclSuccess) {
       std::string text = r == ncclInProgress ? "did not finish within " + ms_text(timeout)
                                               : "failed: " + nccl_text(r, child != nullptr ? child : comm_);

@@ -78,8 +78,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   }
 
   // Splits this communicator (collective over all its ranks). Returns the new
-  // communicator, or nullptr for color NCCL_SPLIT_NOCOLOR.
-  ncclComm_t split(int color, int key, Millis timeout);
+  // communicator, or nullptr for color NCCL_SPLIT_NOCOLOR. A rank `waits_on` sees
+  // gone ends the wait at once (a member watches the other members: a rank left out
+  // may leave as soon as its own part is done).
+  ncclComm_t split(int color, int key, Millis timeout, const detail::PeerWatch& waits_on);
 
   // The error this communicator broke with, after checking the peers `during` waits
   // on (a gone one breaks it; the error names the call) and NCCL's asynchronous

@@ -89,9 +89,11 @@ class NcclBackend final : public Backend {
     const bool member = it != ranks.end();
     const int position = member ? static_cast<int>(it - ranks.begin()) : -1;
     // Every rank takes part in the split; the key orders members as `ranks` lists them.
-    ncclComm_t child = comm_->split(member ? 0 : NCCL_SPLIT_NOCOLOR, member ? position : rank(), connect_timeout_);
+    std::shared_ptr<const PeerWatch> members = comm_->watch()->narrow(ranks);
+    ncclComm_t child = comm_->split(member ? 0 : NCCL_SPLIT_NOCOLOR, member ? position : rank(), connect_timeout_,
+                                    member ? *members : *comm_->watch());
     if (!member) return nullptr;
-    auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_, comm_->watch()->narrow(ranks));
+    auto comm = std::make_shared<Communicator>(child, comm_->device(), timeout_, std::move(members));
     return std::make_unique<NcclBackend>(position, static_cast<int>(ranks.size()), std::move(comm), timeout_,
                                               connect_timeout_);
   }
