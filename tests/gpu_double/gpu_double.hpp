@@ -94,6 +94,8 @@
 //    /dev/shm/gpu_double_<hash of the id> that its ranks map, whether they are
 //    processes or threads of one process. The segment is unlinked as soon as every
 //    rank joined, and by abort/destroy before that; a test leaves no /dev/shm entry.
+//    A segment whose joined ranks all died before the others came (SIGKILL) is
+//    unlinked by the next init on the machine.
 //  - Init: ncclCommInitRank[Config] joins the segment and waits for all ranks. With
 //    config.blocking = 0 it answers ncclInProgress and settles in the background
 //    (ncclCommGetAsyncError reports ncclInProgress, then ncclSuccess or the error).

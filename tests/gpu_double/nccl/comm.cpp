@@ -28,6 +28,7 @@ bool is_blocking(const ncclConfig_t* config, bool inherited) {
 // Waits until every rank of `c` joined its segment (or `c`, or `also`, is aborted).
 // Returns the communicator's settled state.
 ncclResult_t join(Core& c, const Core* also = nullptr) {
+  collect_stale_segments();
   auto opened = Segment::open(c.name, c.nranks);
   if (!opened) return fail(ncclSystemError, "shm_open/mmap of /" + c.name + " failed: " + std::strerror(errno));
   Segment& seg = *opened;
