@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
+
+#include <memory>
 #include <unistd.h>
 
 #include "double_test_support.hpp"
@@ -95,6 +97,31 @@ TEST_CASE("nccl: bad buffers, types and roots are refused and the communicator s
   CHECK(ncclMemFree(mem) == ncclSuccess);
   for (auto* c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
   CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK(leftovers(before).empty());
+}
+
+TEST_CASE("nccl: finalize flushes and a non-blocking one answers ncclInProgress and twice is refused",
+          "[double][nccl]") {
+  require_double();
+  const auto before = segments();
+  auto comms = local_comms(2);
+  std::vector<std::unique_ptr<DeviceBuffer<double>>> bufs;
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    bufs.push_back(std::make_unique<DeviceBuffer<double>>(100000));
+    bufs.back()->upload(std::vector<double>(100000, r + 1.0));
+    const ncclResult_t launched =
+        ncclAllReduce(bufs[r]->ptr, bufs[r]->ptr, 100000, ncclFloat64, ncclSum, comms[r], nullptr);
+    CHECK((launched == ncclSuccess || launched == ncclInProgress));
+  }
+  for (auto* c : comms) CHECK(ncclCommFinalize(c) == ncclInProgress);
+  for (auto* c : comms) CHECK(settle(c) == ncclSuccess);
+  CHECK(ncclCommFinalize(comms[0]) == ncclInvalidArgument);
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    CHECK(bufs[r]->download() == std::vector<double>(100000, 3.0));
+  }
+  for (auto* c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
   CHECK(leftovers(before).empty());
 }
 
