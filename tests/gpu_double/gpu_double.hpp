@@ -62,7 +62,11 @@
 //    whose destination is not device memory (or overruns its allocation) is
 //    cudaErrorInvalidValue; cudaMemcpyDefault checks nothing. Real CUDA with unified
 //    addressing may accept some of these (stricter here on purpose).
-//  - cudaFree frees at once; unlike CUDA it does not synchronize the device first.
+//  - cudaFree returns at once: the pointer stops being device memory, and the memory
+//    is released once every stream of its device passed the work queued before the
+//    call (checked at each later cudaFree), so queued work never touches freed
+//    memory. Real cudaFree synchronizes instead (and would wait for good behind an
+//    operation whose peer is gone); the double does not block there.
 //  - Streams: a stream is an in-order queue executed by a worker thread of its own.
 //    The legacy default stream (0 / cudaStreamLegacy) is one per device;
 //    cudaStreamPerThread is treated as the legacy stream (CUDA gives each thread its
