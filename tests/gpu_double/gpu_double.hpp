@@ -55,14 +55,18 @@
 //    current device, aligns to 256 bytes and does not zero (as CUDA). A pointer not
 //    from cudaMalloc/ncclMemAlloc is not device memory. cudaPointerGetAttributes:
 //    device memory gives cudaMemoryTypeDevice and its device; anything else
-//    cudaMemoryTypeUnregistered with device -2 (what real CUDA reports as the device
-//    then is not documented; not known).
+//    cudaMemoryTypeUnregistered with device -2 (undocumented; what CUDA 13 answered
+//    on an H200).
 //  - cudaMemcpy/cudaMemset are synchronous after the legacy stream's queue (they run
 //    on it and wait). The double checks the sides `kind` names: a HostToDevice copy
 //    whose destination is not device memory (or overruns its allocation) is
 //    cudaErrorInvalidValue; cudaMemcpyDefault checks nothing. Real CUDA with unified
 //    addressing may accept some of these (stricter here on purpose).
-//  - cudaFree frees at once; unlike CUDA it does not synchronize the device first.
+//  - cudaFree returns at once: the pointer stops being device memory, and the memory
+//    is released once every stream of its device passed the work queued before the
+//    call (checked at each later cudaFree), so queued work never touches freed
+//    memory. Real cudaFree synchronizes instead (and would wait for good behind an
+//    operation whose peer is gone); the double does not block there.
 //  - Streams: a stream is an in-order queue executed by a worker thread of its own.
 //    The legacy default stream (0 / cudaStreamLegacy) is one per device;
 //    cudaStreamPerThread is treated as the legacy stream (CUDA gives each thread its
@@ -94,23 +98,30 @@
 //    /dev/shm/gpu_double_<hash of the id> that its ranks map, whether they are
 //    processes or threads of one process. The segment is unlinked as soon as every
 //    rank joined, and by abort/destroy before that; a test leaves no /dev/shm entry.
+//    A segment whose joined ranks all died before the others came (SIGKILL) is
+//    unlinked by the next init on the machine.
 //  - Init: ncclCommInitRank[Config] joins the segment and waits for all ranks. With
 //    config.blocking = 0 it answers ncclInProgress and settles in the background
 //    (ncclCommGetAsyncError reports ncclInProgress, then ncclSuccess or the error).
 //    Two ranks of one communicator on the same device of the same host (hostname and
 //    network namespace: the project's multi-node tests run "hosts" in namespaces):
-//    ncclInvalidUsage on every rank, as NCCL refuses duplicate GPUs.
+//    ncclInvalidUsage on every rank, as NCCL refuses duplicate GPUs (NCCL 2.28.3 on
+//    an H200: both ranks, "Duplicate GPU detected" in ncclGetLastError).
 //  - Calls: all_reduce, broadcast (and ncclBcast), reduce, all_gather,
 //    reduce_scatter, send, recv. Each is checked (comm, dtype, op, root/peer range,
 //    and that the buffers this rank uses are device memory large enough: a host
-//    pointer is ncclInvalidArgument; real NCCL would fault on a short buffer instead)
+//    pointer is ncclInvalidArgument; real NCCL would fault on a short buffer instead,
+//    and NCCL 2.28.3 on an H200 (one rank) accepted a malloc'd host pointer
+//    without an error: the refusal is the double's, stricter than NCCL)
 //    and enqueued onto the given stream; it runs there between the ranks through the
 //    segment. Calls while the communicator is still forming or splitting:
 //    ncclInvalidUsage; after it failed: its error.
 //  - A non-blocking communicator's first launched call (or group) answers
-//    ncclInProgress, as NCCL's does while it connects peers in the background; the
-//    double has already settled it (ncclCommGetAsyncError says ncclSuccess). Later
-//    calls answer ncclSuccess (NCCL may answer ncclInProgress more often).
+//    ncclInProgress, which NCCL may answer while it connects peers in the background;
+//    the double has already settled it (ncclCommGetAsyncError says ncclSuccess).
+//    Later calls answer ncclSuccess. Not known for several ranks: NCCL 2.28.3 on an
+//    H200 answered ncclSuccess to the first all_reduce of a one-rank communicator.
+//    The double answers ncclInProgress so that callers' settling path runs.
 //  - Groups: ncclGroupStart/End (nestable) fuse the calls between them into one task
 //    per communicator that progresses all its sends and receives together, so
 //    gather/scatter/all_to_all written as send/recv loops do not deadlock. Calls of
@@ -133,7 +144,8 @@
 //    first (PreMulSum), so the last bit may differ.
 //  - Split: ncclCommSplit exchanges (color, key) through the parent's segment; ranks
 //    of one color form a child ordered by (key, parent rank); NCCL_SPLIT_NOCOLOR gives
-//    *newcomm = nullptr. As in NCCL 2.28 (read from its source), the call answers
+//    *newcomm = nullptr. As in NCCL 2.28 (read from its source, and seen on an H200
+//    with NCCL 2.28.3 for a color and for NCCL_SPLIT_NOCOLOR), the call answers
 //    ncclSuccess even for a non-blocking parent: *newcomm stays null until the split
 //    completed, the parent reports ncclInProgress until then, and the child is
 //    stored to *newcomm from the background before the parent reports the outcome.
@@ -146,8 +158,9 @@
 //    run as no-ops), joins its background work and frees it. A split in progress
 //    sees its parent's abort within 100 ms. ncclCommDestroy first waits for the
 //    communicator's queued operations (for good if a peer is gone, as NCCL), then
-//    frees it. ncclCommFinalize waits for them and answers ncclSuccess (real NCCL
-//    runs it in the background for a non-blocking communicator).
+//    frees it. ncclCommFinalize waits for them; a non-blocking communicator answers
+//    ncclInProgress and reports the flush through ncclCommGetAsyncError (as NCCL
+//    2.28.3 did on an H200); a second finalize is ncclInvalidArgument.
 //  - Waiting costs no CPU: waits sleep on a futex in the segment (a few yields
 //    first) and every change meant for a rank wakes it.
 //  - ncclGetLastError gives the process's last error text (as NCCL, one for all threads). ncclMemAlloc and

@@ -2,11 +2,25 @@
 // calls, split, abort, a peer that never comes or dies, and no /dev/shm leftovers.
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
+
+#include <memory>
 #include <unistd.h>
 
 #include "double_test_support.hpp"
 
 using namespace gpu_double_test;
+
+namespace {
+
+// CPU time of this process so far (every thread).
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+}  // namespace
 
 TEST_CASE("nccl: ranks of one host on one device are refused with ncclInvalidUsage", "[double][nccl]") {
   require_double();
@@ -19,6 +33,27 @@ TEST_CASE("nccl: ranks of one host on one device are refused with ncclInvalidUsa
   CHECK(std::string(ncclGetLastError(nullptr)).find("Duplicate GPU") != std::string::npos);
   ncclCommAbort(a);
   ncclCommAbort(b);
+  CHECK(leftovers(before).empty());
+}
+
+TEST_CASE("nccl: a segment left by a rank that died before its peers came goes at the next init",
+          "[double][nccl]") {
+  require_double();
+  const auto before = segments();
+  const auto names = forked_ranks(1, [&](int, ncclUniqueId id) {
+    start_init(id, 2, 0, 0);  // rank 1 never comes
+    std::set<std::string> mine;
+    if (!eventually([&] { return !(mine = leftovers(before)).empty(); }, 5s)) return std::string("no segment");
+    std::this_thread::sleep_for(50ms);  // its slot is written right after the mapping
+    return *mine.begin();               // and the process ends without aborting
+  });
+  REQUIRE(names[0].rfind("gpu_double_", 0) == 0);
+  // The next init on the machine collects it (this one, or one of a test running beside).
+  forked_ranks(1, [](int, ncclUniqueId) {
+    for (auto* c : local_comms(2)) ncclCommAbort(c);
+    return std::string("ok");
+  });
+  CHECK(segments().count(names[0]) == 0);
   CHECK(leftovers(before).empty());
 }
 
@@ -62,6 +97,31 @@ TEST_CASE("nccl: bad buffers, types and roots are refused and the communicator s
   CHECK(ncclMemFree(mem) == ncclSuccess);
   for (auto* c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
   CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK(leftovers(before).empty());
+}
+
+TEST_CASE("nccl: finalize flushes and a non-blocking one answers ncclInProgress and twice is refused",
+          "[double][nccl]") {
+  require_double();
+  const auto before = segments();
+  auto comms = local_comms(2);
+  std::vector<std::unique_ptr<DeviceBuffer<double>>> bufs;
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    bufs.push_back(std::make_unique<DeviceBuffer<double>>(100000));
+    bufs.back()->upload(std::vector<double>(100000, r + 1.0));
+    const ncclResult_t launched =
+        ncclAllReduce(bufs[r]->ptr, bufs[r]->ptr, 100000, ncclFloat64, ncclSum, comms[r], nullptr);
+    CHECK((launched == ncclSuccess || launched == ncclInProgress));
+  }
+  for (auto* c : comms) CHECK(ncclCommFinalize(c) == ncclInProgress);
+  for (auto* c : comms) CHECK(settle(c) == ncclSuccess);
+  CHECK(ncclCommFinalize(comms[0]) == ncclInvalidArgument);
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    CHECK(bufs[r]->download() == std::vector<double>(100000, 3.0));
+  }
+  for (auto* c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
   CHECK(leftovers(before).empty());
 }
 
@@ -172,6 +232,11 @@ TEST_CASE("nccl: abort ends an operation whose peer never came and its event fir
     ncclResult_t state = ncclInternalError;
     ncclCommGetAsyncError(comms[0], &state);
     if (state != ncclSuccess) return std::string("not healthy while pending");
+    // A pending operation sleeps: half a second of it costs well under a tenth of a core.
+    const double cpu_before = cpu_seconds();
+    stays_pending([&] { return cudaEventQuery(done); }, 500ms);
+    const double cpu = cpu_seconds() - cpu_before;
+    if (cpu > 0.05) return "a pending operation used " + std::to_string(cpu) + " s of CPU in 0.5 s";
     check_nccl(ncclCommAbort(comms[0]), "abort");
     if (!eventually([&] { return cudaEventQuery(done) == cudaSuccess; }, 5s)) return std::string("event never fired");
     check_nccl(ncclCommAbort(comms[1]), "abort");

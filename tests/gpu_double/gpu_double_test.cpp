@@ -189,3 +189,27 @@ TEST_CASE("streams: cudaMemcpy waits for the legacy stream and blocking streams 
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   cudaStreamDestroy(blocking);
 }
+
+TEST_CASE("memory: cudaFree with work still queued returns at once and the pointer is no longer device memory",
+          "[double]") {
+  require_double();
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  void* p = nullptr;
+  REQUIRE(cudaMalloc(&p, 1 << 20) == cudaSuccess);
+  Gate gate;
+  gate.block(s);
+  REQUIRE(cudaMemsetAsync(p, 1, 1 << 20, s) == cudaSuccess);  // still queued behind the gate
+  CHECK(cudaFree(p) == cudaSuccess);                           // does not wait for it
+  cudaPointerAttributes a{};
+  REQUIRE(cudaPointerGetAttributes(&a, p) == cudaSuccess);
+  CHECK(a.type == cudaMemoryTypeUnregistered);
+  CHECK(cudaMemset(p, 0, 16) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  gate.release();  // the memset runs on memory the double has not released yet
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  void* q = nullptr;
+  REQUIRE(cudaMalloc(&q, 16) == cudaSuccess);
+  CHECK(cudaFree(q) == cudaSuccess);  // and this one releases the first
+  cudaStreamDestroy(s);
+}

@@ -16,9 +16,17 @@ namespace {
 
 constexpr size_t kAlignment = 256;  // cudaMalloc's documented minimum alignment
 
+// Memory given back while work queued before was still pending: freed once every
+// stream of its device passed the point it had reached then.
+struct DeferredFree {
+  void* p;
+  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> tails;
+};
+
 struct Allocations {
   std::mutex mu;
   std::map<uintptr_t, Allocation> by_base;
+  std::vector<DeferredFree> deferred;
 };
 Allocations& allocations() {
   static Allocations* a = new Allocations();  // never freed: stream threads may outlive statics
@@ -84,11 +92,32 @@ void* allocate_device(size_t size, int device) {
 
 // Unregisters and frees device memory; false when `p` is not the base of an allocation.
 bool free_device(void* p) {
+  int device = -1;
   {
     std::lock_guard lock(allocations().mu);
-    if (allocations().by_base.erase(reinterpret_cast<uintptr_t>(p)) == 0) return false;
+    auto& m = allocations().by_base;
+    auto it = m.find(reinterpret_cast<uintptr_t>(p));
+    if (it == m.end()) return false;
+    device = it->second.device;
+    m.erase(it);
   }
-  std::free(p);
+  // Queued work may still use it (CUDA's cudaFree would wait for the device): free
+  // it once that work passed, without blocking here. Work that never finishes (a
+  // peer gone, no abort) keeps it: a leak, never a use after free.
+  auto tails = device_tails(device);
+  std::vector<void*> ready;
+  {
+    std::lock_guard lock(allocations().mu);
+    auto& d = allocations().deferred;
+    d.push_back(DeferredFree{p, std::move(tails)});
+    std::erase_if(d, [&](const DeferredFree& f) {
+      for (const auto& [stream, ticket] : f.tails)
+        if (stream->completed() < ticket) return false;
+      ready.push_back(f.p);
+      return true;
+    });
+  }
+  for (void* q : ready) std::free(q);
   return true;
 }
 

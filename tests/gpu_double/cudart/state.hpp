@@ -76,6 +76,8 @@ std::shared_ptr<Stream> legacy_stream(int device);
 // work on the legacy stream waits for every blocking stream of its device, and work
 // on a blocking stream waits for the legacy stream.
 uint64_t enqueue_ordered(const std::shared_ptr<Stream>& stream, std::function<void()> task);
+// Every stream of `device` with the ticket of its last queued task.
+std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> device_tails(int device);
 // Blocks until every stream of `device` finished what was queued on it so far.
 void synchronize_device(int device);
 

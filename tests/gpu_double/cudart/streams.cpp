@@ -170,8 +170,14 @@ std::pair<std::shared_ptr<Stream>, uint64_t> recorded_point(cudaEvent_t event) {
   return {event->state->stream, event->state->ticket};
 }
 
+std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> device_tails(int device) {
+  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> out;
+  for (auto& s : streams_of(device)) out.emplace_back(s, s->last_ticket());
+  return out;
+}
+
 void synchronize_device(int device) {
-  for (auto& s : streams_of(device)) s->wait_until(s->last_ticket());
+  for (auto& [s, ticket] : device_tails(device)) s->wait_until(ticket);
 }
 
 }  // namespace gpu_double

@@ -28,6 +28,7 @@ bool is_blocking(const ncclConfig_t* config, bool inherited) {
 // Waits until every rank of `c` joined its segment (or `c`, or `also`, is aborted).
 // Returns the communicator's settled state.
 ncclResult_t join(Core& c, const Core* also = nullptr) {
+  collect_stale_segments();
   auto opened = Segment::open(c.name, c.nranks);
   if (!opened) return fail(ncclSystemError, "shm_open/mmap of /" + c.name + " failed: " + std::strerror(errno));
   Segment& seg = *opened;
@@ -98,6 +99,17 @@ void teardown(Core& c) {
   } else {
     shm_unlink(("/" + c.name).c_str());  // in case another rank created it
   }
+}
+
+// Waits until every operation queued on `c` so far finished. NCCL's flush waits for
+// good when a peer never comes, as this does.
+void flush(Core& c) {
+  std::vector<cudaEvent_t> events;
+  {
+    std::lock_guard lock(c.mu);
+    for (auto& [stream, event] : c.last) events.push_back(event);
+  }
+  for (cudaEvent_t e : events) cudaEventSynchronize(e);
 }
 
 const char* result_text(ncclResult_t r) {
@@ -289,25 +301,38 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+// As NCCL: a non-blocking communicator answers ncclInProgress and reports the flush
+// through ncclCommGetAsyncError; finalizing twice is ncclInvalidArgument.
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommFinalize: comm is null");
-  auto& c = *comm->core;
-  trace(&c, "ncclCommFinalize");
-  std::vector<cudaEvent_t> events;
+  auto core = comm->core;
+  trace(core.get(), "ncclCommFinalize");
+  if (core->state.load() != ncclSuccess) return fail(ncclInvalidUsage, "ncclCommFinalize: communicator not ready");
   {
-    std::lock_guard lock(c.mu);
-    for (auto& [stream, event] : c.last) events.push_back(event);
+    std::lock_guard lock(core->mu);
+    if (core->finalized) return fail(ncclInvalidArgument, "ncclCommFinalize: called twice");
+    core->finalized = true;
   }
-  // NCCL flushes the communicator's operations; a peer that never comes makes it wait
-  // for good, as there.
-  for (cudaEvent_t e : events) cudaEventSynchronize(e);
-  return ncclSuccess;
+  if (core->blocking) {
+    flush(*core);
+    return ncclSuccess;
+  }
+  core->state.store(ncclInProgress);
+  std::lock_guard lock(core->mu);
+  core->helpers.emplace_back([core] {
+    flush(*core);
+    int expected = ncclInProgress;
+    core->state.compare_exchange_strong(expected, ncclSuccess);
+  });
+  return ncclInProgress;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   trace(comm->core.get(), "ncclCommDestroy");
-  if (comm->core->state.load() == ncclSuccess) ncclCommFinalize(comm);
+  // Queued operations finish first (a non-blocking finalize still flushing is cut
+  // short: destroy it once finalize settled).
+  if (comm->core->state.load() == ncclSuccess) flush(*comm->core);
   teardown(*comm->core);
   delete comm;
   return ncclSuccess;

@@ -35,6 +35,7 @@ struct Core {
   std::condition_variable idle;            // `running` dropped to 0
   int running = 0;                         // tasks executing now (abort waits for them)
   long calls = 0;                          // calls accepted (counts for the faults)
+  bool finalized = false;                  // ncclCommFinalize was called
   bool launched = false;                   // a task was queued (the first answers ncclInProgress)
   uint64_t splits = 0;                     // splits issued on this communicator
   std::vector<std::thread> helpers;        // init/split threads, joined at teardown

@@ -1,7 +1,9 @@
 // The NCCL double's shared-memory segment, channels and bells (see shm_transport.hpp).
 #include "shm_transport.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -14,6 +16,7 @@
 #include <climits>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace gpu_double::nccl {
 namespace {
@@ -53,6 +56,53 @@ uint64_t host_identity() {
   struct stat st{};
   if (::stat("/proc/self/ns/net", &st) == 0) h = fnv1a(&st.st_ino, sizeof(st.st_ino), h);
   return h;
+}
+
+namespace {
+
+// Whether the segment `name` has a joined rank and none of its joined ranks lives.
+bool stale(const std::string& name) {
+  const int fd = shm_open(("/" + name).c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  struct stat st{};
+  bool dead = false;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= kHeaderBytes) {
+    void* head = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
+    const uint32_t n = head == MAP_FAILED ? 0 : static_cast<Header*>(head)->nranks.load();
+    if (head != MAP_FAILED) munmap(head, kHeaderBytes);
+    const size_t size = kHeaderBytes + sizeof(Slot) * n;
+    if (n > 0 && static_cast<size_t>(st.st_size) >= size) {
+      void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (base != MAP_FAILED) {
+        const auto* slots = reinterpret_cast<const Slot*>(static_cast<uint8_t*>(base) + kHeaderBytes);
+        bool joined = false, alive = false;
+        for (uint32_t r = 0; r < n; ++r) {
+          if (slots[r].joined.load() == 0) continue;
+          joined = true;
+          if (kill(slots[r].pid, 0) == 0 || errno == EPERM) alive = true;
+        }
+        dead = joined && !alive;
+        munmap(base, size);
+      }
+    }
+  }
+  close(fd);
+  return dead;
+}
+
+}  // namespace
+
+void collect_stale_segments() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind("gpu_double_", 0) == 0) names.push_back(name);
+  }
+  closedir(dir);
+  for (const auto& name : names)
+    if (stale(name)) shm_unlink(("/" + name).c_str());
 }
 
 std::string segment_name(const char* id_bytes, size_t size) {

@@ -47,6 +47,10 @@ struct alignas(64) Slot {
 // their own.
 uint64_t host_identity();
 
+// Unlinks the segments in /dev/shm whose every joined rank is a process that no
+// longer exists (SIGKILLed before all ranks joined, so nobody unlinked them).
+void collect_stale_segments();
+
 // "gpu_double_<32 hex digits>" from the 128 id bytes.
 std::string segment_name(const char* id_bytes, size_t size);
 
