@@ -126,11 +126,17 @@ int PeerWatch::dead_peer(int only) const {
   return published_exit(only);
 }
 
+// By global rank: in a subgroup its own rank numbers would name another process
+// (global rank 1 told "rank 1 exited" reads as if it had died itself).
 std::string PeerWatch::describe(int rank) const {
+  const int global = group_.global(rank);
+  std::string in_group = global != rank ? "group rank " + std::to_string(rank) : "";
   for (const Peer& p : peers_) {
-    if (p.rank == rank) return "rank " + std::to_string(rank) + " (pid " + std::to_string(p.pid) + " on " + p.hostname + ")";
+    if (p.rank != rank) continue;
+    return "rank " + std::to_string(global) + " (" + (in_group.empty() ? "" : in_group + ", ") + "pid " +
+           std::to_string(p.pid) + " on " + p.hostname + ")";
   }
-  return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(global) + (in_group.empty() ? "" : " (" + in_group + ")");
 }
 
 std::shared_ptr<PeerWatch> PeerWatch::narrow(const std::vector<int>& ranks) const {

@@ -40,7 +40,8 @@ class PeerWatch {
   // The group rank of a watched peer that has exited, or -1. Never blocks.
   // `only`: the one rank a point-to-point call waits on; -1: every rank (a collective).
   int dead_peer(int only = -1) const;
-  // "rank 3 (pid 4711 on node-b)".
+  // Group rank `rank` by its global rank: "rank 3 (pid 4711 on node-b)", in a subgroup
+  // "rank 3 (group rank 1, pid 4711 on node-b)".
   std::string describe(int rank) const;
   // How dead_peer() `rank` is gone: "rank 3 exited with code 0 at 12:00:01.234 on node 1
   // (node-b), while this rank waits for it" (a call may follow: " in all_reduce #57 of group 0"),
