@@ -31,7 +31,8 @@
 //                     from then ncclCommGetAsyncError reports ncclRemoteError (what
 //                     NCCL reports when a peer across the network is lost); later
 //                     calls return ncclRemoteError.
-//    enqueue_error    call n+1 (and every later one) returns ncclSystemError.
+//    enqueue_error    call n+1 (and every later one) returns ncclSystemError; a
+//                     non-blocking communicator's async state becomes it too.
 //    enqueue_pending  call n+1 returns ncclInProgress and the communicator never
 //                     settles: ncclCommGetAsyncError says ncclInProgress for good.
 //    event_error      call n+1's work fails on its stream as a kernel fault does: the
@@ -114,8 +115,21 @@
 //    and NCCL 2.28.3 on an H200 (one rank) accepted a malloc'd host pointer
 //    without an error: the refusal is the double's, stricter than NCCL)
 //    and enqueued onto the given stream; it runs there between the ranks through the
-//    segment. Calls while the communicator is still forming or splitting:
-//    ncclInvalidUsage; after it failed: its error.
+//    segment. Calls (and ncclCommSplit) while the communicator is still forming or
+//    splitting: ncclInvalidArgument, as NCCL's ncclCommEnsureReady; the init's or
+//    split's outcome then stands (NCCL stores the error as the async state too, and
+//    the settling overwrites it: not checked on a GPU). After it failed: its error.
+//  - A refused call poisons a NON-BLOCKING communicator, as NCCL 2.28.9 did on an
+//    H200 (dtype 99, broadcast root 5 of 1): the call returns the error,
+//    ncclCommGetAsyncError reports it from then on, and every later call (a valid
+//    one too) and split return it. A BLOCKING communicator only returns it from that
+//    call and stays usable (also seen there). The same holds for enqueue_error.
+//  - A group with a refused call (of any communicator) launches none of its calls:
+//    the refused call returns its error, the others ncclSuccess, ncclGroupEnd
+//    returns the first error (seen on an H200), and every non-blocking communicator
+//    with calls in the group keeps that error (NCCL's group cleanup does so; seen
+//    for the communicator of the refused call only). Whether NCCL runs a group's
+//    valid calls is not known; its source discards them, as the double does.
 //  - A non-blocking communicator's first launched call (or group) answers
 //    ncclInProgress, which NCCL may answer while it connects peers in the background;
 //    the double has already settled it (ncclCommGetAsyncError says ncclSuccess).

@@ -221,7 +221,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (comm == nullptr || newcomm == nullptr) return fail(ncclInvalidArgument, "ncclCommSplit: null argument");
   *newcomm = nullptr;
   auto parent = comm->core;
-  if (parent->state.load() != ncclSuccess) return fail(ncclInvalidUsage, "ncclCommSplit: communicator not ready");
+  // As NCCL's ncclCommEnsureReady: still forming or splitting is ncclInvalidArgument,
+  // a failed communicator answers its error.
+  if (const int state = parent->state.load(); state != ncclSuccess)
+    return fail(state == ncclInProgress ? ncclInvalidArgument : static_cast<ncclResult_t>(state),
+                "ncclCommSplit: communicator not ready");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return fail(ncclInvalidArgument, "ncclCommSplit: negative color");
   trace(parent.get(), "ncclCommSplit color " + std::to_string(color) + " key " + std::to_string(key));
   const uint64_t generation = ++parent->splits;
