@@ -497,7 +497,8 @@ int main(int argc, char** argv) {
   }
   // Modes whose checks need a peer (a late one, a victim, a second caller).
   static const char* const kNeedsPeers[] = {"flight", "misuse", "fault", "die", "exit", "subexit", "mismatch", "drop"};
-  const bool needs_peers = std::any_of(std::begin(kNeedsPeers), std::end(kNeedsPeers), [&](const char* m) { return mode == m; });
+  const bool needs_peers =
+      std::any_of(std::begin(kNeedsPeers), std::end(kNeedsPeers), [&](const char* m) { return mode == m; });
   std::shared_ptr<ddp::ProcessGroup> pg;
   int rc = 1;
   try {
