@@ -1,29 +1,11 @@
 // The CUDA runtime double: devices, errors, memory, stream order and asynchrony,
 // events. Runs under the double (LD_LIBRARY_PATH); every case checks that first.
 #include <atomic>
-#include <future>
 
 #include "double_test_support.hpp"
 
 using namespace gpu_double_test;
 
-namespace {
-
-// A host function that blocks its stream until release() (or the destructor).
-struct Gate {
-  std::promise<void> opened;
-  std::shared_future<void> open = opened.get_future().share();
-  bool released = false;
-  static void wait(void* self) { static_cast<Gate*>(self)->open.wait(); }
-  void block(cudaStream_t s) { check_cuda(cudaLaunchHostFunc(s, &Gate::wait, this), "cudaLaunchHostFunc"); }
-  void release() {
-    if (!released) opened.set_value();
-    released = true;
-  }
-  ~Gate() { release(); }
-};
-
-}  // namespace
 
 TEST_CASE("the test runs under the double", "[double]") {
   require_double();

@@ -64,6 +64,8 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+cudaError_t sticky_fail(int device) { return fail(sticky_error(device)); }
+
 int current_device() { return t_device; }
 int device_count() { return knobs().devices; }
 
@@ -128,13 +130,18 @@ cudaError_t cudaDeviceSynchronize() {
   return fail(sticky_error(device));
 }
 
+// A sticky error (kernel fault) cannot be cleared: both answer it for good.
 cudaError_t cudaGetLastError() {
   cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
-  return e;
+  const cudaError_t sticky = sticky_error(t_device);
+  return sticky != cudaSuccess ? sticky : e;
 }
 
-cudaError_t cudaPeekAtLastError() { return t_last_error; }
+cudaError_t cudaPeekAtLastError() {
+  const cudaError_t sticky = sticky_error(t_device);
+  return sticky != cudaSuccess ? sticky : t_last_error;
+}
 
 const char* cudaGetErrorString(cudaError_t error) {
   const ErrorText* t = find_error(error);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "../gpu_double.hpp"
 #include "state.hpp"
@@ -142,6 +144,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   if (device_count() == 0) return fail(cudaErrorNoDevice);
   *ptr = nullptr;
+  if (cudaError_t e = sticky_fail(current_device()); e != cudaSuccess) return e;
   if (size == 0) return cudaSuccess;
   *ptr = allocate_device(size, current_device());
   return *ptr != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
@@ -150,7 +153,9 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   // Unlike CUDA, the double does not synchronize the device here (see gpu_double.hpp).
-  return free_device(ptr) ? cudaSuccess : fail(cudaErrorInvalidValue);
+  // After a kernel fault it answers the sticky error (and still lets the memory go).
+  if (!free_device(ptr)) return fail(cudaErrorInvalidValue);
+  return sticky_fail(current_device());
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
@@ -167,29 +172,35 @@ cudaError_t cudaFreeHost(void* ptr) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
   if (!copy_args_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
   auto s = resolve_stream(stream);
+  if (cudaError_t e = sticky_fail(s->device()); e != cudaSuccess) return e;
   if (count > 0) enqueue_ordered(s, [dst, src, count] { std::memmove(dst, src, count); });
   return cudaSuccess;
 }
 
+// As CUDA: runs on the legacy stream. Device to device returns at once; a copy
+// from or to host memory returns once done (see gpu_double.hpp).
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   if (!copy_args_ok(dst, src, count, kind)) return fail(cudaErrorInvalidValue);
   auto s = legacy_stream(current_device());
-  s->wait_until(enqueue_ordered(s, [dst, src, count] { std::memmove(dst, src, count); }));
-  return fail(sticky_error(s->device()));
+  if (cudaError_t e = sticky_fail(s->device()); e != cudaSuccess) return e;
+  if (count == 0) return cudaSuccess;
+  const uint64_t ticket = enqueue_ordered(s, [dst, src, count] { std::memmove(dst, src, count); });
+  if (is_device(dst, count) && is_device(src, count)) return cudaSuccess;
+  s->wait_until(ticket);
+  return sticky_fail(s->device());
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   if (count > 0 && !is_device(ptr, count)) return fail(cudaErrorInvalidValue);
   auto s = resolve_stream(stream);
+  if (cudaError_t e = sticky_fail(s->device()); e != cudaSuccess) return e;
   if (count > 0) enqueue_ordered(s, [ptr, value, count] { std::memset(ptr, value, count); });
   return cudaSuccess;
 }
 
+// As CUDA for device memory: queued on the legacy stream, the host does not wait.
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
-  if (count > 0 && !is_device(ptr, count)) return fail(cudaErrorInvalidValue);
-  auto s = legacy_stream(current_device());
-  s->wait_until(enqueue_ordered(s, [ptr, value, count] { std::memset(ptr, value, count); }));
-  return fail(sticky_error(s->device()));
+  return cudaMemsetAsync(ptr, value, count, cudaStreamLegacy);
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {

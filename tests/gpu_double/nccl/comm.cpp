@@ -94,6 +94,11 @@ void teardown(Core& c) {
     for (auto& [stream, event] : c.last) cudaEventDestroy(event);
     c.last.clear();
   }
+  {
+    std::lock_guard lock(c.launch_mu);
+    if (c.order != nullptr) cudaEventDestroy(c.order);
+    c.order = nullptr;
+  }
   if (c.segment) {
     c.segment->unlink();
   } else {
