@@ -52,8 +52,15 @@
 // ===================================================================================
 //  - Devices: N devices; cudaSetDevice/cudaGetDevice keep the current device per
 //    thread (default 0), as CUDA does. Properties are not modelled.
-//  - Memory: "device" memory is host memory the double owns; cudaMalloc records the
-//    current device, aligns to 256 bytes and does not zero (as CUDA). A pointer not
+//  - Memory: "device" memory is host memory the double owns that host code cannot
+//    touch: each allocation is a memfd mapped twice, the address handed out
+//    PROT_NONE (a host read or write of it is SIGSEGV, as a GPU pointer would fault),
+//    and a readable alias the double's copies, fills and NCCL tasks use (tests may use
+//    gpu_double_peek/poke). cudaMalloc records the current device, aligns to a page
+//    (CUDA guarantees 256 bytes), and does not zero (as CUDA; a fresh memfd is zero,
+//    so nothing shows uninitialised reads). A forked child gets a copy of its
+//    parent's device memory at the same addresses (the double's choice: CUDA does not
+//    support a child using its parent's context). A pointer not
 //    from cudaMalloc/ncclMemAlloc is not device memory. cudaPointerGetAttributes:
 //    device memory gives cudaMemoryTypeDevice and its device; anything else
 //    cudaMemoryTypeUnregistered with device -2 (undocumented; what CUDA 13 answered
@@ -218,6 +225,16 @@ void* gpu_double_alloc(size_t size, int device);
 int gpu_double_free(void* p);
 // The device of the allocation holding [p, p + bytes), or -1.
 int gpu_double_device_of(const void* p, size_t bytes);
+// Where the double itself reads and writes `p`: the readable alias of device memory
+// (whose own address is PROT_NONE), `p` itself for any other pointer.
+void* gpu_double_host_view(const void* p);
+// Copies between host memory and device memory at once, outside every stream (for
+// tests that look at device memory without a cudaMemcpy); -1 when `device_*` is not
+// device memory of `bytes` bytes.
+int gpu_double_peek(void* dst, const void* device_src, size_t bytes);
+int gpu_double_poke(void* device_dst, const void* src, size_t bytes);
+// How many cudaFree'd allocations still wait for queued work before they go.
+int gpu_double_pending_frees();
 // cudaLaunchHostFunc, where `drop(data)` runs instead of `fn(data)` when the stream
 // skips the task (after a kernel fault), so that `data` is not leaked.
 int gpu_double_launch_host_func(cudaStream_t stream, void (*fn)(void*), void* data, void (*drop)(void*));

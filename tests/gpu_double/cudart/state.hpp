@@ -91,13 +91,22 @@ void synchronize_device(int device);
 // ---------------------------------------------------------------------------------
 // Device memory registry
 // ---------------------------------------------------------------------------------
+// The address handed out (`base`) is mapped PROT_NONE, so host code touching device
+// memory faults as on a GPU; the double itself reads and writes the same pages
+// through `alias`.
 struct Allocation {
   uintptr_t base = 0;
-  size_t size = 0;
+  uintptr_t alias = 0;
+  size_t size = 0;     // as asked for
+  size_t mapped = 0;   // both mappings' length (whole pages)
   int device = -1;
 };
 
 // The allocation containing [p, p + bytes), if any (bytes 0: containing p).
 bool find_allocation(const void* p, size_t bytes, Allocation& out);
+// Where the double reads or writes `p`: the readable alias of device memory, `p` itself
+// for anything else. Translated when work is queued, so a later cudaFree (whose
+// release waits for that work) cannot make it dangle.
+void* host_view(const void* p);
 
 }  // namespace gpu_double

@@ -177,6 +177,9 @@ ncclResult_t submit(ncclComm_t comm, Call call, const std::string& name) {
   }
   if (state != ncclSuccess) return refuse(*core, state, name + ": communicator failed earlier");
   if (auto r = check_call(*core, call, name); r != ncclSuccess) return r;
+  // The task reads and writes the buffers through the double's readable view.
+  call.send = gpu_double_host_view(call.send);
+  call.recv = gpu_double_host_view(call.recv);
   long count = 0;
   {
     std::lock_guard lock(core->mu);
