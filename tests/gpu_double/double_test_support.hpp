@@ -20,17 +20,18 @@
 #include <vector>
 
 #include "forked.hpp"
+#include "gpu_double_check.hpp"
 #include "subprocess.hpp"
 
 namespace gpu_double_test {
 
 using namespace std::chrono_literals;
 
-// FAILs unless the process runs under the double (the real runtime has no such symbol).
+// FAILs unless the process runs under the double (both libraries).
 inline void require_double() {
-  void* marker = dlsym(RTLD_DEFAULT, "gpu_double_version");
-  INFO("gpu_double_version not found: the test must run with LD_LIBRARY_PATH=<build>/tests/gpu_double/lib");
-  REQUIRE(marker != nullptr);
+  const std::string problem = gpu_double_check::problem();
+  INFO(problem);
+  REQUIRE(problem.empty());
 }
 
 // The double's own export `name` (tests link the real runtime's declarations only).

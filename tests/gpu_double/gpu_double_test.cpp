@@ -122,6 +122,9 @@ TEST_CASE("streams: cudaStreamWaitEvent orders one stream after a point of anoth
   cudaEventCreate(&filled);
   cudaEventCreate(&copied);
 
+  cudaEvent_t before = nullptr;
+  cudaEventCreate(&before);
+  REQUIRE(cudaEventRecord(before, a) == cudaSuccess);
   Gate gate;
   gate.block(a);
   REQUIRE(cudaMemsetAsync(src.ptr, 1, 256 * sizeof(int), a) == cudaSuccess);
@@ -134,9 +137,13 @@ TEST_CASE("streams: cudaStreamWaitEvent orders one stream after a point of anoth
   gate.release();
   CHECK(cudaStreamSynchronize(b) == cudaSuccess);
   CHECK(dst.download() == std::vector<int>(256, 0x01010101));
+  // The gate held stream a for the 100 ms above: the events measure it.
   float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, before, filled) == cudaSuccess);
+  CHECK(ms >= 90);
   CHECK(cudaEventElapsedTime(&ms, filled, copied) == cudaSuccess);
-  CHECK(ms >= 0);
+  CHECK(ms < 90);
+  cudaEventDestroy(before);
   cudaEventDestroy(filled);
   cudaEventDestroy(copied);
   cudaStreamDestroy(a);
@@ -240,4 +247,22 @@ TEST_CASE("memory: the host cannot touch device memory, peek/poke can, and a for
   REQUIRE(waitpid(writer, &status, 0) == writer);
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   CHECK(buf.download() == std::vector<int>{1, 9, 3, 4});
+}
+
+TEST_CASE("check: without the double on the path", "[.]") {
+  // Run with LD_LIBRARY_PATH unset: the real libraries load, and the check says so.
+  const std::string problem = gpu_double_check::problem();
+  CHECK(problem.find("not the double") != std::string::npos);
+}
+
+TEST_CASE("check: gpu_double_check tells the real libraries from the double", "[double]") {
+  require_double();
+  CHECK(gpu_double_check::problem().empty());
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  testing::ProcessOptions options;
+  options.unset_env = {"LD_LIBRARY_PATH"};
+  auto r = testing::run({self, "check: without the double on the path"}, options, 60s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("All tests passed") != std::string::npos);
 }
