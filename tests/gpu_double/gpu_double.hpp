@@ -46,6 +46,12 @@
 //                     for good (a blocking parent answers ncclInProgress).
 //    stream_error     cudaStreamCreate[WithFlags] returns cudaErrorMemoryAllocation.
 //  DDP_GPU_DOUBLE_TRACE=1     one stderr line per NCCL call (debugging only).
+//  DDP_GPU_DOUBLE_DELAY_US=N  every stream (the legacy ones too) pauses a random
+//                             0..N microseconds before each task (default 0; at most
+//                             1000000), so work that lacks a cross-stream dependency
+//                             or a host wait runs late and fails its check.
+//  Both libraries read the knobs: a malformed value is reported on stderr once by
+//  each, so twice.
 //
 // ===================================================================================
 // The CUDA runtime

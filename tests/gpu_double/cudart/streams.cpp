@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <random>
 
 #include "../common/knobs.hpp"
 #include "../gpu_double.hpp"
@@ -71,6 +72,15 @@ std::vector<std::shared_ptr<Stream>> streams_of(int device) {
   return out;
 }
 
+// DDP_GPU_DOUBLE_DELAY_US: a random pause of up to that long before each task, so
+// that work missing a cross-stream dependency (or a host wait) runs late and shows.
+void delay() {
+  const long most = knobs().delay_us;
+  if (most <= 0) return;
+  thread_local std::minstd_rand random(std::random_device{}());
+  std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<long>(0, most)(random)));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -127,6 +137,7 @@ void Stream::work(std::shared_ptr<Stream> self) {
       queue_.pop_front();
     }
     for (auto& [other, ticket] : task.waits) other->wait_until(ticket);
+    delay();
     // After a kernel fault the device runs nothing more (CUDA's sticky error).
     if (sticky_error(device_) == cudaSuccess) {
       if (task.run) task.run();
