@@ -138,3 +138,27 @@ TEST_CASE("strict: one communicator's operations run in issue order across strea
   cudaStreamDestroy(s2);
   CHECK(leftovers(before).empty());
 }
+
+TEST_CASE("strict: abort ends a finalize waiting behind other work on the stream", "[double][nccl]") {
+  require_double();
+  const auto before = segments();
+  auto comms = local_comms(2);
+  cudaSetDevice(0);
+  DeviceBuffer<float> buf(4);
+  Gate gate;
+  gate.block(nullptr);  // device 0's legacy stream, where the all_reduce goes
+  const ncclResult_t r = ncclAllReduce(buf.ptr, buf.ptr, 4, ncclFloat32, ncclSum, comms[0], nullptr);
+  CHECK((r == ncclSuccess || r == ncclInProgress));
+  CHECK(ncclCommFinalize(comms[0]) == ncclInProgress);  // its flush waits behind the gate
+  std::thread opener([&] {  // so that a regression fails instead of hanging
+    std::this_thread::sleep_for(3s);
+    gate.release();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(ncclCommAbort(comms[0]) == ncclSuccess);
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  opener.join();
+  CHECK(ncclCommAbort(comms[1]) == ncclSuccess);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(leftovers(before).empty());
+}

@@ -1,12 +1,11 @@
 // The CUDA runtime double: devices, versions, errors and the double's own marker.
 #include <cuda_runtime_api.h>
 
-#include <pthread.h>
-
 #include <array>
 #include <atomic>
 #include <mutex>
 
+#include "../common/fork_safe.hpp"
 #include "../common/knobs.hpp"
 #include "../gpu_double.hpp"
 #include "state.hpp"
@@ -21,15 +20,7 @@ struct Sticky {
   std::mutex mu;
   std::vector<cudaError_t> errors;  // per device
 };
-Sticky& sticky() {
-  static Sticky* s = new Sticky();  // never freed: stream threads may outlive statics
-  return *s;
-}
-
-const int kForkHandlers = [] {
-  pthread_atfork([] { sticky().mu.lock(); }, [] { sticky().mu.unlock(); }, [] { sticky().mu.unlock(); });
-  return 0;
-}();
+Sticky& sticky() { return ForkSafe<Sticky>::get(); }
 
 struct ErrorText {
   cudaError_t code;

@@ -3,7 +3,6 @@
 // copies and fills.
 #include <cuda_runtime_api.h>
 
-#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "../common/fork_safe.hpp"
 #include "../gpu_double.hpp"
 #include "state.hpp"
 
@@ -34,11 +34,6 @@ struct Allocations {
   std::map<uintptr_t, Allocation> by_base;
   std::vector<DeferredFree> deferred;
 };
-Allocations& allocations() {
-  static Allocations* a = new Allocations();  // never freed: stream threads may outlive statics
-  return *a;
-}
-
 // Both mappings of `size` bytes of one memfd: {PROT_NONE address, readable alias}.
 std::pair<void*, void*> map_pair(size_t size) {
   const int fd = memfd_create("gpu_double", MFD_CLOEXEC);
@@ -65,24 +60,21 @@ void unmap(const Allocation& a) {
 
 // A forked child would share its parent's device memory (the mappings are shared):
 // it gets a copy at the same addresses instead, as a fork of plain memory would.
-void copy_for_child() {
-  for (auto& [base, a] : allocations().by_base) {
+// Memory whose free waited for queued work goes: that work never runs in the child
+// (it has no stream threads), and its streams' locks may be held by parent threads.
+void copy_for_child(Allocations& all) {
+  for (auto& [base, a] : all.by_base) {
     auto [fresh_base, fresh_alias] = map_pair(a.mapped);
     if (fresh_base == nullptr) continue;
     std::memcpy(fresh_alias, reinterpret_cast<void*>(a.alias), a.mapped);
     mremap(fresh_alias, a.mapped, a.mapped, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(a.alias));
     mremap(fresh_base, a.mapped, a.mapped, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(a.base));
   }
+  for (const DeferredFree& f : all.deferred) unmap(f.a);
+  all.deferred.clear();
 }
 
-const int kForkHandlers = [] {
-  pthread_atfork([] { allocations().mu.lock(); }, [] { allocations().mu.unlock(); },
-                 [] {
-                   copy_for_child();
-                   allocations().mu.unlock();
-                 });
-  return 0;
-}();
+Allocations& allocations() { return ForkSafe<Allocations, &copy_for_child>::get(); }
 
 // Whether [p, p + bytes) lies in device memory.
 bool is_device(const void* p, size_t bytes) {

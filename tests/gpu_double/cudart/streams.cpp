@@ -2,12 +2,11 @@
 // events (a point in a stream's queue) and host functions on a stream.
 #include <cuda_runtime_api.h>
 
-#include <pthread.h>
-
 #include <chrono>
 #include <map>
 #include <random>
 
+#include "../common/fork_safe.hpp"
 #include "../common/knobs.hpp"
 #include "../gpu_double.hpp"
 #include "state.hpp"
@@ -39,23 +38,14 @@ struct Registry {
   std::map<int, std::shared_ptr<Stream>> legacy;          // per device, created on first use
   std::vector<std::weak_ptr<Stream>> streams;             // every stream, for device-wide waits
 };
-Registry& registry() {
-  static Registry* r = new Registry();  // never freed: worker threads may outlive statics
-  return *r;
-}
-
 // A forked child has none of its parent's worker threads: it starts with no streams
 // (CUDA does not support using a context across fork(); the double lets a child
 // start afresh, which tests that fork after using it rely on).
-const int kForkHandlers = [] {
-  pthread_atfork([] { registry().mu.lock(); }, [] { registry().mu.unlock(); },
-                 [] {
-                   registry().mu.unlock();
-                   registry().legacy.clear();
-                   registry().streams.clear();
-                 });
-  return 0;
-}();
+void forget_streams(Registry& r) {
+  r.legacy.clear();
+  r.streams.clear();
+}
+Registry& registry() { return ForkSafe<Registry, &forget_streams>::get(); }
 
 void remember(const std::shared_ptr<Stream>& s) {
   std::lock_guard lock(registry().mu);
