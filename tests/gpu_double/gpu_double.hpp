@@ -46,20 +46,37 @@
 //                     for good (a blocking parent answers ncclInProgress).
 //    stream_error     cudaStreamCreate[WithFlags] returns cudaErrorMemoryAllocation.
 //  DDP_GPU_DOUBLE_TRACE=1     one stderr line per NCCL call (debugging only).
+//  DDP_GPU_DOUBLE_DELAY_US=N  every stream (the legacy ones too) pauses a random
+//                             0..N microseconds before each task (default 0; at most
+//                             1000000), so work that lacks a cross-stream dependency
+//                             or a host wait runs late and fails its check.
+//  Both libraries read the knobs: a malformed value is reported on stderr once by
+//  each, so twice.
 //
 // ===================================================================================
 // The CUDA runtime
 // ===================================================================================
 //  - Devices: N devices; cudaSetDevice/cudaGetDevice keep the current device per
 //    thread (default 0), as CUDA does. Properties are not modelled.
-//  - Memory: "device" memory is host memory the double owns; cudaMalloc records the
-//    current device, aligns to 256 bytes and does not zero (as CUDA). A pointer not
+//  - Memory: "device" memory is host memory the double owns that host code cannot
+//    touch: each allocation is a memfd mapped twice, the address handed out
+//    PROT_NONE (a host read or write of it is SIGSEGV, as a GPU pointer would fault),
+//    and a readable alias the double's copies, fills and NCCL tasks use (tests may use
+//    gpu_double_peek/poke). cudaMalloc records the current device, aligns to a page
+//    (CUDA guarantees 256 bytes), and does not zero (as CUDA; a fresh memfd is zero,
+//    so nothing shows uninitialised reads). A forked child gets a copy of its
+//    parent's device memory at the same addresses (the double's choice: CUDA does not
+//    support a child using its parent's context). A pointer not
 //    from cudaMalloc/ncclMemAlloc is not device memory. cudaPointerGetAttributes:
 //    device memory gives cudaMemoryTypeDevice and its device; anything else
 //    cudaMemoryTypeUnregistered with device -2 (undocumented; what CUDA 13 answered
 //    on an H200).
-//  - cudaMemcpy/cudaMemset are synchronous after the legacy stream's queue (they run
-//    on it and wait). The double checks the sides `kind` names: a HostToDevice copy
+//  - cudaMemcpy and cudaMemset run on the legacy stream's queue. As in CUDA, cudaMemset
+//    (device memory) and a device-to-device cudaMemcpy return at once without waiting
+//    for it; a copy from or to host memory returns once done. CUDA may return from a
+//    host-to-device copy out of pageable memory once the source is staged, and from
+//    one out of pinned memory once done: the double always waits (it does not tell
+//    pinned memory apart). The double checks the sides `kind` names: a HostToDevice copy
 //    whose destination is not device memory (or overruns its allocation) is
 //    cudaErrorInvalidValue; cudaMemcpyDefault checks nothing. Real CUDA with unified
 //    addressing may accept some of these (stricter here on purpose).
@@ -84,7 +101,16 @@
 //  - cudaLaunchHostFunc runs the function on the stream's worker thread in order.
 //  - Errors: every failing call records the calling thread's last error
 //    (cudaGetLastError returns and clears it, cudaPeekAtLastError only returns it);
-//    cudaErrorNotReady is not recorded. cudaGetErrorString/Name give the real texts
+//    cudaErrorNotReady is not recorded. After a kernel fault (event_error, or
+//    gpu_double_fault_device) the device's sticky cudaErrorLaunchFailure is answered
+//    by every call on that device: cudaMalloc, cudaFree (which still lets the memory
+//    go), cudaMemcpy[Async], cudaMemset[Async], cudaStreamCreate, cudaEventCreate,
+//    cudaEventRecord, cudaStreamWaitEvent, cudaLaunchHostFunc, the queries and
+//    synchronizes; cudaGetLastError/cudaPeekAtLastError answer it for good (CUDA's
+//    cannot clear it either). Work queued before the fault is skipped (host functions
+//    do not run). Not modelled: cudaStreamDestroy/cudaEventDestroy still answer
+//    cudaSuccess (CUDA's answer there is not known here), and CUDA's error is per
+//    context, the double's per device. cudaGetErrorString/Name give the real texts
 //    for the codes the double returns.
 //  - Not modelled: kernels (no __cudaRegisterFatBinary: binaries with device code,
 //    like the training kernels, do not load under the double), graphs, capture,
@@ -136,6 +162,10 @@
 //    Later calls answer ncclSuccess. Not known for several ranks: NCCL 2.28.3 on an
 //    H200 answered ncclSuccess to the first all_reduce of a one-rank communicator.
 //    The double answers ncclInProgress so that callers' settling path runs.
+//  - Order: as NCCL, one communicator's operations run in the order they were
+//    issued, whatever streams they were given: each task waits for the one issued
+//    before it on that communicator (its stream waits on the communicator's last
+//    point). Work of other communicators is not ordered with it.
 //  - Groups: ncclGroupStart/End (nestable) fuse the calls between them into one task
 //    per communicator that progresses all its sends and receives together, so
 //    gather/scatter/all_to_all written as send/recv loops do not deadlock. Calls of
@@ -185,6 +215,8 @@
 //    them do not load under the double.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 
 extern "C" {
@@ -199,4 +231,17 @@ void* gpu_double_alloc(size_t size, int device);
 int gpu_double_free(void* p);
 // The device of the allocation holding [p, p + bytes), or -1.
 int gpu_double_device_of(const void* p, size_t bytes);
+// Where the double itself reads and writes `p`: the readable alias of device memory
+// (whose own address is PROT_NONE), `p` itself for any other pointer.
+void* gpu_double_host_view(const void* p);
+// Copies between host memory and device memory at once, outside every stream (for
+// tests that look at device memory without a cudaMemcpy); -1 when `device_*` is not
+// device memory of `bytes` bytes.
+int gpu_double_peek(void* dst, const void* device_src, size_t bytes);
+int gpu_double_poke(void* device_dst, const void* src, size_t bytes);
+// How many cudaFree'd allocations still wait for queued work before they go.
+int gpu_double_pending_frees();
+// cudaLaunchHostFunc, where `drop(data)` runs instead of `fn(data)` when the stream
+// skips the task (after a kernel fault), so that `data` is not leaked.
+int gpu_double_launch_host_func(cudaStream_t stream, void (*fn)(void*), void* data, void (*drop)(void*));
 }

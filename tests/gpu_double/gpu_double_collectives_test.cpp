@@ -89,7 +89,9 @@ std::vector<uint8_t> fill(ncclDataType_t t, size_t count, const std::function<do
 struct Bytes {
   explicit Bytes(size_t n) : size(n) { check_cuda(cudaMalloc(&ptr, n), "cudaMalloc"); }
   ~Bytes() { cudaFree(ptr); }
-  void upload(const std::vector<uint8_t>& v) { check_cuda(cudaMemcpy(ptr, v.data(), v.size(), cudaMemcpyDefault), "up"); }
+  void upload(const std::vector<uint8_t>& v) {
+    check_cuda(cudaMemcpy(ptr, v.data(), v.size(), cudaMemcpyDefault), "up");
+  }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> v(size);
     check_cuda(cudaMemcpy(v.data(), ptr, size, cudaMemcpyDefault), "down");

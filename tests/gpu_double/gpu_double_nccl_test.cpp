@@ -237,9 +237,16 @@ TEST_CASE("nccl: a peer killed mid-operation leaves the survivor pending until a
     check_nccl(ncclRecv(got.ptr + kHalf, kHalf, ncclUint8, 1, comm, nullptr), "recv");
     check_nccl(ncclGroupEnd(), "group end");
     cudaEventRecord(done, nullptr);
-    // "Device" memory is host memory: watch the first half arrive, then kill the sender.
-    volatile uint8_t* last_of_first = got.ptr + kHalf - 1;
-    if (!eventually([&] { return *last_of_first == 0xab; }, 10s)) return std::string("first half never came");
+    // Watch the first half arrive (peeking past the streams), then kill the sender.
+    auto peek = reinterpret_cast<int (*)(void*, const void*, size_t)>(dlsym(RTLD_DEFAULT, "gpu_double_peek"));
+    if (peek == nullptr) return std::string("gpu_double_peek not exported");
+    uint8_t last_of_first = 0;
+    const auto arrived = [&] { return peek(&last_of_first, got.ptr + kHalf - 1, 1) == 0 && last_of_first == 0xab; };
+    if (!eventually(arrived, 10s)) {
+      kill(peer, SIGKILL);
+      waitpid(peer, nullptr, 0);
+      return std::string("first half never came");
+    }
     kill(peer, SIGKILL);
     waitpid(peer, nullptr, 0);
     if (!stays_pending([&] { return cudaEventQuery(done); }, 500ms)) return std::string("finished without its peer");

@@ -38,6 +38,8 @@ void run_task(void* arg) {
   c.idle.notify_all();
 }
 
+void drop_task(void* arg) { delete static_cast<Task*>(arg); }
+
 // Records an event after the last task on `stream`, for ncclCommFinalize.
 cudaEvent_t mark(Core& c, cudaStream_t stream) {
   std::lock_guard lock(c.mu);
@@ -62,6 +64,14 @@ ncclResult_t launch(const std::shared_ptr<Core>& core, std::vector<Call> calls) 
   for (const Call& c : calls)
     if (std::find(streams.begin(), streams.end(), c.stream) == streams.end()) streams.push_back(c.stream);
   const cudaStream_t first = streams.front();
+  // As NCCL, a communicator's operations run in issue order whatever their streams:
+  // each task waits for the one launched before it.
+  std::lock_guard order_lock(core->launch_mu);
+  if (core->order != nullptr) {
+    cudaStreamWaitEvent(first, core->order, 0);
+  } else {
+    cudaEventCreateWithFlags(&core->order, cudaEventDisableTiming);
+  }
   for (size_t i = 1; i < streams.size(); ++i) {
     cudaEvent_t e = nullptr;
     cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
@@ -69,7 +79,9 @@ ncclResult_t launch(const std::shared_ptr<Core>& core, std::vector<Call> calls) 
     cudaStreamWaitEvent(first, e, 0);
     cudaEventDestroy(e);
   }
-  cudaLaunchHostFunc(first, &run_task, new Task{core, std::move(calls)});
+  // A task the stream skips (after a kernel fault) is deleted, not leaked.
+  gpu_double_launch_host_func(first, &run_task, new Task{core, std::move(calls)}, &drop_task);
+  cudaEventRecord(core->order, first);
   const cudaEvent_t after = mark(*core, first);
   for (size_t i = 1; i < streams.size(); ++i) {
     cudaStreamWaitEvent(streams[i], after, 0);
@@ -165,6 +177,9 @@ ncclResult_t submit(ncclComm_t comm, Call call, const std::string& name) {
   }
   if (state != ncclSuccess) return refuse(*core, state, name + ": communicator failed earlier");
   if (auto r = check_call(*core, call, name); r != ncclSuccess) return r;
+  // The task reads and writes the buffers through the double's readable view.
+  call.send = gpu_double_host_view(call.send);
+  call.recv = gpu_double_host_view(call.recv);
   long count = 0;
   {
     std::lock_guard lock(core->mu);
