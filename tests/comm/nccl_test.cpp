@@ -2,7 +2,6 @@
 // processes, a real store server; ncclGetUniqueId needs no GPU). Collectives need a
 // GPU: those tests carry [gpu] and say why they skip when there is none.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include "backend.hpp"
 #include "group_setup.hpp"
 #include "forked.hpp"
+#include "gpu_double_check.hpp"
 #include "rdzv/memory_store.hpp"
 #include "server_fixture.hpp"
 
@@ -64,13 +64,14 @@ bool gpu_expected() {
   return e != nullptr && std::string(e) == "1";
 }
 
-// Under the double (DDP_EXPECT_GPU_DOUBLE=1) the double's marker symbol must be in this
-// process: a binary whose RPATH named the real libraries would otherwise run on them.
+// Under the double (DDP_EXPECT_GPU_DOUBLE=1) the CUDA runtime and NCCL in this process
+// must be the double's: a binary whose RPATH named the real libraries would run on them.
 void require_double_if_expected() {
   const char* e = std::getenv("DDP_EXPECT_GPU_DOUBLE");
   if (e == nullptr || std::string(e) != "1") return;
-  INFO("DDP_EXPECT_GPU_DOUBLE=1: LD_LIBRARY_PATH must name the double's lib directory");
-  REQUIRE(dlsym(RTLD_DEFAULT, "gpu_double_version") != nullptr);
+  const std::string problem = gpu_double_check::problem();
+  INFO("DDP_EXPECT_GPU_DOUBLE=1: " << problem);
+  REQUIRE(problem.empty());
 }
 
 #define SKIP_WITHOUT_GPU(devices)                                    \
