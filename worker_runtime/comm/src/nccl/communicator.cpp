@@ -353,13 +353,18 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
         error = broken();
       } else {
         DeviceGuard guard(device_);
+        // A kernel fault is sticky: CUDA answers it from the next call, often one of
+        // these, so the error names the call being launched, as NcclWork::poll's does.
+        auto cuda = [&](cudaError_t e) {
+          if (e != cudaSuccess) throw Error("NCCL " + call.label() + ": CUDA error: " + cudaGetErrorString(e));
+        };
         // Plain kernel launches and cudaMemcpy go to the legacy default stream: run
         // after what the caller queued there, without making its later work wait for us.
-        check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
-        check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+        cuda(cudaEventRecord(ready_, cudaStreamLegacy));
+        cuda(cudaStreamWaitEvent(stream_, ready_, 0));
         ncclResult_t r = settle(comm_, fn(enqueue, comm_, stream_), deadline, [this] { return stop_.load(); });
         if (r == ncclSuccess) {
-          check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
+          cuda(cudaEventRecord(event, stream_));
           ticket = ++launched_;
         } else if (r == ncclInProgress) {
           error = stop_.load() ? broken()
