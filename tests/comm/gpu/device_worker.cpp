@@ -16,6 +16,8 @@
 //   device_worker mismatch      rank 0 calls broadcast, rank 1 scatter (stalls)
 //   device_worker drop <victim> the victim exits 0; the others end their group with an
 //                               async all_reduce left unwaited
+//   device_worker leave         rank 0 exits 0 right after an all_reduce; the others'
+//                               part of it still completes
 //   device_worker fault         init, a subgroup and all_reduces until one fails (the
 //                               double's DDP_GPU_DOUBLE_FAULTS decides which)
 //   device_worker misuse        a call NCCL refuses breaks its (sub)group; an
@@ -45,6 +47,7 @@
 #include "ddp/init.hpp"
 #include "device_values.hpp"
 #include "flight_recorder.hpp"
+#include "gpu_double_check.hpp"
 
 namespace {
 
@@ -466,6 +469,22 @@ int drop_at_exit(ddp::ProcessGroup& pg, int victim) {
   return 0;
 }
 
+// Rank 0 leaves right after an all_reduce it completed: the others may see its exit
+// before their own part ended (DDP_GPU_DOUBLE_DELAY_US makes their streams lag), and
+// must still complete it rather than fail naming rank 0.
+int leave_after_call(ddp::ProcessGroup& pg) {
+  static DeviceBuffer b(DType::F32, 64);
+  b.upload(std::vector<double>(64, 1));
+  pg.all_reduce(b.buf());
+  if (pg.rank() == 0) {
+    std::printf("rank 0: leaving\n");
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  check(same(DType::F32, b.download(), std::vector<double>(64, pg.size())), "the call completes after rank 0 left");
+  return 0;
+}
+
 // Rank 0 calls broadcast from rank 1, rank 1 scatter from rank 0: each waits for data
 // the other never sends (NCCL matches calls by position and checks nothing), a hang.
 int mismatch(ddp::ProcessGroup& pg) {
@@ -490,13 +509,15 @@ int main(int argc, char** argv) {
   const char* rank = std::getenv("RANK");
   g_rank = rank ? std::atoi(rank) : 0;
   const char* expect_double = std::getenv("DDP_EXPECT_GPU_DOUBLE");
-  if (expect_double != nullptr && std::string(expect_double) == "1" && !under_double()) {
-    std::fprintf(stderr, "device_worker: DDP_EXPECT_GPU_DOUBLE=1 but the GPU test double is not loaded "
-                         "(LD_LIBRARY_PATH must name its lib directory)\n");
-    return 2;
+  if (expect_double != nullptr && std::string(expect_double) == "1") {
+    if (const std::string problem = gpu_double_check::problem(); !problem.empty()) {
+      std::fprintf(stderr, "device_worker: DDP_EXPECT_GPU_DOUBLE=1 but %s\n", problem.c_str());
+      return 2;
+    }
   }
   // Modes whose checks need a peer (a late one, a victim, a second caller).
-  static const char* const kNeedsPeers[] = {"flight", "misuse", "fault", "die", "exit", "subexit", "mismatch", "drop"};
+  static const char* const kNeedsPeers[] = {"flight", "misuse", "fault", "die", "exit", "subexit", "mismatch", "drop",
+                                             "leave"};
   const bool needs_peers =
       std::any_of(std::begin(kNeedsPeers), std::end(kNeedsPeers), [&](const char* m) { return mode == m; });
   std::shared_ptr<ddp::ProcessGroup> pg;
@@ -517,6 +538,7 @@ int main(int argc, char** argv) {
     else if (mode == "die" || mode == "exit" || mode == "subexit") rc = victim_job(*pg, mode, victim);
     else if (mode == "mismatch") rc = mismatch(*pg);
     else if (mode == "drop") rc = drop_at_exit(*pg, victim);
+    else if (mode == "leave") rc = leave_after_call(*pg);
     else {
       std::fprintf(stderr, "device_worker: unknown mode '%s'\n", mode.c_str());
       return 2;

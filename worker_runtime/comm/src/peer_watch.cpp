@@ -79,9 +79,9 @@ void PeerWatch::close_all() {
   peers_.clear();
 }
 
-// A peer whose exit ddprun published, once that is known for kExitGrace: an exit may
-// come right after the peer's part of an operation that is still finishing here.
-// The grace runs per rank, from when this watch first saw that rank's exit.
+// A peer whose exit is known (its pidfd fired, or ddprun published it) for kExitGrace:
+// an exit may come right after the peer's part of an operation that is still finishing
+// here. The grace runs per rank, from when this watch first saw that rank's exit.
 bool PeerWatch::past_grace(int rank) const {
   constexpr int64_t kExitGraceNs = 300'000'000;
   const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -119,8 +119,10 @@ int PeerWatch::dead_peer(int only) const {
   if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
     for (const pollfd& f : fds) {
       if (f.revents == 0) continue;
+      // The same grace as a published exit: a peer may exit right after its part of
+      // an operation whose end this rank has not seen yet.
       for (const Peer& p : peers_)
-        if (p.fd == f.fd) return p.rank;
+        if (p.fd == f.fd && past_grace(p.rank)) return p.rank;
     }
   }
   return published_exit(only);

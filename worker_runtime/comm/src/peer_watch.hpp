@@ -37,7 +37,10 @@ class PeerWatch {
   // The record a rank publishes: "<host identity>\n<pid>\n<hostname>".
   static std::string record_of(int pid);
 
-  // The group rank of a watched peer that has exited, or -1. Never blocks.
+  // The group rank of a watched peer that has exited, or -1. Never blocks. A peer
+  // counts from 300 ms after its exit was first seen here (it may exit right after its
+  // part of an operation this rank has not seen end yet); one gone before the watch
+  // began counts at once.
   // `only`: the one rank a point-to-point call waits on; -1: every rank (a collective).
   int dead_peer(int only = -1) const;
   // Group rank `rank` by its global rank: "rank 3 (pid 4711 on node-b)", in a subgroup
