@@ -204,12 +204,28 @@
 //    communicator's queued operations (for good if a peer is gone, as NCCL), then
 //    frees it. ncclCommFinalize waits for them; a non-blocking communicator answers
 //    ncclInProgress and reports the flush through ncclCommGetAsyncError (as NCCL
-//    2.28.3 did on an H200); a second finalize is ncclInvalidArgument.
+//    2.28.3 did on an H200); a second finalize is ncclInvalidArgument. An abort
+//    cuts a non-blocking finalize's flush short, even one waiting behind other
+//    work on its stream (the flush polls its events every millisecond for that).
 //  - Waiting costs no CPU: waits sleep on a futex in the segment (a few yields
 //    first) and every change meant for a rank wakes it.
-//  - ncclGetLastError gives the process's last error text (as NCCL, one for all threads). ncclMemAlloc and
-//    ncclMemFree allocate device memory on the current device. ncclGetVersion
-//    reports NCCL_VERSION_CODE of the headers.
+//  - ncclGetLastError gives the process's last error text (as NCCL, one for all
+//    threads). ncclMemAlloc and ncclMemFree allocate device memory on the current
+//    device. ncclGetVersion reports NCCL_VERSION_CODE of the headers.
+//  - Init inside ncclGroupStart/End: NCCL defers it to ncclGroupEnd, so one thread
+//    may form several ranks with blocking inits in a group. The double does not
+//    defer: a blocking init in a group waits for its peers at once, and one thread
+//    forming several ranks that way deadlocks (use config.blocking = 0, or a thread
+//    per rank). Not fixed.
+//  - Resources: a communicator's segment is nranks² channels of 256 KiB plus slots,
+//    sparse in /dev/shm (pages are touched as data flows; at most 4 MiB for 4 ranks,
+//    1 GiB for 64, held while any rank maps it), so /dev/shm must allow that.
+//    "Hosts" made with network namespaces share the real host's /dev/shm, which is how
+//    they reach each other; host_identity() (hostname + network namespace) is what
+//    keeps their devices apart. The stale-segment sweep probes a dead rank with
+//    kill(pid, 0), which assumes every rank shares one PID namespace (true for the
+//    project's tests; in separate PID namespaces a segment might be swept while live
+//    ranks use it, or kept after they died).
 //  - Not implemented: ncclCommInitAll, ncclCommInitRankScalable, ncclCommShrink,
 //    ncclCommRevoke, buffer/window registration, user-defined ops; binaries using
 //    them do not load under the double.

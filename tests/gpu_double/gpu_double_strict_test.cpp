@@ -162,3 +162,68 @@ TEST_CASE("strict: abort ends a finalize waiting behind other work on the stream
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(leftovers(before).empty());
 }
+
+TEST_CASE("strict: a group on several streams waits for each stream and each stream's later work waits for it",
+          "[double][nccl]") {
+  require_double();
+  const auto before = segments();
+  auto comms = local_comms(2);
+  std::vector<std::unique_ptr<DeviceBuffer<int>>> a, b;
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    a.push_back(std::make_unique<DeviceBuffer<int>>(4));
+    b.push_back(std::make_unique<DeviceBuffer<int>>(4));
+    a[r]->upload(std::vector<int>(4, 1));
+    b[r]->upload(std::vector<int>(4, 5));
+  }
+  cudaSetDevice(0);
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t on_s1 = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&on_s1, cudaEventDisableTiming) == cudaSuccess);
+  Gate gate;
+  gate.block(s2);  // the group's second stream is busy
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  CHECK(ncclAllReduce(a[0]->ptr, a[0]->ptr, 4, ncclInt32, ncclSum, comms[0], s1) == ncclSuccess);
+  CHECK(ncclAllReduce(b[0]->ptr, b[0]->ptr, 4, ncclInt32, ncclSum, comms[0], s2) == ncclSuccess);
+  cudaSetDevice(1);
+  CHECK(ncclAllReduce(a[1]->ptr, a[1]->ptr, 4, ncclInt32, ncclSum, comms[1], nullptr) == ncclSuccess);
+  CHECK(ncclAllReduce(b[1]->ptr, b[1]->ptr, 4, ncclInt32, ncclSum, comms[1], nullptr) == ncclSuccess);
+  cudaSetDevice(0);
+  const ncclResult_t end = ncclGroupEnd();
+  CHECK((end == ncclSuccess || end == ncclInProgress));
+  REQUIRE(cudaEventRecord(on_s1, s1) == cudaSuccess);
+  CHECK(stays_pending([&] { return cudaEventQuery(on_s1); }, 100ms));  // s1 waits for the group on s2
+  gate.release();
+  CHECK(cudaEventSynchronize(on_s1) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s2) == cudaSuccess);
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    CHECK(a[r]->download() == std::vector<int>(4, 2));
+    CHECK(b[r]->download() == std::vector<int>(4, 10));
+  }
+  cudaSetDevice(0);
+  for (auto* c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
+  cudaEventDestroy(on_s1);
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  CHECK(leftovers(before).empty());
+}
+
+TEST_CASE("strict: aborting the parent during a split ends it and gives no child", "[double][nccl]") {
+  require_double();
+  const auto before = segments();
+  auto comms = local_comms(2);
+  ncclComm_t child = nullptr;
+  CHECK(ncclCommSplit(comms[0], 0, 0, &child, nullptr) == ncclSuccess);  // rank 1 never splits
+  ncclResult_t state = ncclInternalError;
+  ncclCommGetAsyncError(comms[0], &state);
+  CHECK(state == ncclInProgress);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(ncclCommAbort(comms[0]) == ncclSuccess);
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  CHECK(child == nullptr);
+  CHECK(ncclCommAbort(comms[1]) == ncclSuccess);
+  CHECK(leftovers(before).empty());
+}

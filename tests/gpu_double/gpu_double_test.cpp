@@ -266,3 +266,27 @@ TEST_CASE("check: gpu_double_check tells the real libraries from the double", "[
   CHECK(r.status == 0);
   CHECK(r.out.find("All tests passed") != std::string::npos);
 }
+
+TEST_CASE("streams: a non-blocking stream does not wait for legacy work, a blocking one does", "[double]") {
+  require_double();
+  DeviceBuffer<int> buf(16);
+  buf.upload(std::vector<int>(16, 0));
+  cudaStream_t free_running = nullptr, blocking = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&free_running, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  Gate gate;
+  gate.block(nullptr);  // legacy work that does not finish until released
+  REQUIRE(cudaMemsetAsync(buf.ptr, 1, 16 * sizeof(int), free_running) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(free_running) == cudaSuccess);  // ran past the gated legacy stream
+  REQUIRE(cudaMemsetAsync(buf.ptr, 2, 16 * sizeof(int), blocking) == cudaSuccess);
+  REQUIRE(cudaEventRecord(done, blocking) == cudaSuccess);
+  CHECK(stays_pending([&] { return cudaEventQuery(done); }, 100ms));  // waits for the legacy work
+  gate.release();
+  CHECK(cudaEventSynchronize(done) == cudaSuccess);
+  CHECK(buf.download() == std::vector<int>(16, 0x02020202));
+  cudaEventDestroy(done);
+  cudaStreamDestroy(free_running);
+  cudaStreamDestroy(blocking);
+}
