@@ -49,6 +49,38 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
+// Ranks that wait in different calls at the same position of a group (a mismatch:
+// NCCL hangs on it rather than detecting it): "mismatched calls at #2 of group 0: rank 0
+// waits in broadcast (broadcast 256×f32 root 1), rank 1 in scatter (scatter 256×f32 root
+// 0)". Empty when they all wait in the same call. `calls`: each waiting rank's call.
+std::string mismatch_headline(const std::string& group, uint64_t seq,
+                              const std::vector<std::pair<int, const OpSummary*>>& calls) {
+  // Calls that differ in kind, or in shape where every rank passes the same shape (a
+  // scatter's root names its whole input, the others their part; a gather's root the
+  // same way): "scatter 256×f32 root 0" and "scatter 1024×f32 root 0" may well match.
+  auto same_call = [](const std::string& a, const std::string& b) {
+    const std::string kind = a.substr(0, a.find(' '));
+    if (kind != b.substr(0, b.find(' '))) return false;
+    return kind == "scatter" || kind == "gather" || a == b;
+  };
+  std::vector<std::pair<std::string, std::vector<int>>> kinds;  // each distinct call, its ranks
+  for (const auto& [rank, op] : calls) {
+    if (op->seq != seq) continue;
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return same_call(k.first, op->what); });
+    if (it == kinds.end()) kinds.push_back({op->what, {rank}});
+    else it->second.push_back(rank);
+  }
+  if (kinds.size() < 2) return "";
+  std::string out = "mismatched calls at #" + std::to_string(seq) + " of group " + group + ": ";
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const auto& [what, ranks] = kinds[i];
+    out += (i == 0 ? "" : ", ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks) +
+           (i == 0 ? (ranks.size() == 1 ? " waits in " : " wait in ") : " in ") + what.substr(0, what.find(' ')) +
+           " (" + what + ")";
+  }
+  return out;
+}
+
 }  // namespace
 
 uint64_t progress_signature(const ProgressRecords& records) {
@@ -128,10 +160,12 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
     target_op.seq = target;
     os << "  group " << name << " (" << first_waiter->size << " ranks), stuck at " << call_name(name, target_op) << ":\n";
     std::vector<int> missing, waiters;
+    std::vector<std::pair<int, const OpSummary*>> calls;
     for (const Member& m : members) {
       const GroupProgress& g = *m.group;
       if (waiting(g)) {
         waiters.push_back(m.rank);
+        calls.push_back({m.rank, &*g.current});
         all_waiting.push_back(m.rank);
         os << "    rank " << m.rank << " waits in " << call_name(name, *g.current) << " (" << g.current->what << ", "
            << g.current->state << ") since " << ddp::contract::clock_time(g.current->since_ms) << ", "
@@ -155,8 +189,13 @@ StallAnalysis analyse_stall(const ProgressRecords& records, int64_t now_ms) {
          << " member(s) published no progress record"
          << (name == "0" && !no_record.empty() ? " (ranks " + rank_list(no_record) + ")" : "") << "\n";
     }
+    const std::string mismatch = mismatch_headline(name, target, calls);
+    if (!mismatch.empty()) os << "    " << mismatch << "\n";
     if (out.headline.empty()) {
-      if (!missing.empty()) {
+      if (!mismatch.empty()) {
+        out.headline = mismatch;
+        out.stalled = waiters;
+      } else if (!missing.empty()) {
         out.headline = std::string(missing.size() == 1 ? "rank " : "ranks ") + rank_list(missing) +
                        " never arrived at " + call_name(name, target_op) + ", which " +
                        (waiters.size() == 1 ? "rank " : "ranks ") + rank_list(waiters) + " wait" +

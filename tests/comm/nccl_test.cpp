@@ -17,8 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "backend.hpp"
 #include "group_setup.hpp"
 #include "forked.hpp"
+#include "gpu_double_check.hpp"
 #include "rdzv/memory_store.hpp"
 #include "server_fixture.hpp"
 
@@ -62,7 +64,18 @@ bool gpu_expected() {
   return e != nullptr && std::string(e) == "1";
 }
 
+// Under the double (DDP_EXPECT_GPU_DOUBLE=1) the CUDA runtime and NCCL in this process
+// must be the double's: a binary whose RPATH named the real libraries would run on them.
+void require_double_if_expected() {
+  const char* e = std::getenv("DDP_EXPECT_GPU_DOUBLE");
+  if (e == nullptr || std::string(e) != "1") return;
+  const std::string problem = gpu_double_check::problem();
+  INFO("DDP_EXPECT_GPU_DOUBLE=1: " << problem);
+  REQUIRE(problem.empty());
+}
+
 #define SKIP_WITHOUT_GPU(devices)                                    \
+  require_double_if_expected();                                      \
   std::string why_;                                                  \
   const int devices = cuda_devices(why_);                            \
   if (devices == 0) {                                                \
@@ -124,6 +137,7 @@ struct DeviceArray {
 // Processes, not threads: each rank is its own process with its own TcpStore
 // connection, as under ddprun. No CUDA is touched before fork().
 TEST_CASE("every rank of 4 processes gets rank 0s real ncclUniqueId through the store", "[nccl]") {
+  require_double_if_expected();
   constexpr int kRanks = 4;
   testing::ServerThread server;
   // Keeps the namespace alive: the server drops a namespace's keys when its last
@@ -156,17 +170,20 @@ TEST_CASE("every rank of 4 processes gets rank 0s real ncclUniqueId through the 
 }
 
 TEST_CASE("a rank waiting for a unique id nobody publishes gets Timeout", "[nccl]") {
+  require_double_if_expected();
   rdzv::MemoryStore store;
   CHECK_THROWS_AS(exchange_nccl_unique_id(store, "never", 1, 100ms), ddp::Timeout);
 }
 
 TEST_CASE("a unique id of the wrong size is an Error", "[nccl]") {
+  require_double_if_expected();
   rdzv::MemoryStore store;
   store.set("short", "abc");
   CHECK_THROWS_AS(exchange_nccl_unique_id(store, "short", 2, 1s), ddp::Error);
 }
 
 TEST_CASE("nccl_usable(): only when every local rank can have a GPU of its own", "[nccl]") {
+  require_double_if_expected();
   std::string why;
   const int devices = cuda_devices(why);
   CHECK(ddp::detail::nccl_usable(1) == (devices > 0));
@@ -208,12 +225,14 @@ TEST_CASE("nccl all_reduce sums over every GPU of this machine", "[nccl][gpu]") 
   }
 }
 
-TEST_CASE("nccl collectives refuse host buffers and bad roots and fail after abort()", "[nccl][gpu]") {
+TEST_CASE("nccl: the group's own checks refuse host buffers and bad roots and keep it but abort() breaks it",
+          "[nccl][gpu]") {
   SKIP_WITHOUT_GPU(devices);
   (void)devices;
   auto store = std::make_shared<rdzv::MemoryStore>();
   auto pg = std::make_shared<ddp::ProcessGroup>(ddp::detail::make_nccl_backend(setup_for(store, 0, 1)));
 
+  // ProcessGroup refuses these before NCCL sees them: the group stays usable.
   std::vector<float> host(4, 1.0f);
   CHECK_THROWS_AS(pg->all_reduce(ddp::view(host)), ddp::InvalidArgument);
   DeviceArray<float> buf(4);
@@ -226,6 +245,45 @@ TEST_CASE("nccl collectives refuse host buffers and bad roots and fail after abo
   pg->abort("test");
   CHECK_THROWS_AS(pg->all_reduce(buf.buffer()), ddp::Error);
   CHECK_THROWS_WITH(pg->barrier(), Catch::Contains("test"));
+}
+
+// NCCL records a refused call on a non-blocking communicator and refuses every later
+// one (NCCL 2.28 on an H200): the backend breaks the group with InvalidArgument naming
+// the call. The backend is driven directly, so NCCL (not ProcessGroup) sees root 5 of 1.
+TEST_CASE("nccl: a call NCCL refuses breaks the group with InvalidArgument and later calls rethrow it",
+          "[nccl][gpu]") {
+  SKIP_WITHOUT_GPU(devices);
+  (void)devices;
+  auto store = std::make_shared<rdzv::MemoryStore>();
+  auto backend = ddp::detail::make_nccl_backend(setup_for(store, 0, 1));
+  DeviceArray<float> buf(4);
+  ddp::detail::Op bad;
+  bad.kind = ddp::detail::OpKind::Broadcast;
+  bad.input = bad.output = buf.buffer();
+  bad.peer = 5;
+  bad.seq = 1;
+  std::string first;
+  try {
+    backend->run(bad);
+    FAIL("NCCL accepted broadcast root 5 of a group of 1");
+  } catch (const ddp::InvalidArgument& e) {
+    first = e.what();
+  }
+  INFO(first);
+  CHECK_THAT(first, Catch::StartsWith("NCCL broadcast #1 of group 0 was refused: invalid argument"));
+  CHECK_THAT(first, Catch::EndsWith("so the group can no longer be used"));
+  ddp::detail::Op good;
+  good.kind = ddp::detail::OpKind::AllReduce;
+  good.input = good.output = buf.buffer();
+  good.seq = 2;
+  for (int i = 0; i < 2; ++i) {
+    try {
+      backend->run(good);
+      FAIL("a call after NCCL's refusal was accepted");
+    } catch (const ddp::InvalidArgument& e) {
+      CHECK(std::string(e.what()) == first);
+    }
+  }
 }
 
 TEST_CASE("nccl new_group splits off a subgroup and the other ranks get nullptr", "[nccl][gpu]") {

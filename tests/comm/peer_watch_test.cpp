@@ -98,6 +98,13 @@ TEST_CASE("peer watch: a subgroup's watch uses the subgroup's ranks", "[peer_wat
   CHECK(sub->dead_peer() == -1);
   REQUIRE(kill(b.pid(), SIGKILL) == 0);
   CHECK(wait_for_dead(*sub, 2000ms) == 0);
+  // Named by its global rank (2), with its rank in the subgroup.
+  CHECK(sub->how_gone(0) == "peer rank 2 (group rank 0, pid " + std::to_string(b.pid()) + " on " +
+                                ddp::detail::PeerWatch::record_of(0).substr(
+                                    ddp::detail::PeerWatch::record_of(0).rfind('\n') + 1) + ") exited");
+  CHECK_THAT(w.describe(2), Catch::StartsWith("rank 2 (pid " + std::to_string(b.pid()) + " on "));
+  // A nested subgroup keeps the global rank: {1, 0} of {2, 0} is global {0, 2}.
+  CHECK_THAT(sub->narrow({1, 0})->describe(1), Catch::StartsWith("rank 2 (group rank 1, pid "));
 }
 
 TEST_CASE("peer watch: a point-to-point call waits on its peer's published exit alone, each with its own grace",

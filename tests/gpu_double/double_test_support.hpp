@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -19,17 +20,27 @@
 #include <vector>
 
 #include "forked.hpp"
+#include "gpu_double_check.hpp"
 #include "subprocess.hpp"
 
 namespace gpu_double_test {
 
 using namespace std::chrono_literals;
 
-// FAILs unless the process runs under the double (the real runtime has no such symbol).
+// FAILs unless the process runs under the double (both libraries).
 inline void require_double() {
-  void* marker = dlsym(RTLD_DEFAULT, "gpu_double_version");
-  INFO("gpu_double_version not found: the test must run with LD_LIBRARY_PATH=<build>/tests/gpu_double/lib");
-  REQUIRE(marker != nullptr);
+  const std::string problem = gpu_double_check::problem();
+  INFO(problem);
+  REQUIRE(problem.empty());
+}
+
+// The double's own export `name` (tests link the real runtime's declarations only).
+template <typename Fn>
+Fn double_fn(const char* name) {
+  auto* f = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+  INFO(name << " is not exported by the double");
+  REQUIRE(f != nullptr);
+  return f;
 }
 
 inline void check_cuda(cudaError_t e, const char* what) {
@@ -149,6 +160,20 @@ inline int run_hidden(const std::string& name, const std::map<std::string, std::
   output = r.out + r.err;
   return r.status;
 }
+
+// A host function that blocks its stream until release() (or the destructor).
+struct Gate {
+  std::promise<void> opened;
+  std::shared_future<void> open = opened.get_future().share();
+  bool released = false;
+  static void wait(void* self) { static_cast<Gate*>(self)->open.wait(); }
+  void block(cudaStream_t s) { check_cuda(cudaLaunchHostFunc(s, &Gate::wait, this), "cudaLaunchHostFunc"); }
+  void release() {
+    if (!released) opened.set_value();
+    released = true;
+  }
+  ~Gate() { release(); }
+};
 
 // Device memory of `n` elements that frees itself.
 template <typename T>

@@ -31,7 +31,8 @@
 //                     from then ncclCommGetAsyncError reports ncclRemoteError (what
 //                     NCCL reports when a peer across the network is lost); later
 //                     calls return ncclRemoteError.
-//    enqueue_error    call n+1 (and every later one) returns ncclSystemError.
+//    enqueue_error    call n+1 (and every later one) returns ncclSystemError; a
+//                     non-blocking communicator's async state becomes it too.
 //    enqueue_pending  call n+1 returns ncclInProgress and the communicator never
 //                     settles: ncclCommGetAsyncError says ncclInProgress for good.
 //    event_error      call n+1's work fails on its stream as a kernel fault does: the
@@ -45,20 +46,37 @@
 //                     for good (a blocking parent answers ncclInProgress).
 //    stream_error     cudaStreamCreate[WithFlags] returns cudaErrorMemoryAllocation.
 //  DDP_GPU_DOUBLE_TRACE=1     one stderr line per NCCL call (debugging only).
+//  DDP_GPU_DOUBLE_DELAY_US=N  every stream (the legacy ones too) pauses a random
+//                             0..N microseconds before each task (default 0; at most
+//                             1000000), so work that lacks a cross-stream dependency
+//                             or a host wait runs late and fails its check.
+//  Both libraries read the knobs: a malformed value is reported on stderr once by
+//  each, so twice.
 //
 // ===================================================================================
 // The CUDA runtime
 // ===================================================================================
 //  - Devices: N devices; cudaSetDevice/cudaGetDevice keep the current device per
 //    thread (default 0), as CUDA does. Properties are not modelled.
-//  - Memory: "device" memory is host memory the double owns; cudaMalloc records the
-//    current device, aligns to 256 bytes and does not zero (as CUDA). A pointer not
+//  - Memory: "device" memory is host memory the double owns that host code cannot
+//    touch: each allocation is a memfd mapped twice, the address handed out
+//    PROT_NONE (a host read or write of it is SIGSEGV, as a GPU pointer would fault),
+//    and a readable alias the double's copies, fills and NCCL tasks use (tests may use
+//    gpu_double_peek/poke). cudaMalloc records the current device, aligns to a page
+//    (CUDA guarantees 256 bytes), and does not zero (as CUDA; a fresh memfd is zero,
+//    so nothing shows uninitialised reads). A forked child gets a copy of its
+//    parent's device memory at the same addresses (the double's choice: CUDA does not
+//    support a child using its parent's context). A pointer not
 //    from cudaMalloc/ncclMemAlloc is not device memory. cudaPointerGetAttributes:
 //    device memory gives cudaMemoryTypeDevice and its device; anything else
 //    cudaMemoryTypeUnregistered with device -2 (undocumented; what CUDA 13 answered
 //    on an H200).
-//  - cudaMemcpy/cudaMemset are synchronous after the legacy stream's queue (they run
-//    on it and wait). The double checks the sides `kind` names: a HostToDevice copy
+//  - cudaMemcpy and cudaMemset run on the legacy stream's queue. As in CUDA, cudaMemset
+//    (device memory) and a device-to-device cudaMemcpy return at once without waiting
+//    for it; a copy from or to host memory returns once done. CUDA may return from a
+//    host-to-device copy out of pageable memory once the source is staged, and from
+//    one out of pinned memory once done: the double always waits (it does not tell
+//    pinned memory apart). The double checks the sides `kind` names: a HostToDevice copy
 //    whose destination is not device memory (or overruns its allocation) is
 //    cudaErrorInvalidValue; cudaMemcpyDefault checks nothing. Real CUDA with unified
 //    addressing may accept some of these (stricter here on purpose).
@@ -83,7 +101,16 @@
 //  - cudaLaunchHostFunc runs the function on the stream's worker thread in order.
 //  - Errors: every failing call records the calling thread's last error
 //    (cudaGetLastError returns and clears it, cudaPeekAtLastError only returns it);
-//    cudaErrorNotReady is not recorded. cudaGetErrorString/Name give the real texts
+//    cudaErrorNotReady is not recorded. After a kernel fault (event_error, or
+//    gpu_double_fault_device) the device's sticky cudaErrorLaunchFailure is answered
+//    by every call on that device: cudaMalloc, cudaFree (which still lets the memory
+//    go), cudaMemcpy[Async], cudaMemset[Async], cudaStreamCreate, cudaEventCreate,
+//    cudaEventRecord, cudaStreamWaitEvent, cudaLaunchHostFunc, the queries and
+//    synchronizes; cudaGetLastError/cudaPeekAtLastError answer it for good (CUDA's
+//    cannot clear it either). Work queued before the fault is skipped (host functions
+//    do not run). Not modelled: cudaStreamDestroy/cudaEventDestroy still answer
+//    cudaSuccess (CUDA's answer there is not known here), and CUDA's error is per
+//    context, the double's per device. cudaGetErrorString/Name give the real texts
 //    for the codes the double returns.
 //  - Not modelled: kernels (no __cudaRegisterFatBinary: binaries with device code,
 //    like the training kernels, do not load under the double), graphs, capture,
@@ -114,14 +141,31 @@
 //    and NCCL 2.28.3 on an H200 (one rank) accepted a malloc'd host pointer
 //    without an error: the refusal is the double's, stricter than NCCL)
 //    and enqueued onto the given stream; it runs there between the ranks through the
-//    segment. Calls while the communicator is still forming or splitting:
-//    ncclInvalidUsage; after it failed: its error.
+//    segment. Calls (and ncclCommSplit) while the communicator is still forming or
+//    splitting: ncclInvalidArgument, as NCCL's ncclCommEnsureReady; the init's or
+//    split's outcome then stands (NCCL stores the error as the async state too, and
+//    the settling overwrites it: not checked on a GPU). After it failed: its error.
+//  - A refused call poisons a NON-BLOCKING communicator, as NCCL 2.28.9 did on an
+//    H200 (dtype 99, broadcast root 5 of 1): the call returns the error,
+//    ncclCommGetAsyncError reports it from then on, and every later call (a valid
+//    one too) and split return it. A BLOCKING communicator only returns it from that
+//    call and stays usable (also seen there). The same holds for enqueue_error.
+//  - A group with a refused call (of any communicator) launches none of its calls:
+//    the refused call returns its error, the others ncclSuccess, ncclGroupEnd
+//    returns the first error (seen on an H200), and every non-blocking communicator
+//    with calls in the group keeps that error (NCCL's group cleanup does so; seen
+//    for the communicator of the refused call only). Whether NCCL runs a group's
+//    valid calls is not known; its source discards them, as the double does.
 //  - A non-blocking communicator's first launched call (or group) answers
 //    ncclInProgress, which NCCL may answer while it connects peers in the background;
 //    the double has already settled it (ncclCommGetAsyncError says ncclSuccess).
 //    Later calls answer ncclSuccess. Not known for several ranks: NCCL 2.28.3 on an
 //    H200 answered ncclSuccess to the first all_reduce of a one-rank communicator.
 //    The double answers ncclInProgress so that callers' settling path runs.
+//  - Order: as NCCL, one communicator's operations run in the order they were
+//    issued, whatever streams they were given: each task waits for the one issued
+//    before it on that communicator (its stream waits on the communicator's last
+//    point). Work of other communicators is not ordered with it.
 //  - Groups: ncclGroupStart/End (nestable) fuse the calls between them into one task
 //    per communicator that progresses all its sends and receives together, so
 //    gather/scatter/all_to_all written as send/recv loops do not deadlock. Calls of
@@ -160,16 +204,34 @@
 //    communicator's queued operations (for good if a peer is gone, as NCCL), then
 //    frees it. ncclCommFinalize waits for them; a non-blocking communicator answers
 //    ncclInProgress and reports the flush through ncclCommGetAsyncError (as NCCL
-//    2.28.3 did on an H200); a second finalize is ncclInvalidArgument.
+//    2.28.3 did on an H200); a second finalize is ncclInvalidArgument. An abort
+//    cuts a non-blocking finalize's flush short, even one waiting behind other
+//    work on its stream (the flush polls its events every millisecond for that).
 //  - Waiting costs no CPU: waits sleep on a futex in the segment (a few yields
 //    first) and every change meant for a rank wakes it.
-//  - ncclGetLastError gives the process's last error text (as NCCL, one for all threads). ncclMemAlloc and
-//    ncclMemFree allocate device memory on the current device. ncclGetVersion
-//    reports NCCL_VERSION_CODE of the headers.
+//  - ncclGetLastError gives the process's last error text (as NCCL, one for all
+//    threads). ncclMemAlloc and ncclMemFree allocate device memory on the current
+//    device. ncclGetVersion reports NCCL_VERSION_CODE of the headers.
+//  - Init inside ncclGroupStart/End: NCCL defers it to ncclGroupEnd, so one thread
+//    may form several ranks with blocking inits in a group. The double does not
+//    defer: a blocking init in a group waits for its peers at once, and one thread
+//    forming several ranks that way deadlocks (use config.blocking = 0, or a thread
+//    per rank). Not fixed.
+//  - Resources: a communicator's segment is nranks² channels of 256 KiB plus slots,
+//    sparse in /dev/shm (pages are touched as data flows; at most 4 MiB for 4 ranks,
+//    1 GiB for 64, held while any rank maps it), so /dev/shm must allow that.
+//    "Hosts" made with network namespaces share the real host's /dev/shm, which is how
+//    they reach each other; host_identity() (hostname + network namespace) is what
+//    keeps their devices apart. The stale-segment sweep probes a dead rank with
+//    kill(pid, 0), which assumes every rank shares one PID namespace (true for the
+//    project's tests; in separate PID namespaces a segment might be swept while live
+//    ranks use it, or kept after they died).
 //  - Not implemented: ncclCommInitAll, ncclCommInitRankScalable, ncclCommShrink,
 //    ncclCommRevoke, buffer/window registration, user-defined ops; binaries using
 //    them do not load under the double.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstddef>
 
@@ -185,4 +247,17 @@ void* gpu_double_alloc(size_t size, int device);
 int gpu_double_free(void* p);
 // The device of the allocation holding [p, p + bytes), or -1.
 int gpu_double_device_of(const void* p, size_t bytes);
+// Where the double itself reads and writes `p`: the readable alias of device memory
+// (whose own address is PROT_NONE), `p` itself for any other pointer.
+void* gpu_double_host_view(const void* p);
+// Copies between host memory and device memory at once, outside every stream (for
+// tests that look at device memory without a cudaMemcpy); -1 when `device_*` is not
+// device memory of `bytes` bytes.
+int gpu_double_peek(void* dst, const void* device_src, size_t bytes);
+int gpu_double_poke(void* device_dst, const void* src, size_t bytes);
+// How many cudaFree'd allocations still wait for queued work before they go.
+int gpu_double_pending_frees();
+// cudaLaunchHostFunc, where `drop(data)` runs instead of `fn(data)` when the stream
+// skips the task (after a kernel fault), so that `data` is not leaked.
+int gpu_double_launch_host_func(cudaStream_t stream, void (*fn)(void*), void* data, void (*drop)(void*));
 }

@@ -1,6 +1,7 @@
 // The NCCL double's collectives over forked processes: every collective x every
-// type x every op with exact expected values, in place and not, and a buffer far
-// larger than the segment's channels.
+// type x every op with exact expected values, in place and not (all_reduce,
+// reduce_scatter, broadcast, all_gather), a non-root reduce leaving its receive
+// buffer alone, and a buffer far larger than the segment's channels.
 #include <cmath>
 #include <cstdint>
 
@@ -89,7 +90,9 @@ std::vector<uint8_t> fill(ncclDataType_t t, size_t count, const std::function<do
 struct Bytes {
   explicit Bytes(size_t n) : size(n) { check_cuda(cudaMalloc(&ptr, n), "cudaMalloc"); }
   ~Bytes() { cudaFree(ptr); }
-  void upload(const std::vector<uint8_t>& v) { check_cuda(cudaMemcpy(ptr, v.data(), v.size(), cudaMemcpyDefault), "up"); }
+  void upload(const std::vector<uint8_t>& v) {
+    check_cuda(cudaMemcpy(ptr, v.data(), v.size(), cudaMemcpyDefault), "up");
+  }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> v(size);
     check_cuda(cudaMemcpy(v.data(), ptr, size, cudaMemcpyDefault), "down");
@@ -118,11 +121,13 @@ std::string matrix(int rank, int n, ncclComm_t comm, cudaStream_t s) {
       check_nccl(ncclAllReduce(in.ptr, in.ptr, kCount, t, op, comm, s), "all_reduce in place");
       cudaStreamSynchronize(s);
       if (out.download() != want || in.download() != want) return name("all_reduce", t, op);
-      // reduce to the last rank.
+      // reduce to the last rank; the others' receive buffers stay untouched.
       in.upload(mine(t));
+      const std::vector<uint8_t> sentinel(bytes, 0x5a);
+      out.upload(sentinel);
       check_nccl(ncclReduce(in.ptr, out.ptr, kCount, t, op, n - 1, comm, s), "reduce");
       cudaStreamSynchronize(s);
-      if (rank == n - 1 && out.download() != want) return name("reduce", t, op);
+      if (out.download() != (rank == n - 1 ? want : sentinel)) return name("reduce", t, op);
       // reduce_scatter: segment p of rank r's input is (r + 1) * k(p * kCount + i).
       Bytes whole(bytes * n), part(bytes);
       whole.upload(fill(t, kCount * n, [&](size_t i) { return (rank + 1) * k_of(i); }));
@@ -130,6 +135,13 @@ std::string matrix(int rank, int n, ncclComm_t comm, cudaStream_t s) {
       cudaStreamSynchronize(s);
       const auto want_part = fill(t, kCount, [&](size_t i) { return expected(t, op, n, rank * kCount + i); });
       if (part.download() != want_part) return name("reduce_scatter", t, op);
+      // reduce_scatter in place: the receive buffer is this rank's segment of the input.
+      auto* own = static_cast<uint8_t*>(whole.ptr) + rank * bytes;
+      check_nccl(ncclReduceScatter(whole.ptr, own, kCount, t, op, comm, s), "reduce_scatter in place");
+      cudaStreamSynchronize(s);
+      std::vector<uint8_t> got(bytes);
+      check_cuda(cudaMemcpy(got.data(), own, bytes, cudaMemcpyDeviceToHost), "down");
+      if (got != want_part) return name("reduce_scatter in place", t, op);
     }
     // broadcast from rank 1 (in place) and all_gather (out of place).
     Bytes b(bytes), gathered(bytes * n);
@@ -142,6 +154,18 @@ std::string matrix(int rank, int n, ncclComm_t comm, cudaStream_t s) {
     std::vector<uint8_t> all;
     for (int r = 0; r < n; ++r) all.insert(all.end(), from_1.begin(), from_1.end());
     if (gathered.download() != all) return name("all_gather", t, ncclSum);
+    // broadcast out of place (the root's send buffer stays), all_gather in place
+    // (the send buffer is this rank's segment of the receive buffer).
+    Bytes root_in(bytes), copy(bytes), inplace(bytes * n);
+    root_in.upload(rank == 1 ? mine(t) : std::vector<uint8_t>(bytes, 0));
+    check_nccl(ncclBroadcast(root_in.ptr, copy.ptr, kCount, t, 1, comm, s), "broadcast out of place");
+    auto* own = static_cast<uint8_t*>(inplace.ptr) + rank * bytes;
+    check_cuda(cudaMemcpyAsync(own, copy.ptr, bytes, cudaMemcpyDeviceToDevice, s), "d2d");
+    check_nccl(ncclAllGather(own, inplace.ptr, kCount, t, comm, s), "all_gather in place");
+    cudaStreamSynchronize(s);
+    if (copy.download() != from_1 || (rank == 1 && root_in.download() != mine(t)))
+      return name("broadcast out of place", t, ncclSum);
+    if (inplace.download() != all) return name("all_gather in place", t, ncclSum);
   }
   return "";
 }

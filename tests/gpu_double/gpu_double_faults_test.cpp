@@ -163,9 +163,11 @@ TEST_CASE("fault: split_error", "[.]") {
   CHECK(settle(comms[1]) == ncclSystemError);
   CHECK(child[1] == nullptr);
   CHECK(settle(comms[0], 100ms) == ncclInProgress);  // rank 1 never proposed
+  // Abort ends rank 0's split waiting for rank 1 at once.
+  const auto start = std::chrono::steady_clock::now();
   ncclCommAbort(comms[0]);
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
   ncclCommAbort(comms[1]);
-  CHECK(child[0] == nullptr);
 }
 
 TEST_CASE("fault: split_hang", "[.]") {
@@ -210,6 +212,20 @@ TEST_CASE("knob: trace", "[.]") {
   for (auto* c : comms) ncclCommAbort(c);
 }
 
+TEST_CASE("knob: delay", "[.]") {
+  require_double();  // DDP_GPU_DOUBLE_DELAY_US=20000: 20 tasks take about 200 ms
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  DeviceBuffer<int> buf(4);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) REQUIRE(cudaMemsetAsync(buf.ptr, i, 4 * sizeof(int), s) == cudaSuccess);
+  CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(std::chrono::steady_clock::now() - start > 50ms);  // 20 random pauses of 0..20 ms
+  CHECK(buf.download() == std::vector<int>(4, 0x13131313));
+  cudaStreamDestroy(s);
+}
+
 TEST_CASE("faults: every knob behaves as gpu_double.hpp says, each in a fresh process", "[double][faults]") {
   require_double();
   struct Case {
@@ -232,6 +248,8 @@ TEST_CASE("faults: every knob behaves as gpu_double.hpp says, each in a fresh pr
       {"knob: no devices", {{"DDP_GPU_DOUBLE_DEVICES", "0"}}},
       {"knob: trace", {{"DDP_GPU_DOUBLE_TRACE", "1"}}, "ncclCommInitRankConfig (non-blocking)"},
       {"knob: trace", {{"DDP_GPU_DOUBLE_FAULTS", "no_such_fault"}}, "ignoring 'no_such_fault'"},
+      {"knob: delay", {{"DDP_GPU_DOUBLE_DELAY_US", "20000"}}},
+      {"knob: trace", {{"DDP_GPU_DOUBLE_DELAY_US", "soon"}}, "DDP_GPU_DOUBLE_DELAY_US=soon is not"},
   };
   for (const Case& c : cases) {
     std::string output;

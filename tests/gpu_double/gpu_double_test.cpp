@@ -1,29 +1,15 @@
 // The CUDA runtime double: devices, errors, memory, stream order and asynchrony,
 // events. Runs under the double (LD_LIBRARY_PATH); every case checks that first.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
-#include <future>
 
 #include "double_test_support.hpp"
 
 using namespace gpu_double_test;
 
-namespace {
-
-// A host function that blocks its stream until release() (or the destructor).
-struct Gate {
-  std::promise<void> opened;
-  std::shared_future<void> open = opened.get_future().share();
-  bool released = false;
-  static void wait(void* self) { static_cast<Gate*>(self)->open.wait(); }
-  void block(cudaStream_t s) { check_cuda(cudaLaunchHostFunc(s, &Gate::wait, this), "cudaLaunchHostFunc"); }
-  void release() {
-    if (!released) opened.set_value();
-    released = true;
-  }
-  ~Gate() { release(); }
-};
-
-}  // namespace
 
 TEST_CASE("the test runs under the double", "[double]") {
   require_double();
@@ -136,6 +122,9 @@ TEST_CASE("streams: cudaStreamWaitEvent orders one stream after a point of anoth
   cudaEventCreate(&filled);
   cudaEventCreate(&copied);
 
+  cudaEvent_t before = nullptr;
+  cudaEventCreate(&before);
+  REQUIRE(cudaEventRecord(before, a) == cudaSuccess);
   Gate gate;
   gate.block(a);
   REQUIRE(cudaMemsetAsync(src.ptr, 1, 256 * sizeof(int), a) == cudaSuccess);
@@ -148,9 +137,13 @@ TEST_CASE("streams: cudaStreamWaitEvent orders one stream after a point of anoth
   gate.release();
   CHECK(cudaStreamSynchronize(b) == cudaSuccess);
   CHECK(dst.download() == std::vector<int>(256, 0x01010101));
+  // The gate held stream a for the 100 ms above: the events measure it.
   float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, before, filled) == cudaSuccess);
+  CHECK(ms >= 90);
   CHECK(cudaEventElapsedTime(&ms, filled, copied) == cudaSuccess);
-  CHECK(ms >= 0);
+  CHECK(ms < 90);
+  cudaEventDestroy(before);
   cudaEventDestroy(filled);
   cudaEventDestroy(copied);
   cudaStreamDestroy(a);
@@ -206,10 +199,94 @@ TEST_CASE("memory: cudaFree with work still queued returns at once and the point
   CHECK(a.type == cudaMemoryTypeUnregistered);
   CHECK(cudaMemset(p, 0, 16) == cudaErrorInvalidValue);
   cudaGetLastError();
+  auto pending = double_fn<int (*)()>("gpu_double_pending_frees");
+  const int waiting = pending();
+  CHECK(waiting >= 1);  // deferred, not released at once
   gate.release();  // the memset runs on memory the double has not released yet
   CHECK(cudaStreamSynchronize(s) == cudaSuccess);
   void* q = nullptr;
   REQUIRE(cudaMalloc(&q, 16) == cudaSuccess);
   CHECK(cudaFree(q) == cudaSuccess);  // and this one releases the first
+  CHECK(pending() < waiting);
   cudaStreamDestroy(s);
+}
+
+TEST_CASE("memory: the host cannot touch device memory, peek/poke can, and a forked child gets a copy", "[double]") {
+  require_double();
+  auto peek = double_fn<int (*)(void*, const void*, size_t)>("gpu_double_peek");
+  auto poke = double_fn<int (*)(void*, const void*, size_t)>("gpu_double_poke");
+  DeviceBuffer<int> buf(4);
+  buf.upload({1, 2, 3, 4});
+  int v = 0;
+  CHECK(peek(&v, buf.ptr + 2, sizeof v) == 0);
+  CHECK(v == 3);
+  const int nine = 9;
+  CHECK(poke(buf.ptr + 1, &nine, sizeof nine) == 0);
+  CHECK(buf.download() == std::vector<int>{1, 9, 3, 4});
+  CHECK(peek(&v, &nine, sizeof v) == -1);  // not device memory
+  // A host read of a device pointer faults, as on a GPU.
+  const pid_t reader = fork();
+  if (reader == 0) {
+    volatile int got = *const_cast<volatile int*>(buf.ptr);
+    _exit(got == 1 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(reader, &status, 0) == reader);
+  CHECK(WIFSIGNALED(status));
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV));
+  // A child's writes stay its own (as a fork of plain memory would).
+  const pid_t writer = fork();
+  if (writer == 0) {
+    const int zero = 0;
+    std::vector<int> seen(4);
+    const bool ok = poke(buf.ptr, &zero, sizeof zero) == 0 &&
+                    cudaMemcpy(seen.data(), buf.ptr, sizeof(int) * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                    seen == std::vector<int>{0, 9, 3, 4};
+    _exit(ok ? 0 : 1);
+  }
+  REQUIRE(waitpid(writer, &status, 0) == writer);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(buf.download() == std::vector<int>{1, 9, 3, 4});
+}
+
+TEST_CASE("check: without the double on the path", "[.]") {
+  // Run with LD_LIBRARY_PATH unset: the real libraries load, and the check says so.
+  const std::string problem = gpu_double_check::problem();
+  CHECK(problem.find("not the double") != std::string::npos);
+}
+
+TEST_CASE("check: gpu_double_check tells the real libraries from the double", "[double]") {
+  require_double();
+  CHECK(gpu_double_check::problem().empty());
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  testing::ProcessOptions options;
+  options.unset_env = {"LD_LIBRARY_PATH"};
+  auto r = testing::run({self, "check: without the double on the path"}, options, 60s);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("All tests passed") != std::string::npos);
+}
+
+TEST_CASE("streams: a non-blocking stream does not wait for legacy work, a blocking one does", "[double]") {
+  require_double();
+  DeviceBuffer<int> buf(16);
+  buf.upload(std::vector<int>(16, 0));
+  cudaStream_t free_running = nullptr, blocking = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&free_running, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  Gate gate;
+  gate.block(nullptr);  // legacy work that does not finish until released
+  REQUIRE(cudaMemsetAsync(buf.ptr, 1, 16 * sizeof(int), free_running) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(free_running) == cudaSuccess);  // ran past the gated legacy stream
+  REQUIRE(cudaMemsetAsync(buf.ptr, 2, 16 * sizeof(int), blocking) == cudaSuccess);
+  REQUIRE(cudaEventRecord(done, blocking) == cudaSuccess);
+  CHECK(stays_pending([&] { return cudaEventQuery(done); }, 100ms));  // waits for the legacy work
+  gate.release();
+  CHECK(cudaEventSynchronize(done) == cudaSuccess);
+  CHECK(buf.download() == std::vector<int>(16, 0x02020202));
+  cudaEventDestroy(done);
+  cudaStreamDestroy(free_running);
+  cudaStreamDestroy(blocking);
 }

@@ -16,17 +16,24 @@
 //   device_worker mismatch      rank 0 calls broadcast, rank 1 scatter (stalls)
 //   device_worker drop <victim> the victim exits 0; the others end their group with an
 //                               async all_reduce left unwaited
+//   device_worker leave         rank 0 exits 0 right after an all_reduce; the others'
+//                               part of it still completes
 //   device_worker fault         init, a subgroup and all_reduces until one fails (the
 //                               double's DDP_GPU_DOUBLE_FAULTS decides which)
-//   device_worker misuse        NCCL's own refusals leave the group usable; an
-//                               operation timeout and abort() break it
+//   device_worker misuse        a call NCCL refuses breaks its (sub)group; an
+//                               operation timeout and abort() break the group
 //
 // Prints "rank R: ..." lines; a failure "rank R: ERROR <unix s> <type>: <what>".
-// Exits 0 when every check passed, 1 otherwise.
+// Exits 0 when every check passed, 1 otherwise, 2 on bad use: an unknown mode, a mode
+// that needs a peer at world size 1 ("needs at least 2 ranks"), or
+// DDP_EXPECT_GPU_DOUBLE=1 (set by the tests under the double) without the double
+// loaded (the real libraries would run silently).
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,7 +45,9 @@
 #include <vector>
 
 #include "ddp/init.hpp"
+#include "device_values.hpp"
 #include "flight_recorder.hpp"
+#include "gpu_double_check.hpp"
 
 namespace {
 
@@ -46,6 +55,7 @@ using ddp::Buffer;
 using ddp::DType;
 using ddp::ReduceOp;
 using namespace std::chrono_literals;
+using namespace device_test;
 
 int g_rank = 0;
 int g_checks = 0;
@@ -83,111 +93,6 @@ bool fails(const std::function<void()>& body, bool quiet = false) {
     return true;
   }
   return false;
-}
-
-// ---- device memory and values ----------------------------------------------
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// `count` elements of `t` in GPU memory.
-struct DeviceBuffer {
-  DeviceBuffer(DType type, size_t n) : t(type), count(n) {
-    cuda_ok(cudaMalloc(&p, std::max<size_t>(n * ddp::dtype_size(t), 1)), "cudaMalloc");
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  Buffer buf() const { return Buffer{p, count, t, ddp::Device::Cuda}; }
-
-  void upload(const std::vector<double>& v) {
-    std::vector<std::byte> bytes(v.size() * ddp::dtype_size(t));
-    for (size_t i = 0; i < v.size(); ++i) put(bytes.data(), i, v[i]);
-    cuda_ok(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  std::vector<double> download() const {
-    std::vector<std::byte> bytes(count * ddp::dtype_size(t));
-    cuda_ok(cudaMemcpy(bytes.data(), p, bytes.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    std::vector<double> v(count);
-    for (size_t i = 0; i < count; ++i) v[i] = get(bytes.data(), i);
-    return v;
-  }
-
-  void put(std::byte* base, size_t i, double v) const {
-    switch (t) {
-      case DType::F32: reinterpret_cast<float*>(base)[i] = static_cast<float>(v); break;
-      case DType::F64: reinterpret_cast<double*>(base)[i] = v; break;
-      case DType::F16: reinterpret_cast<ddp::Half*>(base)[i] = ddp::to_half(static_cast<float>(v)); break;
-      case DType::BF16: reinterpret_cast<ddp::BFloat16*>(base)[i] = ddp::to_bfloat16(static_cast<float>(v)); break;
-      case DType::I32: reinterpret_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
-      case DType::I64: reinterpret_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
-      case DType::U8: reinterpret_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); break;
-    }
-  }
-  double get(const std::byte* base, size_t i) const {
-    switch (t) {
-      case DType::F32: return reinterpret_cast<const float*>(base)[i];
-      case DType::F64: return reinterpret_cast<const double*>(base)[i];
-      case DType::F16: return ddp::to_float(reinterpret_cast<const ddp::Half*>(base)[i]);
-      case DType::BF16: return ddp::to_float(reinterpret_cast<const ddp::BFloat16*>(base)[i]);
-      case DType::I32: return reinterpret_cast<const int32_t*>(base)[i];
-      case DType::I64: return static_cast<double>(reinterpret_cast<const int64_t*>(base)[i]);
-      case DType::U8: return reinterpret_cast<const uint8_t*>(base)[i];
-    }
-    return 0;
-  }
-
-  DType t;
-  size_t count;
-  void* p = nullptr;
-};
-
-bool is_float(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16; }
-
-// Small integers from a hash of (rank, index), so every sum, product, min and max is
-// exact in every dtype and a misplaced block differs from the reference.
-double value(int rank, size_t i, ReduceOp op = ReduceOp::Sum) {
-  uint64_t x = (static_cast<uint64_t>(rank + 1) << 32) ^ (i * 0x9e3779b97f4a7c15ULL);
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 32;
-  return static_cast<double>(op == ReduceOp::Prod ? 1 + x % 2 : 1 + x % 4);
-}
-
-std::vector<double> values(int rank, size_t n, ReduceOp op = ReduceOp::Sum, size_t from = 0) {
-  std::vector<double> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = value(rank, from + i, op);
-  return v;
-}
-
-// op over ranks 0..n-1 of value(r, i); Avg divides in the dtype's arithmetic
-// (integers truncate, as NCCL's integer average does).
-double reduced(DType t, ReduceOp op, int n, size_t i) {
-  double acc = value(0, i, op);
-  for (int r = 1; r < n; ++r) {
-    const double v = value(r, i, op);
-    if (op == ReduceOp::Sum || op == ReduceOp::Avg) acc += v;
-    if (op == ReduceOp::Prod) acc *= v;
-    if (op == ReduceOp::Min) acc = std::min(acc, v);
-    if (op == ReduceOp::Max) acc = std::max(acc, v);
-  }
-  if (op != ReduceOp::Avg) return acc;
-  return is_float(t) ? acc / n : std::trunc(acc / n);
-}
-
-bool same(DType t, const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size()) return false;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double tolerance = is_float(t) ? 1e-2 * std::max(1.0, std::fabs(want[i])) : 0;
-    if (std::fabs(got[i] - want[i]) > tolerance) return false;
-  }
-  return true;
-}
-
-std::string label(const char* what, DType t, size_t count, const char* op = nullptr) {
-  return std::string(what) + " " + ddp::dtype_name(t) + " count " + std::to_string(count) + (op ? " " : "") +
-         (op ? op : "");
 }
 
 // ---- the matrix ------------------------------------------------------------
@@ -401,7 +306,7 @@ int routed(ddp::ProcessGroup& pg) {
   if (r == 0) check(out.download()[2 * (n - 1) + 1] == 10 * (n - 1), "routed gather");
   pg.scatter(r == 0 ? out.buf() : Buffer{}, in.buf(), 0);
   check(same(DType::I32, in.download(), {static_cast<double>(r), 10.0 * r}), "routed scatter");
-  auto sub = pg.new_group({0, n - 1});
+  auto sub = n > 1 ? pg.new_group({0, n - 1}) : nullptr;  // at world 1: no subgroup to form
   if (sub) {
     sub->all_reduce(dev.buf());
     sub->all_reduce(ddp::view(host));
@@ -455,17 +360,48 @@ int flight(ddp::ProcessGroup& pg) {
 
 // ---- failures ------------------------------------------------------------------
 
-// NCCL's own refusal (a host pointer said to be device memory) leaves the group
-// usable; a call that outlives its timeout breaks it, and so does abort().
-int misuse(ddp::ProcessGroup& pg) {
-  const int r = pg.rank();
+// Whether the GPU test double, not the real CUDA runtime, is loaded.
+bool under_double() { return dlsym(RTLD_DEFAULT, "gpu_double_version") != nullptr; }
+
+// A host pointer said to be device memory, in a subgroup of ranks {0, 1}: the double
+// refuses it as NCCL refuses a bad argument, which breaks the subgroup for good (NCCL
+// refuses every later call on a non-blocking communicator); the parent goes on. Real
+// NCCL accepted a host pointer at world 1; with more ranks it is not known, so on a real
+// GPU either answer passes, but a refusal must still break the subgroup.
+void refusal_breaks_subgroup(ddp::ProcessGroup& pg) {
+  auto sub = pg.new_group({0, 1});
+  if (!sub) return;
   std::vector<float> host(8, 1);
   Buffer lying{host.data(), host.size(), DType::F32, ddp::Device::Cuda};
-  check(fails([&] { pg.all_reduce(lying); }), "a host pointer as device memory is refused");
+  std::string first;
+  try {
+    sub->all_reduce(lying);
+    std::printf("rank %d: NCCL accepted a host pointer\n", g_rank);
+    check(!under_double(), "the double refuses a host pointer as device memory");
+    return;
+  } catch (const ddp::InvalidArgument& e) {
+    print_error(e);
+    first = e.what();
+  }
+  check(first.find("the group can no longer be used") != std::string::npos, "the refusal says the group is broken");
+  DeviceBuffer b(DType::F32, 8);
+  try {
+    sub->all_reduce(b.buf());
+    check(false, "a call after NCCL's refusal fails");
+  } catch (const ddp::InvalidArgument& e) {
+    check(e.what() == first, "a call after NCCL's refusal rethrows it");
+  }
+}
+
+// A refusal breaks its subgroup; a call that outlives its timeout breaks the group,
+// and so does abort().
+int misuse(ddp::ProcessGroup& pg) {
+  const int r = pg.rank();
+  refusal_breaks_subgroup(pg);
   DeviceBuffer b(DType::F32, 8);
   b.upload(std::vector<double>(8, 1));
   pg.all_reduce(b.buf());
-  check(same(DType::F32, b.download(), std::vector<double>(8, pg.size())), "the group works after the refusal");
+  check(same(DType::F32, b.download(), std::vector<double>(8, pg.size())), "the group works after the subgroup broke");
   // Rank 1 comes late: a short wait gives up, the operation goes on and completes.
   if (r == 1) std::this_thread::sleep_for(500ms);
   auto w = pg.all_reduce(b.buf(), ReduceOp::Sum, {.async_op = true});
@@ -533,6 +469,22 @@ int drop_at_exit(ddp::ProcessGroup& pg, int victim) {
   return 0;
 }
 
+// Rank 0 leaves right after an all_reduce it completed: the others may see its exit
+// before their own part ended (DDP_GPU_DOUBLE_DELAY_US makes their streams lag), and
+// must still complete it rather than fail naming rank 0.
+int leave_after_call(ddp::ProcessGroup& pg) {
+  static DeviceBuffer b(DType::F32, 64);
+  b.upload(std::vector<double>(64, 1));
+  pg.all_reduce(b.buf());
+  if (pg.rank() == 0) {
+    std::printf("rank 0: leaving\n");
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  check(same(DType::F32, b.download(), std::vector<double>(64, pg.size())), "the call completes after rank 0 left");
+  return 0;
+}
+
 // Rank 0 calls broadcast from rank 1, rank 1 scatter from rank 0: each waits for data
 // the other never sends (NCCL matches calls by position and checks nothing), a hang.
 int mismatch(ddp::ProcessGroup& pg) {
@@ -556,11 +508,28 @@ int main(int argc, char** argv) {
   const int victim = argc > 2 ? std::atoi(argv[2]) : -1;
   const char* rank = std::getenv("RANK");
   g_rank = rank ? std::atoi(rank) : 0;
+  const char* expect_double = std::getenv("DDP_EXPECT_GPU_DOUBLE");
+  if (expect_double != nullptr && std::string(expect_double) == "1") {
+    if (const std::string problem = gpu_double_check::problem(); !problem.empty()) {
+      std::fprintf(stderr, "device_worker: DDP_EXPECT_GPU_DOUBLE=1 but %s\n", problem.c_str());
+      return 2;
+    }
+  }
+  // Modes whose checks need a peer (a late one, a victim, a second caller).
+  static const char* const kNeedsPeers[] = {"flight", "misuse", "fault", "die", "exit", "subexit", "mismatch", "drop",
+                                             "leave"};
+  const bool needs_peers =
+      std::any_of(std::begin(kNeedsPeers), std::end(kNeedsPeers), [&](const char* m) { return mode == m; });
   std::shared_ptr<ddp::ProcessGroup> pg;
   int rc = 1;
   try {
     pg = ddp::init();
     g_rank = pg->rank();
+    if (needs_peers && pg->size() < 2) {
+      std::fprintf(stderr, "device_worker: mode '%s' needs at least 2 ranks, got %d\n", mode.c_str(), pg->size());
+      return 2;
+    }
+    if (under_double()) std::printf("rank %d: on the GPU test double\n", g_rank);
     if (mode == "matrix") rc = matrix(*pg);
     else if (mode == "auto") rc = routed(*pg);
     else if (mode == "flight") rc = flight(*pg);
@@ -569,7 +538,11 @@ int main(int argc, char** argv) {
     else if (mode == "die" || mode == "exit" || mode == "subexit") rc = victim_job(*pg, mode, victim);
     else if (mode == "mismatch") rc = mismatch(*pg);
     else if (mode == "drop") rc = drop_at_exit(*pg, victim);
-    else std::fprintf(stderr, "device_worker: unknown mode '%s'\n", mode.c_str());
+    else if (mode == "leave") rc = leave_after_call(*pg);
+    else {
+      std::fprintf(stderr, "device_worker: unknown mode '%s'\n", mode.c_str());
+      return 2;
+    }
     const auto ending = std::chrono::steady_clock::now();
     pg.reset();  // the group ends here, letting unwaited work finish
     std::printf("rank %d: the group ended in %.3f s\n", g_rank,

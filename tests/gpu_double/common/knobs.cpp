@@ -54,6 +54,14 @@ Knobs read_knobs() {
     }
   }
   if (const char* t = std::getenv("DDP_GPU_DOUBLE_TRACE")) k.trace = std::string(t) == "1";
+  if (const char* d = std::getenv("DDP_GPU_DOUBLE_DELAY_US")) {
+    long n = 0;
+    if (parse_long(d, n) && n <= 1000000) {
+      k.delay_us = n;
+    } else {
+      std::fprintf(stderr, "gpu double: DDP_GPU_DOUBLE_DELAY_US=%s is not 0..1000000; using 0\n", d);
+    }
+  }
   if (const char* f = std::getenv("DDP_GPU_DOUBLE_FAULTS")) {
     std::stringstream in(f);
     std::string item;

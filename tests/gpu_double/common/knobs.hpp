@@ -17,6 +17,7 @@ struct Knobs {
   int devices = 4;            // DDP_GPU_DOUBLE_DEVICES
   std::vector<Fault> faults;  // DDP_GPU_DOUBLE_FAULTS
   bool trace = false;         // DDP_GPU_DOUBLE_TRACE=1
+  long delay_us = 0;          // DDP_GPU_DOUBLE_DELAY_US: up to this long before each stream task
 };
 
 // Parsed once; a malformed value is reported on stderr once and ignored.

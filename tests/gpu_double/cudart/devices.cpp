@@ -1,12 +1,11 @@
 // The CUDA runtime double: devices, versions, errors and the double's own marker.
 #include <cuda_runtime_api.h>
 
-#include <pthread.h>
-
 #include <array>
 #include <atomic>
 #include <mutex>
 
+#include "../common/fork_safe.hpp"
 #include "../common/knobs.hpp"
 #include "../gpu_double.hpp"
 #include "state.hpp"
@@ -21,15 +20,7 @@ struct Sticky {
   std::mutex mu;
   std::vector<cudaError_t> errors;  // per device
 };
-Sticky& sticky() {
-  static Sticky* s = new Sticky();  // never freed: stream threads may outlive statics
-  return *s;
-}
-
-const int kForkHandlers = [] {
-  pthread_atfork([] { sticky().mu.lock(); }, [] { sticky().mu.unlock(); }, [] { sticky().mu.unlock(); });
-  return 0;
-}();
+Sticky& sticky() { return ForkSafe<Sticky>::get(); }
 
 struct ErrorText {
   cudaError_t code;
@@ -63,6 +54,8 @@ cudaError_t fail(cudaError_t e) {
   if (e != cudaSuccess && e != cudaErrorNotReady) t_last_error = e;
   return e;
 }
+
+cudaError_t sticky_fail(int device) { return fail(sticky_error(device)); }
 
 int current_device() { return t_device; }
 int device_count() { return knobs().devices; }
@@ -128,13 +121,18 @@ cudaError_t cudaDeviceSynchronize() {
   return fail(sticky_error(device));
 }
 
+// A sticky error (kernel fault) cannot be cleared: both answer it for good.
 cudaError_t cudaGetLastError() {
   cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
-  return e;
+  const cudaError_t sticky = sticky_error(t_device);
+  return sticky != cudaSuccess ? sticky : e;
 }
 
-cudaError_t cudaPeekAtLastError() { return t_last_error; }
+cudaError_t cudaPeekAtLastError() {
+  const cudaError_t sticky = sticky_error(t_device);
+  return sticky != cudaSuccess ? sticky : t_last_error;
+}
 
 const char* cudaGetErrorString(cudaError_t error) {
   const ErrorText* t = find_error(error);

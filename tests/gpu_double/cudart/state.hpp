@@ -26,6 +26,9 @@ int current_device();
 int device_count();
 // The device's sticky error (cudaErrorLaunchFailure after a failed task), or cudaSuccess.
 cudaError_t sticky_error(int device);
+// As CUDA after a kernel fault: every call on the device answers the sticky error
+// (recorded as the last error); cudaSuccess while there is none.
+cudaError_t sticky_fail(int device);
 void set_sticky_error(int device, cudaError_t e);
 
 // ---------------------------------------------------------------------------------
@@ -39,8 +42,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   bool blocking() const { return blocking_; }
   bool legacy() const { return legacy_; }
 
-  // Queues `task` after `waits` (other streams' tickets) are reached; returns its ticket.
-  uint64_t enqueue(std::function<void()> task, std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits = {});
+  // Queues `task` after `waits` (other streams' tickets) are reached; returns its
+  // ticket. After a kernel fault on the device, `drop` runs instead of `task`.
+  uint64_t enqueue(std::function<void()> task, std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits = {},
+                   std::function<void()> drop = nullptr);
   uint64_t last_ticket();     // the ticket of the last queued task (0: none)
   uint64_t completed();
   void wait_until(uint64_t ticket);  // blocks until completed() >= ticket
@@ -50,6 +55,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
  private:
   struct Task {
     std::function<void()> run;
+    std::function<void()> drop;
     std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits;
   };
   void work(std::shared_ptr<Stream> self);
@@ -75,7 +81,8 @@ std::shared_ptr<Stream> legacy_stream(int device);
 // Queues `task` on `stream` with the implicit synchronisation of the legacy stream:
 // work on the legacy stream waits for every blocking stream of its device, and work
 // on a blocking stream waits for the legacy stream.
-uint64_t enqueue_ordered(const std::shared_ptr<Stream>& stream, std::function<void()> task);
+uint64_t enqueue_ordered(const std::shared_ptr<Stream>& stream, std::function<void()> task,
+                         std::function<void()> drop = nullptr);
 // Every stream of `device` with the ticket of its last queued task.
 std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> device_tails(int device);
 // Blocks until every stream of `device` finished what was queued on it so far.
@@ -84,13 +91,22 @@ void synchronize_device(int device);
 // ---------------------------------------------------------------------------------
 // Device memory registry
 // ---------------------------------------------------------------------------------
+// The address handed out (`base`) is mapped PROT_NONE, so host code touching device
+// memory faults as on a GPU; the double itself reads and writes the same pages
+// through `alias`.
 struct Allocation {
   uintptr_t base = 0;
-  size_t size = 0;
+  uintptr_t alias = 0;
+  size_t size = 0;     // as asked for
+  size_t mapped = 0;   // both mappings' length (whole pages)
   int device = -1;
 };
 
 // The allocation containing [p, p + bytes), if any (bytes 0: containing p).
 bool find_allocation(const void* p, size_t bytes, Allocation& out);
+// Where the double reads or writes `p`: the readable alias of device memory, `p` itself
+// for anything else. Translated when work is queued, so a later cudaFree (whose
+// release waits for that work) cannot make it dangle.
+void* host_view(const void* p);
 
 }  // namespace gpu_double

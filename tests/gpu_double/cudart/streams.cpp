@@ -2,12 +2,13 @@
 // events (a point in a stream's queue) and host functions on a stream.
 #include <cuda_runtime_api.h>
 
-#include <pthread.h>
-
 #include <chrono>
 #include <map>
+#include <random>
 
+#include "../common/fork_safe.hpp"
 #include "../common/knobs.hpp"
+#include "../gpu_double.hpp"
 #include "state.hpp"
 
 struct CUstream_st {
@@ -37,23 +38,14 @@ struct Registry {
   std::map<int, std::shared_ptr<Stream>> legacy;          // per device, created on first use
   std::vector<std::weak_ptr<Stream>> streams;             // every stream, for device-wide waits
 };
-Registry& registry() {
-  static Registry* r = new Registry();  // never freed: worker threads may outlive statics
-  return *r;
-}
-
 // A forked child has none of its parent's worker threads: it starts with no streams
 // (CUDA does not support using a context across fork(); the double lets a child
 // start afresh, which tests that fork after using it rely on).
-const int kForkHandlers = [] {
-  pthread_atfork([] { registry().mu.lock(); }, [] { registry().mu.unlock(); },
-                 [] {
-                   registry().mu.unlock();
-                   registry().legacy.clear();
-                   registry().streams.clear();
-                 });
-  return 0;
-}();
+void forget_streams(Registry& r) {
+  r.legacy.clear();
+  r.streams.clear();
+}
+Registry& registry() { return ForkSafe<Registry, &forget_streams>::get(); }
 
 void remember(const std::shared_ptr<Stream>& s) {
   std::lock_guard lock(registry().mu);
@@ -70,6 +62,15 @@ std::vector<std::shared_ptr<Stream>> streams_of(int device) {
   return out;
 }
 
+// DDP_GPU_DOUBLE_DELAY_US: a random pause of up to that long before each task, so
+// that work missing a cross-stream dependency (or a host wait) runs late and shows.
+void delay() {
+  const long most = knobs().delay_us;
+  if (most <= 0) return;
+  thread_local std::minstd_rand random(std::random_device{}());
+  std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<long>(0, most)(random)));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -77,12 +78,13 @@ std::vector<std::shared_ptr<Stream>> streams_of(int device) {
 // ---------------------------------------------------------------------------------
 Stream::Stream(int device, bool blocking, bool legacy) : device_(device), blocking_(blocking), legacy_(legacy) {}
 
-uint64_t Stream::enqueue(std::function<void()> task, std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits) {
+uint64_t Stream::enqueue(std::function<void()> task, std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits,
+                         std::function<void()> drop) {
   std::shared_ptr<Stream> self;
   uint64_t ticket = 0;
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(Task{std::move(task), std::move(waits)});
+    queue_.push_back(Task{std::move(task), std::move(drop), std::move(waits)});
     ticket = ++issued_;
     if (!started_) started_ = true, self = shared_from_this();
   }
@@ -125,8 +127,13 @@ void Stream::work(std::shared_ptr<Stream> self) {
       queue_.pop_front();
     }
     for (auto& [other, ticket] : task.waits) other->wait_until(ticket);
+    delay();
     // After a kernel fault the device runs nothing more (CUDA's sticky error).
-    if (task.run && sticky_error(device_) == cudaSuccess) task.run();
+    if (sticky_error(device_) == cudaSuccess) {
+      if (task.run) task.run();
+    } else if (task.drop) {
+      task.drop();
+    }
     {
       std::lock_guard lock(mu_);
       ++completed_;
@@ -152,7 +159,8 @@ std::shared_ptr<Stream> resolve_stream(cudaStream_t handle) {
   return handle->stream;
 }
 
-uint64_t enqueue_ordered(const std::shared_ptr<Stream>& stream, std::function<void()> task) {
+uint64_t enqueue_ordered(const std::shared_ptr<Stream>& stream, std::function<void()> task,
+                         std::function<void()> drop) {
   std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits;
   if (stream->legacy()) {
     for (auto& s : streams_of(stream->device()))
@@ -161,7 +169,7 @@ uint64_t enqueue_ordered(const std::shared_ptr<Stream>& stream, std::function<vo
     auto legacy = legacy_stream(stream->device());
     waits.emplace_back(legacy, legacy->last_ticket());
   }
-  return stream->enqueue(std::move(task), std::move(waits));
+  return stream->enqueue(std::move(task), std::move(waits), std::move(drop));
 }
 
 // Where `event` was last recorded: its stream (null: never) and the marker's ticket.
@@ -190,6 +198,7 @@ using namespace gpu_double;
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (stream == nullptr) return fail(cudaErrorInvalidValue);
   if (device_count() == 0) return fail(cudaErrorNoDevice);
+  if (cudaError_t e = sticky_fail(current_device()); e != cudaSuccess) return e;
   if (find_process_fault("stream_error") != nullptr) return fail(cudaErrorMemoryAllocation);
   auto s = std::make_shared<Stream>(current_device(), (flags & cudaStreamNonBlocking) == 0, /*legacy=*/false);
   remember(s);
@@ -229,6 +238,7 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   auto s = resolve_stream(stream);
+  if (cudaError_t e = sticky_fail(s->device()); e != cudaSuccess) return e;
   auto [other, ticket] = recorded_point(event);
   if (!other) return cudaSuccess;  // never recorded: nothing to wait for, as in CUDA
   s->enqueue(nullptr, {{other, ticket}});
@@ -236,8 +246,21 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  return static_cast<cudaError_t>(gpu_double_launch_host_func(stream, fn, user_data, nullptr));
+}
+
+extern "C" __attribute__((visibility("default"))) int gpu_double_launch_host_func(cudaStream_t stream,
+                                                                                   void (*fn)(void*), void* data,
+                                                                                   void (*drop)(void*)) {
   if (fn == nullptr) return fail(cudaErrorInvalidValue);
-  enqueue_ordered(resolve_stream(stream), [fn, user_data] { fn(user_data); });
+  auto s = resolve_stream(stream);
+  if (cudaError_t e = sticky_fail(s->device()); e != cudaSuccess) {
+    if (drop != nullptr) drop(data);
+    return e;
+  }
+  std::function<void()> dropped;
+  if (drop != nullptr) dropped = [drop, data] { drop(data); };
+  enqueue_ordered(s, [fn, data] { fn(data); }, std::move(dropped));
   return cudaSuccess;
 }
 
@@ -247,6 +270,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   if (event == nullptr) return fail(cudaErrorInvalidValue);
   if (device_count() == 0) return fail(cudaErrorNoDevice);
+  if (cudaError_t e = sticky_fail(current_device()); e != cudaSuccess) return e;
   auto* e = new CUevent_st{std::make_shared<EventState>()};
   e->state->timing = (flags & cudaEventDisableTiming) == 0;
   *event = e;
@@ -266,6 +290,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   auto& ev = event->state;
   auto s = resolve_stream(stream);
+  if (cudaError_t e = sticky_fail(s->device()); e != cudaSuccess) return e;
   std::lock_guard lock(ev->mu);
   const uint64_t generation = ++ev->generation;
   ev->stream = s;

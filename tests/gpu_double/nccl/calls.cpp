@@ -2,6 +2,7 @@
 // checked, counted for the faults, and queued as (part of) one task on its stream.
 #include <algorithm>
 #include <iterator>
+#include <tuple>
 
 #include "../common/knobs.hpp"
 #include "../gpu_double.hpp"
@@ -14,6 +15,7 @@ namespace {
 
 thread_local int t_depth = 0;             // ncclGroupStart nesting
 thread_local std::vector<Call> t_pending;  // calls of the open group, in issue order
+thread_local ncclResult_t t_group_error = ncclSuccess;  // the open group's first failed call
 
 struct Task {
   std::shared_ptr<Core> core;
@@ -35,6 +37,8 @@ void run_task(void* arg) {
   }
   c.idle.notify_all();
 }
+
+void drop_task(void* arg) { delete static_cast<Task*>(arg); }
 
 // Records an event after the last task on `stream`, for ncclCommFinalize.
 cudaEvent_t mark(Core& c, cudaStream_t stream) {
@@ -60,6 +64,14 @@ ncclResult_t launch(const std::shared_ptr<Core>& core, std::vector<Call> calls) 
   for (const Call& c : calls)
     if (std::find(streams.begin(), streams.end(), c.stream) == streams.end()) streams.push_back(c.stream);
   const cudaStream_t first = streams.front();
+  // As NCCL, a communicator's operations run in issue order whatever their streams:
+  // each task waits for the one launched before it.
+  std::lock_guard order_lock(core->launch_mu);
+  if (core->order != nullptr) {
+    cudaStreamWaitEvent(first, core->order, 0);
+  } else {
+    cudaEventCreateWithFlags(&core->order, cudaEventDisableTiming);
+  }
   for (size_t i = 1; i < streams.size(); ++i) {
     cudaEvent_t e = nullptr;
     cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
@@ -67,7 +79,9 @@ ncclResult_t launch(const std::shared_ptr<Core>& core, std::vector<Call> calls) 
     cudaStreamWaitEvent(first, e, 0);
     cudaEventDestroy(e);
   }
-  cudaLaunchHostFunc(first, &run_task, new Task{core, std::move(calls)});
+  // A task the stream skips (after a kernel fault) is deleted, not leaked.
+  gpu_double_launch_host_func(first, &run_task, new Task{core, std::move(calls)}, &drop_task);
+  cudaEventRecord(core->order, first);
   const cudaEvent_t after = mark(*core, first);
   for (size_t i = 1; i < streams.size(); ++i) {
     cudaStreamWaitEvent(streams[i], after, 0);
@@ -99,35 +113,33 @@ ncclResult_t launch_all(std::vector<Call> calls) {
   return result;
 }
 
-ncclResult_t check_buffer(const void* p, size_t bytes, const char* what, const std::string& call) {
-  if (bytes == 0) return ncclSuccess;
-  if (gpu_double_device_of(p, bytes) < 0)
-    return fail(ncclInvalidArgument, call + ": " + what + " is not device memory of " + std::to_string(bytes) +
-                                         " bytes (a host pointer, or beyond its allocation)");
-  return ncclSuccess;
-}
-
 bool reduces(Kind k) { return k == Kind::AllReduce || k == Kind::Reduce || k == Kind::ReduceScatter; }
 
-// Checks `call`, applies the faults, and queues it (or keeps it for the group).
-ncclResult_t submit(ncclComm_t comm, Call call, const std::string& name) {
-  if (comm == nullptr) return fail(ncclInvalidArgument, name + ": comm is null");
-  auto core = comm->core;
-  call.core = core;
-  if (core->stuck.load()) return ncclInProgress;
-  const auto state = static_cast<ncclResult_t>(core->state.load());
-  if (state == ncclInProgress) return fail(ncclInvalidUsage, name + ": communicator not ready (init or split in progress)");
-  if (state != ncclSuccess) return fail(state, name + ": communicator failed earlier");
+// A call's failure, as NCCL's enqueue check handles it: the open group remembers the
+// first error (ncclGroupEnd returns it and drops the group), and a non-blocking
+// communicator keeps it as its async state (every later call fails with it).
+ncclResult_t refuse(Core& core, ncclResult_t r, const std::string& text) {
+  if (t_depth > 0 && t_group_error == ncclSuccess) t_group_error = r;
+  if (!core.blocking) {
+    int expected = ncclSuccess;
+    core.state.compare_exchange_strong(expected, r);
+  }
+  return fail(r, text);
+}
+
+// Checks `call` against its communicator: ncclSuccess or what the call answers.
+ncclResult_t check_call(Core& core, const Call& call, const std::string& name) {
   const size_t elem = dtype_size(call.dtype);
   if (elem == 0)
-    return fail(ncclInvalidArgument, name + ": data type " + std::to_string(call.dtype) + " not supported by the double");
+    return refuse(core, ncclInvalidArgument,
+                  name + ": data type " + std::to_string(call.dtype) + " not supported by the double");
   if (reduces(call.kind) && !valid_op(call.op))
-    return fail(ncclInvalidArgument, name + ": reduction op " + std::to_string(call.op) + " not supported");
-  const int n = core->nranks;
-  const int me = core->rank;
+    return refuse(core, ncclInvalidArgument, name + ": reduction op " + std::to_string(call.op) + " not supported");
+  const int n = core.nranks;
+  const int me = core.rank;
   if (call.kind != Kind::AllReduce && call.kind != Kind::AllGather && call.kind != Kind::ReduceScatter &&
       (call.peer < 0 || call.peer >= n))
-    return fail(ncclInvalidArgument, name + ": peer/root " + std::to_string(call.peer) + " out of range");
+    return refuse(core, ncclInvalidArgument, name + ": peer/root " + std::to_string(call.peer) + " out of range");
   const size_t bytes = call.count * elem;
   size_t send_bytes = bytes, recv_bytes = bytes;
   switch (call.kind) {
@@ -139,9 +151,35 @@ ncclResult_t submit(ncclComm_t comm, Call call, const std::string& name) {
     case Kind::Recv: send_bytes = 0; break;
     case Kind::AllReduce: break;
   }
-  if (auto r = check_buffer(call.send, send_bytes, "sendbuff", name); r != ncclSuccess) return r;
-  if (auto r = check_buffer(call.recv, recv_bytes, "recvbuff", name); r != ncclSuccess) return r;
+  for (auto [p, size, what] : {std::tuple{call.send, send_bytes, "sendbuff"}, {call.recv, recv_bytes, "recvbuff"}})
+    if (size > 0 && gpu_double_device_of(p, size) < 0)
+      return refuse(core, ncclInvalidArgument,
+                    name + ": " + what + " is not device memory of " + std::to_string(size) +
+                        " bytes (a host pointer, or beyond its allocation)");
+  return ncclSuccess;
+}
 
+// Checks `call`, applies the faults, and queues it (or keeps it for the group).
+ncclResult_t submit(ncclComm_t comm, Call call, const std::string& name) {
+  if (comm == nullptr) {
+    if (t_depth > 0 && t_group_error == ncclSuccess) t_group_error = ncclInvalidArgument;
+    return fail(ncclInvalidArgument, name + ": comm is null");
+  }
+  auto core = comm->core;
+  call.core = core;
+  if (core->stuck.load()) return ncclInProgress;
+  const auto state = static_cast<ncclResult_t>(core->state.load());
+  if (state == ncclInProgress) {
+    // As NCCL's ncclCommEnsureReady. (NCCL then also stores the error as the async
+    // state; the init or split settling later overwrites it there and here.)
+    if (t_depth > 0 && t_group_error == ncclSuccess) t_group_error = ncclInvalidArgument;
+    return fail(ncclInvalidArgument, name + ": communicator not ready (init or split in progress)");
+  }
+  if (state != ncclSuccess) return refuse(*core, state, name + ": communicator failed earlier");
+  if (auto r = check_call(*core, call, name); r != ncclSuccess) return r;
+  // The task reads and writes the buffers through the double's readable view.
+  call.send = gpu_double_host_view(call.send);
+  call.recv = gpu_double_host_view(call.recv);
   long count = 0;
   {
     std::lock_guard lock(core->mu);
@@ -149,7 +187,7 @@ ncclResult_t submit(ncclComm_t comm, Call call, const std::string& name) {
   }
   const Fault* f = nullptr;
   if ((f = find_fault("enqueue_error", core->fault_rank)) && count >= f->after)
-    return fail(ncclSystemError, name + ": enqueue_error fault");
+    return refuse(*core, ncclSystemError, name + ": enqueue_error fault");
   if ((f = find_fault("enqueue_pending", core->fault_rank)) && count >= f->after) {
     core->stuck.store(true);
     return ncclInProgress;
@@ -238,5 +276,16 @@ ncclResult_t ncclGroupEnd() {
   if (--t_depth > 0) return ncclSuccess;
   std::vector<Call> calls;
   calls.swap(t_pending);
+  const ncclResult_t error = t_group_error;
+  t_group_error = ncclSuccess;
+  if (error != ncclSuccess) {
+    // As NCCL: a group with a failed call launches none of its calls, and every
+    // non-blocking communicator in it keeps the error.
+    for (Call& c : calls) {
+      int expected = ncclSuccess;
+      if (!c.core->blocking) c.core->state.compare_exchange_strong(expected, error);
+    }
+    return error;
+  }
   return calls.empty() ? ncclSuccess : launch_all(std::move(calls));
 }

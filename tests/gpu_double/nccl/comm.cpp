@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
+#include "../common/fork_safe.hpp"
 #include "../common/knobs.hpp"
 #include "../gpu_double.hpp"
 #include "comm.hpp"
@@ -17,8 +19,11 @@ namespace gpu_double::nccl {
 namespace {
 
 // The last error's text: process-wide, as NCCL keeps it.
-std::mutex g_error_mu;
-char g_last_error[1024] = "";
+struct LastError {
+  std::mutex mu;
+  char text[1024] = "";
+};
+LastError& last_error() { return ForkSafe<LastError>::get(); }
 
 bool is_blocking(const ncclConfig_t* config, bool inherited) {
   if (config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT) return inherited;
@@ -94,6 +99,11 @@ void teardown(Core& c) {
     for (auto& [stream, event] : c.last) cudaEventDestroy(event);
     c.last.clear();
   }
+  {
+    std::lock_guard lock(c.launch_mu);
+    if (c.order != nullptr) cudaEventDestroy(c.order);
+    c.order = nullptr;
+  }
   if (c.segment) {
     c.segment->unlink();
   } else {
@@ -101,15 +111,19 @@ void teardown(Core& c) {
   }
 }
 
-// Waits until every operation queued on `c` so far finished. NCCL's flush waits for
-// good when a peer never comes, as this does.
+// Waits until every operation queued on `c` so far finished, or `c` is aborted (the
+// wait may sit behind other work on the stream that abort does not end). NCCL's flush
+// waits for good when a peer never comes, as this does. It polls: the runtime has
+// no wait that an abort could cut short.
 void flush(Core& c) {
   std::vector<cudaEvent_t> events;
   {
     std::lock_guard lock(c.mu);
     for (auto& [stream, event] : c.last) events.push_back(event);
   }
-  for (cudaEvent_t e : events) cudaEventSynchronize(e);
+  for (cudaEvent_t e : events)
+    while (cudaEventQuery(e) == cudaErrorNotReady && !c.aborted.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 const char* result_text(ncclResult_t r) {
@@ -130,8 +144,8 @@ const char* result_text(ncclResult_t r) {
 
 ncclResult_t fail(ncclResult_t r, const std::string& text) {
   if (r != ncclSuccess && r != ncclInProgress) {
-    std::lock_guard lock(g_error_mu);
-    std::snprintf(g_last_error, sizeof(g_last_error), "gpu double: %s", text.c_str());
+    std::lock_guard lock(last_error().mu);
+    std::snprintf(last_error().text, sizeof(last_error().text), "gpu double: %s", text.c_str());
   }
   return r;
 }
@@ -159,7 +173,7 @@ ncclResult_t ncclGetVersion(int* version) {
 
 const char* ncclGetErrorString(ncclResult_t result) { return result_text(result); }
 
-const char* ncclGetLastError(ncclComm_t /*comm*/) { return g_last_error; }
+const char* ncclGetLastError(ncclComm_t /*comm*/) { return last_error().text; }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   trace(nullptr, "ncclGetUniqueId");
@@ -221,7 +235,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (comm == nullptr || newcomm == nullptr) return fail(ncclInvalidArgument, "ncclCommSplit: null argument");
   *newcomm = nullptr;
   auto parent = comm->core;
-  if (parent->state.load() != ncclSuccess) return fail(ncclInvalidUsage, "ncclCommSplit: communicator not ready");
+  // As NCCL's ncclCommEnsureReady: still forming or splitting is ncclInvalidArgument,
+  // a failed communicator answers its error.
+  if (const int state = parent->state.load(); state != ncclSuccess)
+    return fail(state == ncclInProgress ? ncclInvalidArgument : static_cast<ncclResult_t>(state),
+                "ncclCommSplit: communicator not ready");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return fail(ncclInvalidArgument, "ncclCommSplit: negative color");
   trace(parent.get(), "ncclCommSplit color " + std::to_string(color) + " key " + std::to_string(key));
   const uint64_t generation = ++parent->splits;

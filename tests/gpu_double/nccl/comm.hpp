@@ -40,6 +40,8 @@ struct Core {
   uint64_t splits = 0;                     // splits issued on this communicator
   std::vector<std::thread> helpers;        // init/split threads, joined at teardown
   std::map<cudaStream_t, cudaEvent_t> last;  // per stream used, an event after its last task
+  std::mutex launch_mu;                    // launches of this communicator, one at a time
+  cudaEvent_t order = nullptr;             // after the last task: the next one waits for it
 };
 
 }  // namespace gpu_double::nccl

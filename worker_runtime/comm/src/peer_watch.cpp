@@ -79,9 +79,9 @@ void PeerWatch::close_all() {
   peers_.clear();
 }
 
-// A peer whose exit ddprun published, once that is known for kExitGrace: an exit may
-// come right after the peer's part of an operation that is still finishing here.
-// The grace runs per rank, from when this watch first saw that rank's exit.
+// A peer whose exit is known (its pidfd fired, or ddprun published it) for kExitGrace:
+// an exit may come right after the peer's part of an operation that is still finishing
+// here. The grace runs per rank, from when this watch first saw that rank's exit.
 bool PeerWatch::past_grace(int rank) const {
   constexpr int64_t kExitGraceNs = 300'000'000;
   const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -119,18 +119,26 @@ int PeerWatch::dead_peer(int only) const {
   if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
     for (const pollfd& f : fds) {
       if (f.revents == 0) continue;
+      // The same grace as a published exit: a peer may exit right after its part of
+      // an operation whose end this rank has not seen yet.
       for (const Peer& p : peers_)
-        if (p.fd == f.fd) return p.rank;
+        if (p.fd == f.fd && past_grace(p.rank)) return p.rank;
     }
   }
   return published_exit(only);
 }
 
+// By global rank: in a subgroup its own rank numbers would name another process
+// (global rank 1 told "rank 1 exited" reads as if it had died itself).
 std::string PeerWatch::describe(int rank) const {
+  const int global = group_.global(rank);
+  std::string in_group = global != rank ? "group rank " + std::to_string(rank) : "";
   for (const Peer& p : peers_) {
-    if (p.rank == rank) return "rank " + std::to_string(rank) + " (pid " + std::to_string(p.pid) + " on " + p.hostname + ")";
+    if (p.rank != rank) continue;
+    return "rank " + std::to_string(global) + " (" + (in_group.empty() ? "" : in_group + ", ") + "pid " +
+           std::to_string(p.pid) + " on " + p.hostname + ")";
   }
-  return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(global) + (in_group.empty() ? "" : " (" + in_group + ")");
 }
 
 std::shared_ptr<PeerWatch> PeerWatch::narrow(const std::vector<int>& ranks) const {

@@ -37,10 +37,14 @@ class PeerWatch {
   // The record a rank publishes: "<host identity>\n<pid>\n<hostname>".
   static std::string record_of(int pid);
 
-  // The group rank of a watched peer that has exited, or -1. Never blocks.
+  // The group rank of a watched peer that has exited, or -1. Never blocks. A peer
+  // counts from 300 ms after its exit was first seen here (it may exit right after its
+  // part of an operation this rank has not seen end yet); one gone before the watch
+  // began counts at once.
   // `only`: the one rank a point-to-point call waits on; -1: every rank (a collective).
   int dead_peer(int only = -1) const;
-  // "rank 3 (pid 4711 on node-b)".
+  // Group rank `rank` by its global rank: "rank 3 (pid 4711 on node-b)", in a subgroup
+  // "rank 3 (group rank 1, pid 4711 on node-b)".
   std::string describe(int rank) const;
   // How dead_peer() `rank` is gone: "rank 3 exited with code 0 at 12:00:01.234 on node 1
   // (node-b), while this rank waits for it" (a call may follow: " in all_reduce #57 of group 0"),

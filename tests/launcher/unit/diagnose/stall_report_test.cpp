@@ -89,6 +89,26 @@ TEST_CASE("with every rank arrived the waiting ranks are the stalled ones, and n
   CHECK_FALSE(ddprun::any_rank_waiting(ProgressRecords(2)));
 }
 
+TEST_CASE("ranks waiting in different calls at the same position: the headline says mismatched calls", "[stall]") {
+  ProgressRecords recs = {rank_at(0, 3, 1, "started"), rank_at(1, 3, 1, "started"), rank_at(2, 3, 1, "started")};
+  recs[1]->groups[0].current = OpSummary{2, "scatter 256×f32 root 0", "started", kT0 + 20};
+  auto a = ddprun::analyse_stall(recs, kT0 + 1000);
+  CHECK(a.headline == "mismatched calls at #2 of group 0: ranks 0,2 wait in all_reduce (all_reduce 8×f32 sum), "
+                      "rank 1 in scatter (scatter 256×f32 root 0)");
+  CHECK(a.stalled == std::vector<int>{0, 1, 2});
+  CHECK_THAT(a.text, Catch::Contains("rank 1 waits in scatter #2 of group 0 (scatter 256×f32 root 0, started)"));
+  // The same kind with another count is a mismatch too; a scatter's root and the others
+  // name different counts for one matching call, which is not.
+  recs[1]->groups[0].current = OpSummary{2, "all_reduce 4×f32 sum", "started", kT0 + 20};
+  CHECK_THAT(ddprun::analyse_stall(recs, kT0 + 1000).headline, Catch::StartsWith("mismatched calls at #2 of group 0"));
+  for (size_t r = 0; r < 3; ++r) {
+    recs[r]->groups[0].current = OpSummary{2, r == 0 ? "scatter 768×f32 root 0" : "scatter 256×f32 root 0", "started",
+                                           kT0 + 20};
+  }
+  CHECK(ddprun::analyse_stall(recs, kT0 + 1000).headline ==
+        "ranks 0,1,2 wait in scatter #2 of group 0 and it does not complete");
+}
+
 // ---------------------------------------------------------------------------
 // The process-level part with a stand-in debugger: a script named gdb, first on PATH.
 // ---------------------------------------------------------------------------

@@ -11,7 +11,8 @@
 //  - completion event: a CUDA event recorded after the operation; the Work polls it.
 //    Events are pooled per communicator, so the hot path creates none.
 //  - broken: after a timeout, an asynchronous NCCL error, the death of a peer process
-//    on this host (PeerWatch: its pidfd fires; the error names it) or abort() the
+//    on this host (PeerWatch: its pidfd fires; the error names it), a call NCCL
+//    refuses (InvalidArgument: NCCL keeps refusing every later call) or abort() the
 //    communicator is aborted (ncclCommAbort) and every pending and later operation
 //    fails with the first error, as the ProcessGroup contract asks. A peer on another
 //    host that dies is seen by NCCL's own transport (an asynchronous error) or, at
@@ -112,7 +113,9 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline,
   return r;
 }
 
-// Caller errors NCCL reports itself (a bad count or root): the communicator stays usable.
+// Caller errors NCCL reports itself (a bad count, root or pointer). On a non-blocking
+// communicator NCCL records them as its asynchronous error and refuses every later call
+// (seen with NCCL 2.28), so they break the communicator like any other failure.
 bool is_usage_error(ncclResult_t r) { return r == ncclInvalidArgument || r == ncclInvalidUsage; }
 
 // ---------------------------------------------------------------------------------
@@ -343,7 +346,6 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
   cudaEvent_t event = take_event();
   uint64_t ticket = 0;
   std::exception_ptr error;
-  bool breaks = true;  // whether `error` breaks the communicator
   {
     std::lock_guard lock(mu_);
     try {
@@ -351,21 +353,27 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
         error = broken();
       } else {
         DeviceGuard guard(device_);
+        // A kernel fault is sticky: CUDA answers it from the next call, often one of
+        // these, so the error names the call being launched, as NcclWork::poll's does.
+        auto cuda = [&](cudaError_t e) {
+          if (e != cudaSuccess) throw Error("NCCL " + call.label() + ": CUDA error: " + cudaGetErrorString(e));
+        };
         // Plain kernel launches and cudaMemcpy go to the legacy default stream: run
         // after what the caller queued there, without making its later work wait for us.
-        check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
-        check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+        cuda(cudaEventRecord(ready_, cudaStreamLegacy));
+        cuda(cudaStreamWaitEvent(stream_, ready_, 0));
         ncclResult_t r = settle(comm_, fn(enqueue, comm_, stream_), deadline, [this] { return stop_.load(); });
         if (r == ncclSuccess) {
-          check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
+          cuda(cudaEventRecord(event, stream_));
           ticket = ++launched_;
         } else if (r == ncclInProgress) {
           error = stop_.load() ? broken()
                                : std::make_exception_ptr(Timeout("NCCL " + call.label() + " could not be enqueued within " +
                                                                  ms_text(timeout) + "; the communicator was aborted"));
         } else if (is_usage_error(r)) {
-          breaks = false;
-          error = std::make_exception_ptr(InvalidArgument("NCCL " + call.label() + ": " + nccl_text(r, comm_)));
+          error = std::make_exception_ptr(InvalidArgument(
+              "NCCL " + call.label() + " was refused: " + nccl_text(r, comm_) +
+              "; NCCL refuses every later call on this communicator, so the group can no longer be used"));
         } else {
           error = std::make_exception_ptr(Error("NCCL " + call.label() + " failed: " + nccl_text(r, comm_)));
         }
@@ -376,7 +384,6 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
   }
   if (error) {
     give_event(event);
-    if (!breaks) std::rethrow_exception(error);
     fail(error);
     std::rethrow_exception(broken());
   }

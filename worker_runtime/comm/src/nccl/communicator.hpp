@@ -50,9 +50,9 @@ struct CallId {
 };
 
 // The group and every Work it returned hold it, so it lives while operations are
-// pending. After a timeout, an asynchronous NCCL error, the death of a peer on this
-// host or fail(), the ncclComm_t is aborted and every later call fails with the
-// first error.
+// pending. After a timeout, an asynchronous NCCL error, a call NCCL refused, the
+// death of a peer on this host or fail(), the ncclComm_t is aborted and every later
+// call fails with the first error.
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   // Takes ownership of `comm` (formed on `device`); `timeout` bounds the drain at
@@ -68,8 +68,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Enqueues one operation: `enqueue(comm, stream)` issues its NCCL calls and returns
   // NCCL's result. Returns the Work state that completes with it. Throws the error
-  // the communicator broke with, or InvalidArgument when NCCL refused the call
-  // (the communicator stays usable then).
+  // the communicator broke with; a call NCCL refuses (ncclInvalidArgument or
+  // ncclInvalidUsage) breaks it with InvalidArgument, as NCCL then refuses every
+  // later call on a non-blocking communicator.
   template <typename Enqueue>
   std::shared_ptr<Work::State> launch(CallId call, Millis timeout, Enqueue&& enqueue) {
     return launch_erased(std::move(call), timeout, &enqueue, [](void* e, ncclComm_t c, cudaStream_t s) {
