@@ -150,6 +150,8 @@
 //    ncclCommGetAsyncError reports it from then on, and every later call (a valid
 //    one too) and split return it. A BLOCKING communicator only returns it from that
 //    call and stays usable (also seen there). The same holds for enqueue_error.
+//    nccl_semantics_probe checks these facts: under the double in CI, and against
+//    the real library in scripts/gpu-check (a FAIL there: this model is out of date).
 //  - A group with a refused call (of any communicator) launches none of its calls:
 //    the refused call returns its error, the others ncclSuccess, ncclGroupEnd
 //    returns the first error (seen on an H200), and every non-blocking communicator
