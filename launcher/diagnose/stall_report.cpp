@@ -55,13 +55,19 @@ std::string rank_list(const std::vector<int>& ranks) {
 // 0)". Empty when they all wait in the same call. `calls`: each waiting rank's call.
 std::string mismatch_headline(const std::string& group, uint64_t seq,
                               const std::vector<std::pair<int, const OpSummary*>>& calls) {
-  // Calls that differ in kind, or in shape where every rank passes the same shape (a
-  // scatter's root names its whole input, the others their part; a gather's root the
-  // same way): "scatter 256×f32 root 0" and "scatter 1024×f32 root 0" may well match.
+  // Calls that differ in kind or shape. Only a scatter's count may differ between ranks (the
+  // root names its whole input, the others their part: "scatter 1024×f32 root 0" and
+  // "scatter 256×f32 root 0" match); its dtype and root must not. A gather records its input
+  // count, the same on every rank, so it is compared in full like every other call.
   auto same_call = [](const std::string& a, const std::string& b) {
     const std::string kind = a.substr(0, a.find(' '));
     if (kind != b.substr(0, b.find(' '))) return false;
-    return kind == "scatter" || kind == "gather" || a == b;
+    if (kind != "scatter") return a == b;
+    auto after_count = [](const std::string& s) {
+      const size_t x = s.find("×");
+      return x == std::string::npos ? s : s.substr(x);
+    };
+    return after_count(a) == after_count(b);
   };
   std::vector<std::pair<std::string, std::vector<int>>> kinds;  // each distinct call, its ranks
   for (const auto& [rank, op] : calls) {

@@ -109,6 +109,29 @@ TEST_CASE("ranks waiting in different calls at the same position: the headline s
         "ranks 0,1,2 wait in scatter #2 of group 0 and it does not complete");
 }
 
+TEST_CASE("ranks disagreeing on a scatter's root or dtype, or a gather's count, are a mismatch", "[stall]") {
+  // Two ranks at #2: rank 0 in `a`, rank 1 in `b`; the headline the analysis gives.
+  auto headline = [](const std::string& a, const std::string& b) {
+    ProgressRecords recs = {rank_at(0, 2, 1, "started"), rank_at(1, 2, 1, "started")};
+    recs[0]->groups[0].current = OpSummary{2, a, "started", kT0 + 20};
+    recs[1]->groups[0].current = OpSummary{2, b, "started", kT0 + 20};
+    return ddprun::analyse_stall(recs, kT0 + 1000).headline;
+  };
+  CHECK(headline("scatter 256×f32 root 0", "scatter 256×f32 root 1") ==
+        "mismatched calls at #2 of group 0: rank 0 waits in scatter (scatter 256×f32 root 0), "
+        "rank 1 in scatter (scatter 256×f32 root 1)");
+  CHECK_THAT(headline("scatter 256×f32 root 0", "scatter 256×f16 root 0"), Catch::StartsWith("mismatched calls"));
+  CHECK(headline("gather 256×f32 root 0", "gather 128×f32 root 0") ==
+        "mismatched calls at #2 of group 0: rank 0 waits in gather (gather 256×f32 root 0), "
+        "rank 1 in gather (gather 128×f32 root 0)");
+  CHECK_THAT(headline("gather 256×f32 root 0", "gather 256×f32 root 1"), Catch::StartsWith("mismatched calls"));
+  // The root's whole input against another rank's part is the one legitimate difference.
+  CHECK(headline("scatter 512×f32 root 0", "scatter 256×f32 root 0") ==
+        "ranks 0,1 wait in scatter #2 of group 0 and it does not complete");
+  CHECK(headline("gather 256×f32 root 0", "gather 256×f32 root 0") ==
+        "ranks 0,1 wait in gather #2 of group 0 and it does not complete");
+}
+
 // ---------------------------------------------------------------------------
 // The process-level part with a stand-in debugger: a script named gdb, first on PATH.
 // ---------------------------------------------------------------------------
