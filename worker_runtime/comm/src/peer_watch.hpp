@@ -1,5 +1,6 @@
-// Knowing at once when a peer process on this host has died, for backends whose
-// transport does not tell (NCCL kernels simply wait for a peer that is gone).
+// Knowing that a peer process has died (counted 300 ms after its exit is first seen),
+// for backends whose transport does not tell (NCCL kernels simply wait for a peer that
+// is gone).
 //
 // Ranks publish who they are through the group's store; each rank opens a pidfd for
 // every peer that shares its host (same boot id and mount, pid and ipc namespaces:
@@ -39,8 +40,8 @@ class PeerWatch {
 
   // The group rank of a watched peer that has exited, or -1. Never blocks. A peer
   // counts from 300 ms after its exit was first seen here (it may exit right after its
-  // part of an operation this rank has not seen end yet); one gone before the watch
-  // began counts at once.
+  // part of an operation this rank has not seen end yet); only one whose pidfd could not
+  // be opened because it had already exited (ESRCH when the watch began) counts at once.
   // `only`: the one rank a point-to-point call waits on; -1: every rank (a collective).
   int dead_peer(int only = -1) const;
   // Group rank `rank` by its global rank: "rank 3 (pid 4711 on node-b)", in a subgroup

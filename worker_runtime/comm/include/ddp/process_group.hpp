@@ -14,7 +14,10 @@
 //    group run one at a time in the order they were issued, sync and async alike.
 //    Buffers of an async operation must stay valid and untouched until wait().
 //  - When a peer dies, every pending and later operation fails with PeerError
-//    naming it; when an operation runs past its timeout it fails with Timeout.
+//    naming it (on NCCL, a pending call whose dead peer had already done its part
+//    may still complete: a peer on this host counts as dead 300 ms after a waiting
+//    call first saw it gone); when an operation runs past its timeout it fails with
+//    Timeout.
 //    Either way the group is broken from then on (like an aborted NCCL communicator):
 //    later calls fail at once with the same error.
 //  - Counts are elements. Empty buffers (count 0) are allowed (nothing moves).
@@ -84,7 +87,10 @@ class ProcessGroup {
 
   // Every operation below checks its arguments on the calling rank before anything
   // is queued (counts, dtypes, roots, peers, the memory the backend reaches) and
-  // throws InvalidArgument on a violation; the group stays usable.
+  // throws InvalidArgument on a violation; the group stays usable. On NCCL an argument
+  // NCCL itself refuses (one this ProcessGroup cannot check, e.g. memory NCCL cannot
+  // use) breaks the group instead: that call and every later one throw the same
+  // InvalidArgument.
 
   // buf = op over every rank's buf (in place).
   Work all_reduce(Buffer buf, ReduceOp op = ReduceOp::Sum, CollectiveOptions o = {});
