@@ -20,6 +20,8 @@
 //                               part of it still completes (exit 3: inconclusive)
 //   device_worker fault         init, a subgroup and all_reduces until one fails (the
 //                               double's DDP_GPU_DOUBLE_FAULTS decides which)
+//   device_worker sticky        a kernel fault from earlier work (the double's) fails the
+//                               next call's launch, and every later call the same way
 //   device_worker misuse        a call NCCL refuses breaks its (sub)group; an
 //                               operation timeout and abort() break the group
 //
@@ -497,6 +499,32 @@ int leave_after_call(ddp::ProcessGroup& pg) {
   return 0;
 }
 
+// The device faults between two calls (the double's gpu_double_fault_device, as a kernel
+// fault would): the second call's launch meets CUDA's sticky error, names it, and breaks
+// the group, so a third call throws the same error.
+int sticky(ddp::ProcessGroup& pg) {
+  DeviceBuffer b(DType::F32, 32);
+  pg.all_reduce(b.buf());
+  auto fault = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "gpu_double_fault_device"));
+  int device = -1;
+  if (fault == nullptr || cudaGetDevice(&device) != cudaSuccess) throw std::runtime_error("sticky needs the double");
+  fault(device);
+  std::string first, later;
+  try {
+    pg.all_reduce(b.buf());
+  } catch (const std::exception& e) {
+    print_error(e);
+    first = e.what();
+  }
+  try {
+    pg.all_reduce(b.buf());
+  } catch (const std::exception& e) {
+    later = e.what();
+  }
+  check(!first.empty() && later == first, "a later call throws the launch's CUDA error");
+  return 0;
+}
+
 // Rank 0 calls broadcast from rank 1, rank 1 scatter from rank 0: each waits for data
 // the other never sends (NCCL matches calls by position and checks nothing), a hang.
 int mismatch(ddp::ProcessGroup& pg) {
@@ -551,6 +579,7 @@ int main(int argc, char** argv) {
     else if (mode == "mismatch") rc = mismatch(*pg);
     else if (mode == "drop") rc = drop_at_exit(*pg, victim);
     else if (mode == "leave") rc = leave_after_call(*pg);
+    else if (mode == "sticky") rc = sticky(*pg);
     else {
       std::fprintf(stderr, "device_worker: unknown mode '%s'\n", mode.c_str());
       return 2;

@@ -416,6 +416,20 @@ TEST_CASE("fault event_error: a kernel fault on the stream fails the call on eve
   run_fault({"event_error=1", e, e});
 }
 
+TEST_CASE("a sticky CUDA error from earlier work fails the next launch naming it and breaks the group",
+          "[nccl][double][fault]") {
+  auto r = run_job(2, {"sticky"}, {{"DDP_BACKEND", "nccl"}});
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.status == 0);
+  auto ranks = e2e::by_rank(r.out);
+  for (int k : {0, 1}) {
+    CHECK(std::regex_search(error_of(ranks, k).text,
+                            std::regex("^Error: CUDA error \\(sticky: from earlier work on device " + std::to_string(k) +
+                                       "\\) while launching NCCL all_reduce #2 of group 0: unspecified launch failure")));
+    CHECK(contains(r.out, "rank " + std::to_string(k) + ": 1 checks, 0 failed"));
+  }
+}
+
 TEST_CASE("fault split_error: new_group fails on every rank", "[nccl][double][fault]") {
   const std::string e = "^Error: NCCL new_group: ncclCommSplit failed: unhandled system error";
   run_fault({"split_error", e, e});

@@ -52,6 +52,37 @@ void check_cuda(cudaError_t e, const std::string& what) {
 
 namespace {
 
+// CUDA's errors that leave the process unusable: every later CUDA call answers them
+// (driver_types.h: "any further CUDA work will return the same error").
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorExternalDevice:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A CUDA error met by `call`: seen by its completion event ("NCCL all_reduce #2 of group
+// 0: CUDA error: unspecified launch failure"), or while launching it, where a sticky one
+// comes from earlier work ("CUDA error (sticky: from earlier work on device 0) while
+// launching NCCL all_reduce #3 of group 0: unspecified launch failure").
+std::string cuda_error_text(cudaError_t e, const CallId& call, int device, bool launching) {
+  if (!launching) return "NCCL " + call.label() + ": CUDA error: " + cudaGetErrorString(e);
+  const std::string origin =
+      is_sticky(e) ? " (sticky: from earlier work on device " + std::to_string(device) + ")" : "";
+  return "CUDA error" + origin + " while launching NCCL " + call.label() + ": " + cudaGetErrorString(e);
+}
+
 ncclConfig_t nonblocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -169,7 +200,7 @@ class NcclWork final : public Work::State {
       return true;
     }
     if (e != cudaErrorNotReady) {
-      comm_->fail(std::make_exception_ptr(Error("NCCL " + call_.label() + ": CUDA error: " + cudaGetErrorString(e))));
+      comm_->fail(std::make_exception_ptr(Error(cuda_error_text(e, call_, comm_->device(), false))));
       complete(comm_->broken());
       return true;
     }
@@ -284,7 +315,7 @@ std::exception_ptr Communicator::broken() {
   return broken_;
 }
 
-cudaEvent_t Communicator::take_event() {
+cudaEvent_t Communicator::take_event(const std::function<void(cudaError_t)>& check) {
   {
     std::lock_guard lock(events_mu_);
     if (!free_events_.empty()) {
@@ -295,7 +326,7 @@ cudaEvent_t Communicator::take_event() {
   }
   DeviceGuard guard(device_);
   cudaEvent_t e = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return e;
 }
 
@@ -343,7 +374,7 @@ void Communicator::release() {
 std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis timeout, void* enqueue, EnqueueFn fn) {
   if (auto e = broken()) std::rethrow_exception(e);
   auto deadline = deadline_after(timeout);
-  cudaEvent_t event = take_event();
+  cudaEvent_t event = nullptr;
   uint64_t ticket = 0;
   std::exception_ptr error;
   {
@@ -354,10 +385,11 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
       } else {
         DeviceGuard guard(device_);
         // A kernel fault is sticky: CUDA answers it from the next call, often one of
-        // these, so the error names the call being launched, as NcclWork::poll's does.
+        // these, so the error names the call being launched and breaks the communicator.
         auto cuda = [&](cudaError_t e) {
-          if (e != cudaSuccess) throw Error("NCCL " + call.label() + ": CUDA error: " + cudaGetErrorString(e));
+          if (e != cudaSuccess) throw Error(cuda_error_text(e, call, device_, true));
         };
+        event = take_event(cuda);
         // Plain kernel launches and cudaMemcpy go to the legacy default stream: run
         // after what the caller queued there, without making its later work wait for us.
         cuda(cudaEventRecord(ready_, cudaStreamLegacy));
@@ -383,7 +415,7 @@ std::shared_ptr<Work::State> Communicator::launch_erased(CallId call, Millis tim
     }
   }
   if (error) {
-    give_event(event);
+    if (event != nullptr) give_event(event);
     fail(error);
     std::rethrow_exception(broken());
   }

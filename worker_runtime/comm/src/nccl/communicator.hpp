@@ -10,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -92,7 +93,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void fail(std::exception_ptr reason);
   std::exception_ptr broken();
 
-  cudaEvent_t take_event();
+  // A pooled completion event, or a new one; `check` answers a CUDA error creating it.
+  cudaEvent_t take_event(const std::function<void(cudaError_t)>& check);
   void give_event(cudaEvent_t e);
 
   // A Work dropped before anyone saw its operation end hands over its completion
