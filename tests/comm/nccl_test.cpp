@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#define CATCH_CONFIG_EXTERNAL_INTERFACES  // TestEventListenerBase, for ExpectDouble
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -66,16 +68,21 @@ bool gpu_expected() {
 
 // Under the double (DDP_EXPECT_GPU_DOUBLE=1) the CUDA runtime and NCCL in this process
 // must be the double's: a binary whose RPATH named the real libraries would run on them.
-void require_double_if_expected() {
-  const char* e = std::getenv("DDP_EXPECT_GPU_DOUBLE");
-  if (e == nullptr || std::string(e) != "1") return;
-  const std::string problem = gpu_double_check::problem();
-  INFO("DDP_EXPECT_GPU_DOUBLE=1: " << problem);
-  REQUIRE(problem.empty());
-}
+// Checked when the test run starts, before any test case, so none can miss it: the run
+// then stops with exit status 2 and the reason.
+struct ExpectDouble : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testRunStarting(const Catch::TestRunInfo& info) override {
+    TestEventListenerBase::testRunStarting(info);
+    if (const std::string problem = gpu_double_check::expected_problem(); !problem.empty()) {
+      std::fprintf(stderr, "nccl_tests: %s\n", problem.c_str());
+      std::exit(2);
+    }
+  }
+};
+CATCH_REGISTER_LISTENER(ExpectDouble)
 
 #define SKIP_WITHOUT_GPU(devices)                                    \
-  require_double_if_expected();                                      \
   std::string why_;                                                  \
   const int devices = cuda_devices(why_);                            \
   if (devices == 0) {                                                \
@@ -137,7 +144,6 @@ struct DeviceArray {
 // Processes, not threads: each rank is its own process with its own TcpStore
 // connection, as under ddprun. No CUDA is touched before fork().
 TEST_CASE("every rank of 4 processes gets rank 0s real ncclUniqueId through the store", "[nccl]") {
-  require_double_if_expected();
   constexpr int kRanks = 4;
   testing::ServerThread server;
   // Keeps the namespace alive: the server drops a namespace's keys when its last
@@ -170,20 +176,17 @@ TEST_CASE("every rank of 4 processes gets rank 0s real ncclUniqueId through the 
 }
 
 TEST_CASE("a rank waiting for a unique id nobody publishes gets Timeout", "[nccl]") {
-  require_double_if_expected();
   rdzv::MemoryStore store;
   CHECK_THROWS_AS(exchange_nccl_unique_id(store, "never", 1, 100ms), ddp::Timeout);
 }
 
 TEST_CASE("a unique id of the wrong size is an Error", "[nccl]") {
-  require_double_if_expected();
   rdzv::MemoryStore store;
   store.set("short", "abc");
   CHECK_THROWS_AS(exchange_nccl_unique_id(store, "short", 2, 1s), ddp::Error);
 }
 
 TEST_CASE("nccl_usable(): only when every local rank can have a GPU of its own", "[nccl]") {
-  require_double_if_expected();
   std::string why;
   const int devices = cuda_devices(why);
   CHECK(ddp::detail::nccl_usable(1) == (devices > 0));

@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace gpu_double_check {
@@ -35,6 +36,16 @@ inline std::string problem() {
   if (!nccl.empty() && directory_of(nccl) != directory_of(marker))
     return "NCCL in use is '" + nccl + "', not the double's beside '" + marker + "' (RPATH, or a preloaded libnccl)";
   return "";
+}
+
+// What DDP_EXPECT_GPU_DOUBLE=1 (set by every test run under the double) finds wrong:
+// "" when it is not set or the double is what got loaded, else
+// "DDP_EXPECT_GPU_DOUBLE=1 but <problem()>".
+inline std::string expected_problem() {
+  const char* expect = std::getenv("DDP_EXPECT_GPU_DOUBLE");
+  if (expect == nullptr || std::string(expect) != "1") return "";
+  const std::string wrong = problem();
+  return wrong.empty() ? "" : "DDP_EXPECT_GPU_DOUBLE=1 but " + wrong;
 }
 
 }  // namespace gpu_double_check

@@ -548,12 +548,9 @@ int main(int argc, char** argv) {
   const int victim = argc > 2 ? std::atoi(argv[2]) : -1;
   const char* rank = std::getenv("RANK");
   g_rank = rank ? std::atoi(rank) : 0;
-  const char* expect_double = std::getenv("DDP_EXPECT_GPU_DOUBLE");
-  if (expect_double != nullptr && std::string(expect_double) == "1") {
-    if (const std::string problem = gpu_double_check::problem(); !problem.empty()) {
-      std::fprintf(stderr, "device_worker: DDP_EXPECT_GPU_DOUBLE=1 but %s\n", problem.c_str());
-      return 2;
-    }
+  if (const std::string problem = gpu_double_check::expected_problem(); !problem.empty()) {
+    std::fprintf(stderr, "device_worker: %s\n", problem.c_str());
+    return 2;
   }
   // Modes whose checks need a peer (a late one, a victim, a second caller).
   static const char* const kNeedsPeers[] = {"flight", "misuse", "fault", "die", "exit", "subexit", "mismatch", "drop",
