@@ -74,12 +74,13 @@ bool is_sticky(cudaError_t e) {
 
 // A CUDA error met by `call`: seen by its completion event ("NCCL all_reduce #2 of group
 // 0: CUDA error: unspecified launch failure"), or while launching it, where a sticky one
-// comes from earlier work ("CUDA error (sticky: from earlier work on device 0) while
-// launching NCCL all_reduce #3 of group 0: unspecified launch failure").
+// comes from work already on the device, this call's own kernels included ("CUDA error
+// (sticky: from work on device 0 up to this call) while launching NCCL all_reduce #3 of
+// group 0: unspecified launch failure").
 std::string cuda_error_text(cudaError_t e, const CallId& call, int device, bool launching) {
   if (!launching) return "NCCL " + call.label() + ": CUDA error: " + cudaGetErrorString(e);
   const std::string origin =
-      is_sticky(e) ? " (sticky: from earlier work on device " + std::to_string(device) + ")" : "";
+      is_sticky(e) ? " (sticky: from work on device " + std::to_string(device) + " up to this call)" : "";
   return "CUDA error" + origin + " while launching NCCL " + call.label() + ": " + cudaGetErrorString(e);
 }
 
