@@ -102,15 +102,19 @@ struct Pipeline::Impl {
   int stage = 0, stages = 1;
   Channel act_in, act_out, grad_in, grad_out;  // from s-1, to s+1, from s+1, to s-1
 
-  // Per micro-batch, reused by every call (grown to the most micro-batches seen).
+  // Buffers of the micro-batches in flight, reused by every call (grown as needed):
+  // micro-batch i uses input in_of(i) and the others at slot_of(i) (sent_of(i) for the
+  // activation sent), each with the Work of the operation on it.
   std::vector<Tensor> inputs;     // stage 0: views of the input's rows; else received activations
-  std::vector<Tensor> act_sent;   // copies of the outputs sent to s+1
+  std::vector<Work> input_recvs;
   std::vector<Tensor> grads;      // dLoss/dOutput: received from s+1, or the loss's on the last stage
+  std::vector<Work> grad_recvs;
+  std::vector<Tensor> act_sent;   // copies of the outputs sent to s+1
+  std::vector<Work> act_sends;
   std::vector<Tensor> grad_sent;  // copies of dLoss/dInput sent to s-1
-  std::vector<Work> act_recvs, grad_recvs;
-  std::vector<Work> sends;        // every send of the current call
+  std::vector<Work> grad_sends;
   Header act_header_out{}, act_header_in{}, grad_header_out{}, grad_header_in{};
-  Work act_header_recv, grad_header_recv;
+  Work act_header_recv, grad_header_recv, act_header_send, grad_header_send;
   Tensor eval_output;  // forward(): the whole batch's output on the last stage
   int64_t calls = 0;
   std::exception_ptr broken;  // the error that ended the pipeline
@@ -119,6 +123,9 @@ struct Pipeline::Impl {
   struct Call {
     bool train = true;
     size_t rows = 0, chunk = 0, n = 0;
+    size_t slots = 1;     // micro-batches alive at once: n (GPipe), min(n, p - s) (1F1B), 1 (eval)
+    size_t in_bufs = 1;   // input buffers: n, or slots + 1 (1F1B: one received ahead)
+    size_t width = 0;     // of the activations received
     const Tensor* input = nullptr;
     const StageCompute* compute = nullptr;
     const StageLoss* loss = nullptr;
@@ -137,6 +144,9 @@ struct Pipeline::Impl {
   CollectiveOptions async() const { return {.async_op = true, .timeout = options.timeout}; }
   size_t begin_of(size_t i) const { return i * call.chunk; }
   size_t rows_of(size_t i) const { return std::min(call.rows, begin_of(i) + call.chunk) - begin_of(i); }
+  size_t slot_of(size_t i) const { return i % call.slots; }
+  size_t in_of(size_t i) const { return i % call.in_bufs; }
+  size_t sent_of(size_t i) const { return call.train ? slot_of(i) : i; }
 
   std::string prefix() const {
     return "pipeline stage " + std::to_string(stage) + " of " + std::to_string(stages) + ", micro-batch " +
@@ -147,8 +157,12 @@ struct Pipeline::Impl {
     if (options.trace) options.trace->add(name, a, b, track);
   }
 
-  // Blocks on `w`, counting the time as idle.
+  // Blocks on `w` (unless it completed), counting the time as idle.
   void wait_idle(Work& w, const char* what) {
+    if (w.is_completed()) {
+      w.wait();  // its error, if any
+      return;
+    }
     const auto t0 = Clock::now();
     w.wait();
     const auto t1 = Clock::now();
@@ -159,7 +173,6 @@ struct Pipeline::Impl {
   // Runs `f` as compute, counting the time as busy.
   template <typename F>
   decltype(auto) busy(const char* what, F&& f) {
-    const auto t0 = Clock::now();
     struct Done {
       Impl* self;
       const char* what;
@@ -169,7 +182,7 @@ struct Pipeline::Impl {
         self->stats.busy += seconds_between(t0, t1);
         self->trace(std::string(what) + std::to_string(self->call.micro), t0, t1, Trace::kCompute);
       }
-    } done{this, what, t0};
+    } done{this, what, Clock::now()};
     return f();
   }
 
@@ -183,28 +196,36 @@ struct Pipeline::Impl {
     }
   }
 
-  void send(const Channel& c, Buffer b) { sends.push_back(c.group->send(b, c.peer, async())); }
+  // Sends a copy of `src` from `buf` once the buffer's previous send completed.
+  void send_copy(const Channel& c, const Tensor& src, Tensor& buf, Work& work) {
+    wait_idle(work, "send");
+    buf.resize_on(src.device(), src.rows(), src.cols());
+    buf.copy_from(src);
+    work = c.group->send(buffer_of(buf), c.peer, async());
+  }
 
   void post_headers() {
     if (call.train && stage > 0) {
       grad_header_out = call.header;
-      send(grad_out, buffer_of(grad_header_out));
+      grad_header_send = grad_out.group->send(buffer_of(grad_header_out), grad_out.peer, async());
     }
     if (call.train && stage + 1 < stages) grad_header_recv = grad_in.group->recv(buffer_of(grad_header_in), grad_in.peer, async());
     if (stage > 0) act_header_recv = act_in.group->recv(buffer_of(act_header_in), act_in.peer, async());
   }
 
+  void post_input_recv(size_t j) {
+    Tensor& in = inputs[in_of(j)];
+    in.resize_on(module_device(), rows_of(j), call.width);
+    input_recvs[in_of(j)] = act_in.group->recv(buffer_of(in), act_in.peer, async());
+  }
+
   // The first forward on a stage past the first: the header gives the activations' width,
-  // then every activation of the call is posted.
+  // then the receives of the first in_bufs micro-batches are posted (the rest as buffers free).
   void post_activation_recvs() {
     wait_idle(act_header_recv, "header");
     check_header(act_header_in, stage - 1);
-    const auto width = static_cast<size_t>(act_header_in[kWidth]);
-    const Device device = module_device();
-    for (size_t j = 0; j < call.n; ++j) {
-      inputs[j].resize_on(device, rows_of(j), width);
-      act_recvs[j] = act_in.group->recv(buffer_of(inputs[j]), act_in.peer, async());
-    }
+    call.width = static_cast<size_t>(act_header_in[kWidth]);
+    for (size_t j = 0; j < std::min(call.n, call.in_bufs); ++j) post_input_recv(j);
   }
 
   Device module_device() {
@@ -216,22 +237,23 @@ struct Pipeline::Impl {
     call.micro = i;
     call.forward = true;
     const size_t rows = rows_of(i);
+    Tensor& x = inputs[in_of(i)];
     if (stage == 0) {
       const Tensor& in = *call.input;
-      inputs[i] = Tensor::view(const_cast<float*>(in.row(begin_of(i))), rows, in.cols(), in.device());
+      x = Tensor::view(const_cast<float*>(in.row(begin_of(i))), rows, in.cols(), in.device());
     } else {
       if (i == 0) post_activation_recvs();
-      wait_idle(act_recvs[i], "activation");
+      wait_idle(input_recvs[in_of(i)], "activation");
     }
-    module.select_slot(call.train ? i : 0);
-    const Tensor& out = busy("F", [&]() -> const Tensor& { return call.compute->forward(inputs[i]); });
+    module.select_slot(call.train ? slot_of(i) : 0);
+    const Tensor& out = busy("F", [&]() -> const Tensor& { return call.compute->forward(x); });
     if (out.rows() != rows) {
       throw InvalidArgument("the stage's forward returned " + std::to_string(out.rows()) + " rows for " +
                             std::to_string(rows));
     }
     if (stage + 1 == stages) {
       if (call.train) {
-        call.loss_sum += busy("loss", [&] { return (*call.loss)(i, begin_of(i), out, grads[i]); });
+        call.loss_sum += busy("loss", [&] { return (*call.loss)(i, begin_of(i), out, grads[slot_of(i)]); });
       } else {
         if (i == 0) eval_output.resize_on(out.device(), call.rows, out.cols());
         Tensor::view(eval_output.row(begin_of(i)), rows, out.cols(), out.device()).copy_from(out);
@@ -241,14 +263,13 @@ struct Pipeline::Impl {
     if (i == 0) {
       act_header_out = call.header;
       act_header_out[kWidth] = static_cast<int64_t>(out.cols());
-      send(act_out, buffer_of(act_header_out));
+      act_header_send = act_out.group->send(buffer_of(act_header_out), act_out.peer, async());
     }
-    act_sent[i].resize_on(out.device(), out.rows(), out.cols());
-    act_sent[i].copy_from(out);
-    send(act_out, buffer_of(act_sent[i]));
+    send_copy(act_out, out, act_sent[sent_of(i)], act_sends[sent_of(i)]);
     if (call.train) {
-      grads[i].resize_on(out.device(), out.rows(), out.cols());
-      grad_recvs[i] = grad_in.group->recv(buffer_of(grads[i]), grad_in.peer, async());
+      Tensor& g = grads[slot_of(i)];
+      g.resize_on(out.device(), out.rows(), out.cols());
+      grad_recvs[slot_of(i)] = grad_in.group->recv(buffer_of(g), grad_in.peer, async());
     }
   }
 
@@ -260,25 +281,34 @@ struct Pipeline::Impl {
         wait_idle(grad_header_recv, "header");
         check_header(grad_header_in, stage + 1);
       }
-      wait_idle(grad_recvs[i], "gradient");
+      wait_idle(grad_recvs[slot_of(i)], "gradient");
     }
     const bool last = ++call.backwards == call.n;
-    module.select_slot(i);
-    const Tensor& dx = busy("B", [&]() -> const Tensor& { return call.compute->backward(grads[i], last); });
+    module.select_slot(slot_of(i));
+    const Tensor& dx = busy("B", [&]() -> const Tensor& { return call.compute->backward(grads[slot_of(i)], last); });
     if (stage == 0) return;
-    if (dx.rows() != inputs[i].rows() || dx.cols() != inputs[i].cols()) {
+    const Tensor& x = inputs[in_of(i)];
+    if (dx.rows() != x.rows() || dx.cols() != x.cols()) {
       throw InvalidArgument("the stage's backward returned a " + std::to_string(dx.rows()) + "x" +
-                            std::to_string(dx.cols()) + " input gradient for a " + std::to_string(inputs[i].rows()) +
-                            "x" + std::to_string(inputs[i].cols()) + " input");
+                            std::to_string(dx.cols()) + " input gradient for a " + std::to_string(x.rows()) + "x" +
+                            std::to_string(x.cols()) + " input");
     }
-    grad_sent[i].resize_on(dx.device(), dx.rows(), dx.cols());
-    grad_sent[i].copy_from(dx);
-    send(grad_out, buffer_of(grad_sent[i]));
+    send_copy(grad_out, dx, grad_sent[slot_of(i)], grad_sends[slot_of(i)]);
+    // Micro-batch i's input is done with: its buffer receives a later one.
+    if (i + call.in_bufs < call.n) post_input_recv(i + call.in_bufs);
+  }
+
+  std::vector<Work*> sends() {
+    std::vector<Work*> all{&act_header_send, &grad_header_send};
+    for (auto* v : {&act_sends, &grad_sends})
+      for (Work& w : *v) all.push_back(&w);
+    return all;
   }
 
   std::vector<Work*> pending() {
-    std::vector<Work*> all{&act_header_recv, &grad_header_recv};
-    for (auto* v : {&act_recvs, &grad_recvs, &sends})
+    std::vector<Work*> all = sends();
+    all.insert(all.end(), {&act_header_recv, &grad_header_recv});
+    for (auto* v : {&input_recvs, &grad_recvs})
       for (Work& w : *v) all.push_back(&w);
     return all;
   }
@@ -288,9 +318,9 @@ struct Pipeline::Impl {
   // then nothing posted may run on into these buffers.
   void abort_all(const std::string& reason) noexcept {
     const auto deadline = Clock::now() + kSendGrace;
-    for (Work& w : sends) {
+    for (Work* w : sends()) {
       try {
-        w.wait(std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())));
+        w->wait(std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())));
       } catch (...) {  // a broken group or the grace spent: the abort below ends it
       }
     }
@@ -313,26 +343,40 @@ struct Pipeline::Impl {
     if (loss && stage + 1 == stages && !*loss) throw InvalidArgument(where + "the last stage needs a loss");
   }
 
-  // One call: headers, the schedule's actions, every send waited for.
-  void run(size_t batch_rows, const Tensor* input, const StageCompute& compute, const StageLoss* loss) {
-    if (broken) std::rethrow_exception(broken);
-    validate(batch_rows, input, compute, loss);
+  // The call's shape: micro-batches, slots and buffers.
+  void plan(size_t batch_rows, const Tensor* input, const StageCompute& compute, const StageLoss* loss) {
     const auto m = static_cast<size_t>(options.microbatches);
     call = Call{};
     call.train = loss != nullptr;
     call.rows = batch_rows;
     call.chunk = (batch_rows + m - 1) / m;
     call.n = (batch_rows + call.chunk - 1) / call.chunk;
+    const bool one_f_one_b = call.train && options.schedule == PipelineSchedule::OneFOneB;
+    call.slots = !call.train ? 1 : one_f_one_b ? std::min(call.n, static_cast<size_t>(stages - stage)) : call.n;
+    call.in_bufs = one_f_one_b ? std::min(call.n, call.slots + 1) : call.n;
     call.input = input;
     call.compute = &compute;
     call.loss = loss;
     call.header = {call.train ? kTrainCall : kEvalCall, calls++, static_cast<int64_t>(batch_rows),
                    options.microbatches, static_cast<int64_t>(options.schedule), 0};
-    for (auto* v : {&inputs, &act_sent, &grads, &grad_sent})
-      if (v->size() < call.n) v->resize(call.n);
-    if (act_recvs.size() < call.n) act_recvs.resize(call.n);
-    if (grad_recvs.size() < call.n) grad_recvs.resize(call.n);
-    sends.clear();
+    const auto grow = [](auto& v, size_t n) {
+      if (v.size() < n) v.resize(n);
+    };
+    grow(inputs, call.in_bufs);
+    grow(input_recvs, call.in_bufs);
+    grow(grads, call.slots);
+    grow(grad_recvs, call.slots);
+    grow(grad_sent, call.slots);
+    grow(grad_sends, call.slots);
+    grow(act_sent, call.train ? call.slots : call.n);
+    grow(act_sends, call.train ? call.slots : call.n);
+  }
+
+  // One call: headers, the schedule's actions, every send waited for.
+  void run(size_t batch_rows, const Tensor* input, const StageCompute& compute, const StageLoss* loss) {
+    if (broken) std::rethrow_exception(broken);
+    validate(batch_rows, input, compute, loss);
+    plan(batch_rows, input, compute, loss);
     try {
       post_headers();
       for (const Action& a : actions_of(options.schedule, call.n, stages, stage, call.train)) {
@@ -342,8 +386,7 @@ struct Pipeline::Impl {
           run_backward(a.micro);
         }
       }
-      for (Work& w : sends) wait_idle(w, "send");
-      sends.clear();
+      for (Work* w : sends()) wait_idle(*w, "send");
     } catch (...) {
       broken = with_prefix(prefix());
       try {

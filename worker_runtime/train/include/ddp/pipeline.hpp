@@ -12,16 +12,18 @@
 //   stage        this rank's part of the model: its rank in the pp group (0 .. stages-1).
 //   micro-batch  rows [i*c, min(batch, (i+1)*c)) of the batch with c = ceil(batch/m), as
 //                torch's chunking: the last may be smaller, and a small batch gives fewer
-//                than m (9 rows, m = 4: three of 3 rows). Micro-batch i runs in the
-//                stage module's activation slot i (Module::select_slot), so the forwards
-//                of a step stay alive until their backwards.
+//                than m (9 rows, m = 4: three of 3 rows).
 //   F(i), B(i)   the forward and the backward of micro-batch i on this stage.
+//   slot         the stage module's activation slot (Module::select_slot) that F(i) and
+//                B(i) run in, so a forward stays alive until its backward: i under GPipe
+//                (n slots), i mod w under 1F1B (w slots), 0 for forward().
 //
 // Schedules (n micro-batches in the step, p stages, s this stage), as torch 2.x's
 // ScheduleGPipe and Schedule1F1B order them:
 //   GPipe  F(0) .. F(n-1), then B(0) .. B(n-1).
 //   1F1B   w = min(n, p - s) forwards, then B, F, B, F ... while forwards remain, then the
-//          remaining backwards: at most p - s micro-batches' activations alive at once.
+//          remaining backwards: at most w micro-batches alive at once, so the stage keeps
+//          w slots, w gradient buffers and w + 1 input buffers (one received ahead).
 // Both run the backwards in micro-batch order 0 .. n-1, so gradients accumulate in the
 // same order as one process accumulating the micro-batches: a pipeline over the bare
 // stage modules gives bit-identical gradients to the unsplit model trained that way.
@@ -31,11 +33,14 @@
 // Channels: per pair of neighbouring stages (s, s+1), two groups of those two ranks,
 // made by the constructor (pp->new_group, on every pp rank in the same order): one that
 // carries activations s -> s+1, one that carries their gradients s+1 -> s. A group runs
-// its operations in issue order, so each group carries one direction of one link:
-// receives are posted ahead (every activation of the step once its shape is known,
-// each gradient right after the forward it belongs to) and never hold up a send; sends
-// are asynchronous, from buffers of the pipeline's own (one per micro-batch, reused by
-// the next step at a batch size seen before), and complete before train_step returns.
+// its operations in issue order, so each group carries one direction of one link, and
+// receives posted ahead never hold up a send. Receives are posted as early as their
+// buffer is free (activations: as soon as the step's header gave their width, under
+// 1F1B one ahead of the forward that needs it; each gradient right after the forward
+// it belongs to). Sends are asynchronous, from copies in the pipeline's own buffers (a
+// buffer's previous send is waited for before it is reused); they complete before
+// train_step returns. Buffers are reused by later steps: no allocation at a batch size
+// seen before.
 // With the first activation of each step goes a header (kind, call number, batch rows,
 // micro-batches, schedule, activation width), and with the first gradient the same
 // without the width: a neighbour that disagrees on any of them fails with Mismatch
