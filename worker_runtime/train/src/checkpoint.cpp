@@ -122,19 +122,12 @@ std::string read_file(const std::string& path) {
 // Reads (or, without `out`, skips) a tensor written by binary_io::put_tensor whatever
 // its shape (no model to check it against), without reading past the payload.
 void stored_tensor(std::istream& in, size_t payload, const std::string& what, Tensor* out) {
-  const auto rows = get<uint64_t>(in, what.c_str());
-  const auto cols = get<uint64_t>(in, what.c_str());
-  if (cols != 0 && rows > payload / cols) throw Error(what + ": implausible shape");
-  const uint64_t bytes = rows * cols * sizeof(float);
-  if (bytes > payload) throw Error(what + ": implausible shape");
   if (out != nullptr) {
-    *out = Tensor(rows, cols);
-    if (bytes != 0 && !in.read(reinterpret_cast<char*>(out->data()), static_cast<std::streamsize>(bytes))) {
-      throw Error("truncated data reading " + what);
-    }
+    *out = binary_io::get_any_tensor(in, payload, what);
     return;
   }
-  if (!in.seekg(static_cast<std::streamoff>(bytes), std::ios::cur) || in.tellg() < 0 ||
+  const auto [rows, cols] = binary_io::get_any_shape(in, payload, what);
+  if (!in.seekg(static_cast<std::streamoff>(rows * cols * sizeof(float)), std::ios::cur) || in.tellg() < 0 ||
       static_cast<uint64_t>(in.tellg()) > payload) {
     throw Error("truncated data reading " + what);
   }
