@@ -6,6 +6,8 @@
 //                                   step 1; every other rank must fail
 //   pipeline_checks mismatch <sched> stage 1 cuts batches into 3 micro-batches, the others
 //                                   into 4; every rank must fail
+//   pipeline_checks stall <sched>   sends and receives time out after 500 ms; stage 1 sleeps
+//                                   2 s in micro-batch 2's forward of step 1; every rank must fail
 // In the failure modes the victim prints "EXIT <unix seconds>" before it exits, every other
 // rank "ERROR <unix seconds> <type> <what()>" when its step failed (exit 0) or "OK" (exit 1).
 //
@@ -31,6 +33,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddp/distributed_data_parallel.hpp"
@@ -38,6 +41,7 @@
 #include "ddp/nn.hpp"
 #include "ddp/optim.hpp"
 #include "ddp/pipeline.hpp"
+#include "ddp/trace.hpp"
 #include "launched_checks.hpp"
 
 namespace {
@@ -165,7 +169,8 @@ std::pair<bool, double> compare(ddp::Module& stage, ddp::Module& ref) {
 void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string& schedule, const std::string& opt,
                 size_t rows, int steps) {
   const std::string name = schedule + " " + opt + " batch " + std::to_string(rows);
-  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro});
+  ddp::Trace trace(pp->rank());
+  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro, .trace = &trace});
   auto acc = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
   auto whole = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
   auto o_stage = make_optimizer(opt, run.model->parameters());
@@ -214,6 +219,8 @@ void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string&
   check(n_ok, name + ": " + std::to_string(expected_n) + " micro-batches per step");
   check(last_ok, name + ": `last` only on the step's last backward");
   check(loss_exact, name + ": the last stage's loss is the accumulated model's");
+  // The trace holds at least every F and B of every step (and the waits, the losses).
+  check(trace.size() >= 2 * expected_n * static_cast<size_t>(steps), name + ": the trace records each F and B");
   // The mean of the micro-batches' means is the batch's mean when they are equal.
   const bool even = rows % expected_n == 0;
   check(!even || loss_diff <= 1e-6, name + ": the loss within 1e-6 of the whole batch's");
@@ -311,14 +318,19 @@ int failure_mode(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string
   const bool victim = pp->rank() == 1;
   ddp::PipelineOptions o{.schedule = schedule_of(schedule), .microbatches = kMicro};
   if (mode == "mismatch" && victim) o.microbatches = 3;
+  if (mode == "stall") o.timeout = ddp::Millis(500);
   StageRun run(pp, o);
-  if (mode == "exit" && victim) {
+  if ((mode == "exit" || mode == "stall") && victim) {
     auto inner = run.compute.forward;
-    run.compute.forward = [&, inner](const ddp::Tensor& in) -> const ddp::Tensor& {
+    run.compute.forward = [&, inner, mode](const ddp::Tensor& in) -> const ddp::Tensor& {
       if (run.step_index == 1 && run.model->slot() == 2) {
-        std::printf("EXIT %.6f\n", now_s());
-        std::fflush(stdout);
-        std::_Exit(0);
+        if (mode == "stall") {
+          std::this_thread::sleep_for(std::chrono::seconds(2));
+        } else {
+          std::printf("EXIT %.6f\n", now_s());
+          std::fflush(stdout);
+          std::_Exit(0);
+        }
       }
       return inner(in);
     };
