@@ -9,7 +9,8 @@
 //   pipeline_checks stall <sched>   sends and receives time out after 500 ms; stage 1 sleeps
 //                                   2 s in micro-batch 2's forward of step 1; every rank must fail
 // In the failure modes the victim prints "EXIT <unix seconds>" before it exits, every other
-// rank "ERROR <unix seconds> <type> <what()>" when its step failed (exit 0) or "OK" (exit 1).
+// rank "ERROR <unix seconds> <type> <what()>" when its step failed, then "AGAIN same" when the
+// next step threw the same error (exit 0), or "OK" (exit 1).
 //
 // Checks, for GPipe and 1F1B, SGD and AdamW, 20 steps of 4 micro-batches:
 //   - every stage's parameters are bit-identical to the unsplit model's trained with the
@@ -349,6 +350,12 @@ int failure_mode(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string
                        : dynamic_cast<const ddp::Mismatch*>(&e) ? "Mismatch"
                                                                 : "Error";
     std::printf("ERROR %.6f %s %s\n", now_s(), type, e.what());
+    // The pipeline is broken from then on: the next step throws the same error at once.
+    try {
+      run.step();
+    } catch (const std::exception& again) {
+      std::printf("AGAIN %s\n", std::string(again.what()) == e.what() ? "same" : again.what());
+    }
     return 0;
   }
   std::printf("OK\n");

@@ -4,6 +4,7 @@
 // cuts batches differently and every other stage must fail at once, naming its stage and
 // micro-batch.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <optional>
 #include <regex>
 
@@ -74,6 +75,8 @@ std::map<int, std::string> run_failure(int nproc, const std::string& mode, const
       // Every failure names this rank's stage and a micro-batch.
       CHECK(std::regex_search(e->second, std::regex("pipeline stage " + std::to_string(rank) + " of " +
                                                     std::to_string(nproc) + R"(, micro-batch \d \((forward|backward)\): )")));
+      // The pipeline stays broken: the next step threw the same error.
+      CHECK(std::find(ranks[rank].begin(), ranks[rank].end(), "AGAIN same") != ranks[rank].end());
     }
   }
   CHECK(latest - first < kBoundS);
