@@ -6,19 +6,26 @@
 //                                   step 1; every other rank must fail
 //   pipeline_checks mismatch <sched> stage 1 cuts batches into 3 micro-batches, the others
 //                                   into 4; every rank must fail
+//   pipeline_checks stall <sched>   sends and receives time out after 500 ms; stage 1 sleeps
+//                                   2 s in micro-batch 2's forward of step 1; every rank must fail
 // In the failure modes the victim prints "EXIT <unix seconds>" before it exits, every other
-// rank "ERROR <unix seconds> <type> <what()>" when its step failed (exit 0) or "OK" (exit 1).
+// rank "ERROR <unix seconds> <type> <what()>" when its step failed, then "AGAIN same" when the
+// next step threw the same error (exit 0), or "OK" (exit 1).
 //
 // Checks, for GPipe and 1F1B, SGD and AdamW, 20 steps of 4 micro-batches:
 //   - every stage's parameters are bit-identical to the unsplit model's trained with the
 //     same micro-batches accumulated in one process; within 1e-6 (relative, per parameter)
 //     of the unsplit model trained on the whole batch (printed: max_rel_diff);
-//   - busy + idle <= step on every step, idle > 0; the last stage's loss is the
+//   - busy + idle <= step on every step, idle > 0 over the steps; the last stage's loss is the
 //     accumulated model's (bit for bit); `last` is passed to the step's last backward only;
 //   - forward() (evaluation) gives the unsplit model's output on the last stage, nullptr
 //     elsewhere;
 //   - a batch smaller than m (3 rows) and an uneven one (30 rows): fewer or smaller
-//     micro-batches, still bit-identical to the accumulated model.
+//     micro-batches, still bit-identical to the accumulated model;
+//   - at world 4, dp2 x pp2 with DDP over each stage's replicas (GPipe SGD, 1F1B AdamW):
+//     bit-identical to each replica's micro-batches accumulated and averaged in one
+//     process, replicas bit-identical, DDP reduces once per step (earlier backwards in
+//     no_sync); the difference from the unsplit model on both batches is printed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,12 +34,15 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ddp/distributed_data_parallel.hpp"
 #include "ddp/init.hpp"
 #include "ddp/nn.hpp"
 #include "ddp/optim.hpp"
 #include "ddp/pipeline.hpp"
+#include "ddp/trace.hpp"
 #include "launched_checks.hpp"
 
 namespace {
@@ -160,15 +170,16 @@ std::pair<bool, double> compare(ddp::Module& stage, ddp::Module& ref) {
 void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string& schedule, const std::string& opt,
                 size_t rows, int steps) {
   const std::string name = schedule + " " + opt + " batch " + std::to_string(rows);
-  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro});
+  ddp::Trace trace(pp->rank());
+  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro, .trace = &trace});
   auto acc = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
   auto whole = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
   auto o_stage = make_optimizer(opt, run.model->parameters());
   auto o_acc = make_optimizer(opt, acc->parameters());
   auto o_whole = make_optimizer(opt, whole->parameters());
   const size_t expected_n = (rows + (rows + kMicro - 1) / kMicro - 1) / ((rows + kMicro - 1) / kMicro);
-  bool times_ok = true, idle_ok = true, loss_exact = true, last_ok = true, n_ok = true;
-  double loss_diff = 0, share = 0;
+  bool times_ok = true, loss_exact = true, last_ok = true, n_ok = true;
+  double loss_diff = 0, share = 0, idle = 0;
   ddp::Tensor d;
   for (int step = 0; step < steps; ++step) {
     run.draw(rows, step);
@@ -182,7 +193,7 @@ void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string&
     o_acc->step();
     o_whole->step();
     times_ok &= st.busy + st.idle <= st.step + 1e-4;
-    idle_ok &= st.idle > 0;
+    idle += st.idle;
     n_ok &= st.microbatches == expected_n;
     last_ok &= run.backwards == static_cast<int>(expected_n) && run.lasts == run.backwards;
     if (run.pipe.last()) {
@@ -204,10 +215,13 @@ void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string&
                   std::to_string(rel_acc) + ")");
   check(rel <= 1e-6, name + ": within 1e-6 of the unsplit model on the whole batch (" + std::to_string(rel) + ")");
   check(times_ok, name + ": busy + idle <= step");
-  check(idle_ok, name + ": idle > 0 on every step");
+  // (A step may find every message already there: the sum over the steps, on every stage.)
+  check(idle > 0, name + ": idle > 0");
   check(n_ok, name + ": " + std::to_string(expected_n) + " micro-batches per step");
   check(last_ok, name + ": `last` only on the step's last backward");
   check(loss_exact, name + ": the last stage's loss is the accumulated model's");
+  // The trace holds at least every F and B of every step (and the waits, the losses).
+  check(trace.size() >= 2 * expected_n * static_cast<size_t>(steps), name + ": the trace records each F and B");
   // The mean of the micro-batches' means is the batch's mean when they are equal.
   const bool even = rows % expected_n == 0;
   check(!even || loss_diff <= 1e-6, name + ": the loss within 1e-6 of the whole batch's");
@@ -224,19 +238,100 @@ void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string&
   }
 }
 
+// dp2 x pp2 (world 4): rank r is stage r / 2 of data-parallel replica r % 2, DDP over the
+// two ranks of a stage. Inside the step only the last backward reduces (the others run
+// in no_sync). The reference accumulates each replica's micro-batches in one process and
+// averages the two sums as DDP does ((a + b) / 2: the same bits), so the stages must be
+// bit-identical to it; against the unsplit model on both batches at once the difference
+// is printed (AdamW amplifies the rounding of gradients that nearly cancel).
+void data_parallel_case(const std::shared_ptr<ddp::ProcessGroup>& world, const std::string& schedule,
+                        const std::string& opt) {
+  const std::string name = "dp2 x pp2 " + schedule + " " + opt;
+  const int r = world->rank(), stage = r / 2, replica = r % 2;
+  std::shared_ptr<ddp::ProcessGroup> pp, dp;
+  for (int d : {0, 1})
+    if (auto g = world->new_group({d, d + 2})) pp = g;
+  for (int st : {0, 1})
+    if (auto g = world->new_group({2 * st, 2 * st + 1})) dp = g;
+  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro});
+  ddp::DistributedDataParallel ddp(*run.model, dp);
+  bool quiet_inside = true, reduced_last = true;
+  run.compute.forward = [&](const ddp::Tensor& in) -> const ddp::Tensor& { return ddp.forward(in); };
+  run.compute.backward = [&](const ddp::Tensor& dy, bool last) -> const ddp::Tensor& {
+    if (last) {
+      const ddp::Tensor& dx = ddp.backward(dy, stage > 0);
+      reduced_last &= ddp.last_backward().buckets_reduced > 0;
+      return dx;
+    }
+    auto guard = ddp.no_sync();
+    const ddp::Tensor& dx = ddp.backward(dy, stage > 0);
+    quiet_inside &= ddp.last_backward().buckets_reduced == 0;
+    return dx;
+  };
+  auto acc = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
+  auto whole = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
+  auto o_stage = make_optimizer(opt, run.model->parameters());
+  auto o_acc = make_optimizer(opt, acc->parameters());
+  auto o_whole = make_optimizer(opt, whole->parameters());
+  const auto acc_params = acc->parameters();
+  ddp::Tensor both(64, kSizes.front()), d, part;
+  std::vector<int32_t> both_y, part_y;
+  std::vector<std::vector<float>> first_sum(acc_params.size());
+  bool replicas_same = true;
+  for (int step = 0; step < 20; ++step) {
+    both_y.clear();
+    whole->zero_grad();
+    for (int rep : {0, 1}) {
+      launched::fill_batch(part, part_y, 32, kSizes.front(), kSizes.back(), rep, step);
+      std::memcpy(both.row(32 * static_cast<size_t>(rep)), part.data(), part.size() * sizeof(float));
+      both_y.insert(both_y.end(), part_y.begin(), part_y.end());
+      acc->zero_grad();
+      accumulated_step(*acc, part, part_y, d);
+      for (size_t i = 0; i < acc_params.size(); ++i) {
+        float* g = acc_params[i]->grad.data();
+        if (rep == 0) first_sum[i].assign(g, g + acc_params[i]->numel());
+        for (size_t j = 0; rep == 1 && j < first_sum[i].size(); ++j) g[j] = (first_sum[i][j] + g[j]) / 2;
+      }
+    }
+    launched::fill_batch(run.x, run.y, 32, kSizes.front(), kSizes.back(), replica, step);
+    run.batch = 32;
+    ddp.zero_grad();
+    run.step();
+    whole_step(*whole, both, both_y, d);
+    o_stage->step();
+    o_acc->step();
+    o_whole->step();
+    replicas_same &= launched::same_everywhere(*dp, launched::hash_params(*run.model));
+  }
+  const auto [same, rel_acc] = compare(*run.model, *acc);
+  const double rel = compare(*run.model, *whole).second;
+  std::printf("rank %d: %s stage %d replica %d max_rel_diff %.3g (accumulated: %s), unsplit on both batches %.3g\n",
+              g_rank, name.c_str(), stage, replica, rel_acc, same ? "bit-identical" : "DIFFERENT", rel);
+  check(same, name + ": bit-identical to the replicas' accumulated micro-batches, averaged (rel " +
+                  std::to_string(rel_acc) + ")");
+  check(replicas_same, name + ": the replicas of a stage stay bit-identical");
+  check(quiet_inside, name + ": no bucket reduced in the backwards before the last");
+  check(reduced_last, name + ": the last backward of each step reduces");
+}
+
 // The failure modes: the victim (stage 1) exits or mismatches; every rank reports.
 int failure_mode(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string& mode, const std::string& schedule) {
   const bool victim = pp->rank() == 1;
   ddp::PipelineOptions o{.schedule = schedule_of(schedule), .microbatches = kMicro};
   if (mode == "mismatch" && victim) o.microbatches = 3;
+  if (mode == "stall") o.timeout = ddp::Millis(500);
   StageRun run(pp, o);
-  if (mode == "exit" && victim) {
+  if ((mode == "exit" || mode == "stall") && victim) {
     auto inner = run.compute.forward;
-    run.compute.forward = [&, inner](const ddp::Tensor& in) -> const ddp::Tensor& {
+    run.compute.forward = [&, inner, mode](const ddp::Tensor& in) -> const ddp::Tensor& {
       if (run.step_index == 1 && run.model->slot() == 2) {
-        std::printf("EXIT %.6f\n", now_s());
-        std::fflush(stdout);
-        std::_Exit(0);
+        if (mode == "stall") {
+          std::this_thread::sleep_for(std::chrono::seconds(2));
+        } else {
+          std::printf("EXIT %.6f\n", now_s());
+          std::fflush(stdout);
+          std::_Exit(0);
+        }
       }
       return inner(in);
     };
@@ -255,6 +350,12 @@ int failure_mode(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string
                        : dynamic_cast<const ddp::Mismatch*>(&e) ? "Mismatch"
                                                                 : "Error";
     std::printf("ERROR %.6f %s %s\n", now_s(), type, e.what());
+    // The pipeline is broken from then on: the next step throws the same error at once.
+    try {
+      run.step();
+    } catch (const std::exception& again) {
+      std::printf("AGAIN %s\n", std::string(again.what()) == e.what() ? "same" : again.what());
+    }
     return 0;
   }
   std::printf("OK\n");
@@ -273,6 +374,10 @@ int main(int argc, char** argv) {
       for (const char* opt : {"sgd", "adamw"}) train_case(pp, schedule, opt, 32, 20);
     train_case(pp, "1f1b", "adamw", 3, 5);
     train_case(pp, "gpipe", "sgd", 30, 5);
+    if (pp->size() == 4) {
+      data_parallel_case(pp, "gpipe", "sgd");
+      data_parallel_case(pp, "1f1b", "adamw");
+    }
     pp->barrier();
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", g_rank, e.what());

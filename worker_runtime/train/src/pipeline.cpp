@@ -70,7 +70,7 @@ std::vector<Action> actions_of(PipelineSchedule schedule, size_t n, int stages, 
 Buffer buffer_of(Tensor& t) { return Buffer{t.data(), t.size(), DType::F32, t.device()}; }
 Buffer buffer_of(Header& h) { return view(std::span<int64_t>(h)); }
 
-// Rethrows the exception in flight as the same ddp error type with `prefix` before what().
+// The exception in flight as the same ddp error type with `prefix` before what().
 std::exception_ptr with_prefix(const std::string& prefix) {
   try {
     throw;
@@ -86,6 +86,14 @@ std::exception_ptr with_prefix(const std::string& prefix) {
     return std::make_exception_ptr(Error(prefix + e.what()));
   } catch (...) {
     return std::make_exception_ptr(Error(prefix + "unknown exception"));
+  }
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
   }
 }
 
@@ -389,11 +397,7 @@ struct Pipeline::Impl {
       for (Work* w : sends()) wait_idle(*w, "send");
     } catch (...) {
       broken = with_prefix(prefix());
-      try {
-        std::rethrow_exception(broken);
-      } catch (const std::exception& e) {
-        abort_all(e.what());
-      }
+      abort_all(what_of(broken));
       std::rethrow_exception(broken);
     }
   }

@@ -80,7 +80,8 @@ const char* pipeline_schedule_name(PipelineSchedule s);  // "gpipe", "1f1b"
 struct PipelineOptions {
   PipelineSchedule schedule = PipelineSchedule::GPipe;
   int microbatches = 4;    // m: the most micro-batches a batch is cut into (>= 1)
-  Millis timeout{0};       // each send and receive (0: the pp group's timeout)
+  Millis timeout{0};       // each send and receive, from when it starts running (after
+                           // those before it on its link); 0: the pp group's timeout
   Trace* trace = nullptr;  // records each F/B (compute) and each wait (communication) when set
 };
 
