@@ -2,6 +2,8 @@
 #include "ddp/device_mesh.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <span>
 #include <set>
 #include <string>
 #include <utility>
@@ -96,7 +98,11 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshAxis
     throw InvalidArgument("DeviceMesh: local_world_size " + std::to_string(options.local_world_size) +
                           " (0: the environment's)");
   }
-  const int local = options.local_world_size > 0 ? options.local_world_size : environment_local_world_size(n);
+  int32_t local = options.local_world_size;
+  if (local == 0) {  // the smallest over the world: nodes of different sizes still judge the shape alike
+    local = environment_local_world_size(n);
+    world_->all_reduce(view(std::span<int32_t>(&local, 1)), ReduceOp::Min);
+  }
   check_mesh_shape(axes_, n, local, options.within_host);
   strides_ = strides_of(axes_);
   const int me = world_->rank();

@@ -213,9 +213,9 @@ const Tensor& ColumnParallelLinear::backward(const Tensor& dy, const GradReadyHo
   add_parameter_grads(*g, x, weight_, bias_, hook);
   if (!need_dx) return kEmpty;
   // f's backward: each rank's dy W_local covers its output columns; their sum is dx.
-  times_weight(*g, weight_, s.dx);
-  tp_->all_reduce(buffer(s.dx), ReduceOp::Sum);
-  return s.dx;
+  times_weight(*g, weight_, dx_);
+  tp_->all_reduce(buffer(dx_), ReduceOp::Sum);
+  return dx_;
 }
 
 // ---------------------------------------------------------------------------
@@ -282,8 +282,8 @@ const Tensor& RowParallelLinear::backward(const Tensor& dy, const GradReadyHook&
   // g's backward is the identity: dy is whole on every rank, and dW, db and dx are local.
   add_parameter_grads(*g, x, weight_, bias_, hook);
   if (!need_dx) return kEmpty;
-  times_weight(*g, weight_, s.dx);
-  return s.dx;
+  times_weight(*g, weight_, dx_);
+  return dx_;
 }
 
 }  // namespace ddp

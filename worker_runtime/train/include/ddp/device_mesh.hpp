@@ -13,8 +13,11 @@
 // of where the ranks run. Axes named in MeshOptions::within_host (by default "tp",
 // whose collectives are the most frequent) must keep each of their groups on one host.
 //
-// Building a mesh is a collective over `world`: every rank makes the subgroup of
-// every group of every axis (axes in order, groups by their smallest rank), as
+// The host rule reads `world`'s ranks as the launcher's: pass init()'s group, or say
+// MeshOptions::local_world_size for another one.
+//
+// Building a mesh is a collective over `world`: every rank makes the subgroup of every
+// group of every axis (axes in order, groups by their smallest rank), as
 // ProcessGroup::new_group asks, and keeps its own.
 #pragma once
 
@@ -33,7 +36,8 @@ struct MeshAxis {
 
 struct MeshOptions {
   // Ranks per host. 0: LOCAL_WORLD_SIZE of the environment (the worker contract's
-  // local_world_size), or the world's size where the environment has none.
+  // local_world_size; the world's size where the environment has none), the smallest
+  // over the world (one all-reduce), so that every rank judges the shape alike.
   int local_world_size = 0;
   // Axes whose groups must not span hosts; a name that is not an axis is ignored.
   std::vector<std::string> within_host = {"tp"};

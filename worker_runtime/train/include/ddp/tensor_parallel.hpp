@@ -104,10 +104,10 @@ class ColumnParallelLinear : public TensorParallelLinear {
     Tensor blocks;                  // gather_output: every rank's `local`, in rank order
     Tensor gathered;                // gather_output: the whole output, batch × out
     Tensor dy_local;                // gather_output: this rank's columns of dy
-    Tensor dx;
   };
 
   ColumnParallelOptions options_;
+  Tensor dx_;  // backward's, all-reduced in place (valid until the next backward, as Linear's)
   std::deque<Slot> slots_;  // a deque: a new slot never moves the earlier slots' outputs
 };
 
@@ -132,10 +132,10 @@ class RowParallelLinear : public TensorParallelLinear {
     Tensor partial;  // x W_localᵀ, batch × out, all-reduced in place (the output)
     Tensor output;   // scatter_output: this rank's rows of the reduced sum
     Tensor dy_full;  // scatter_output: the all-gathered dy
-    Tensor dx;
   };
 
   RowParallelOptions options_;
+  Tensor dx_;
   Tensor ones_;  // batch × 1 of ones: adds the bias to every row with one GEMM on either device
   std::deque<Slot> slots_;  // a deque: a new slot never moves the earlier slots' outputs
 };
