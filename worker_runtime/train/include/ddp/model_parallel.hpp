@@ -27,7 +27,8 @@ namespace ddp {
 // Splits make_mlp's Linears (widths `sizes`: Linear i is sizes[i] → sizes[i+1], with
 // sizes[i]*sizes[i+1] + sizes[i+1] parameters) into `stages` contiguous ranges
 // [first, end) of Linear indices, one per stage, each non-empty, minimising the largest
-// stage's parameter count (ties: the earliest boundaries). Throws InvalidArgument for
+// stage's parameter count (ties: from the last stage back, each boundary as early as the
+// optimum allows, so later stages take the spare Linears). Throws InvalidArgument for
 // fewer than two sizes, a zero width, stages < 1 or more stages than Linears.
 std::vector<std::pair<size_t, size_t>> partition_layers(const std::vector<size_t>& sizes, int stages);
 
