@@ -3,7 +3,8 @@
 // schedule, and their products with each other and with data parallelism) holds the
 // parameters the unsplit model holds after the same 20 steps on one worker, within
 // 1e-6 of each parameter's largest value; checkpoints move between layouts with the
-// same state bytes; bad flag combinations exit 2 naming the flags.
+// same state bytes; evaluation through the pipeline reports the unsplit model's loss and
+// accuracy; bad flag combinations exit 2 naming the flags.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -210,6 +212,29 @@ TEST_CASE("ZeRO-1 and FSDP over dp and clipping the whole model's norm compose w
   // Gradients in bf16 on the dp wire compose too (dp reduces them, tp never sees them).
   auto r = train(4, with(kQuick, {"--tp", "2", "--batch", "32", "--grad_dtype", "bf16"}));
   CHECK(r.out.find("grad_dtype bf16 tp 2 pp 1 dp 2 ") != std::string::npos);
+}
+
+TEST_CASE("the loss and the test accuracy through the pipeline and tp are the unsplit model's", "[mp-example]") {
+  // The same 20 SGD steps, then the whole test set: the logits live on the last stage
+  // and each replica's metrics are counted once (4 decimals, as printed).
+  const auto quick = with(kQuick, {"--optimizer", "sgd"});
+  std::vector<std::string> args;
+  for (const auto& a : quick) {
+    if (a != "--no-eval") args.push_back(a);
+  }
+  const std::regex metrics(R"(epoch 1 (loss [0-9.]+ test_acc [0-9.]+) )");
+  auto metrics_of = [&](int world, int dp, const std::vector<std::string>& flags) {
+    const auto r = train(world, with(with(args, flags), {"--batch", std::to_string(kBatch / dp), "--lr",
+                                                         std::to_string(kLr / dp)}));
+    std::smatch m;
+    REQUIRE(std::regex_search(r.out, m, metrics));
+    return m[1].str();
+  };
+  const std::string whole = metrics_of(1, 1, {});
+  CHECK(whole.find("test_acc 0.0000") == std::string::npos);
+  CHECK(metrics_of(4, 1, {"--pp", "2", "--tp", "2"}) == whole);
+  CHECK(metrics_of(2, 1, {"--pp", "2", "--schedule", "1f1b"}) == whole);
+  CHECK(metrics_of(4, 2, {"--tp", "2", "--strategy", "fsdp"}) == whole);
 }
 
 TEST_CASE("a checkpoint moves between pp2 x tp2 and the plain model at world 1 with the same state",
