@@ -50,7 +50,6 @@ uint32_t crc32_of(const char* data, size_t size, uint32_t crc = 0) {
   }
   return static_cast<uint32_t>(c);
 }
-uint32_t crc32_of(const std::string& bytes) { return crc32_of(bytes.data(), bytes.size()); }
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -68,7 +67,7 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
 
 // The payload of a checkpoint's bytes after checking the header (magic, version,
 // size, CRC-32); throws Error naming `path` otherwise.
-std::string checked_payload(const std::string& bytes, const std::string& path, uint32_t& version) {
+std::string_view checked_payload(const std::string& bytes, const std::string& path, uint32_t& version) {
   if (bytes.size() < kHeaderSize) {
     throw Error(path + ": not a checkpoint (truncated header: " + std::to_string(bytes.size()) + " bytes)");
   }
@@ -87,8 +86,8 @@ std::string checked_payload(const std::string& bytes, const std::string& path, u
     throw Error(path + ": checkpoint payload is " + std::to_string(have) + " bytes, header says " +
                 std::to_string(size) + (have < size ? " (truncated)" : " (trailing bytes)"));
   }
-  std::string body = bytes.substr(kHeaderSize);
-  if (crc32_of(body) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
+  const std::string_view body = std::string_view(bytes).substr(kHeaderSize);
+  if (crc32_of(body.data(), body.size()) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
   return body;
 }
 
@@ -143,7 +142,7 @@ void apply_optimizer_state(const checkpoint_format::Contents& parsed, Optimizer&
   if (!parsed.has_optimizer) throw Error(std::string("checkpoint holds no optimizer state"));
   const OptimizerState live = optimizer.state();  // views of the optimizer's buffers
   const OptimizerState before = live;             // Tensor's copy is deep
-  std::istringstream state_in(parsed.state, std::ios::binary);
+  binary_io::MemoryStream state_in(parsed.state);
   optimizer.load_state(state_in);
   if (state_in.peek() != std::char_traits<char>::eof()) {
     optimizer.set_state(before);
@@ -243,10 +242,10 @@ void write(const std::string& path, const CheckpointInfo& info, const std::vecto
 Contents read(const std::string& bytes, const std::string& path, const std::vector<ParamSpec>* expect,
               bool read_values) {
   uint32_t version = 0;
-  std::string body = checked_payload(bytes, path, version);
+  const std::string_view body = checked_payload(bytes, path, version);
   const size_t have = body.size();
   try {
-    std::istringstream in(std::move(body), std::ios::binary);
+    binary_io::MemoryStream in(body);
     Contents out;
     out.info = get_info(in, version);
     const auto count = get<uint64_t>(in, "parameter count");
@@ -275,10 +274,10 @@ Contents read(const std::string& bytes, const std::string& path, const std::vect
     if (out.has_optimizer) {
       const auto state_size = get<uint64_t>(in, "optimizer state size");
       if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
-      out.state.resize(state_size);
-      if (state_size != 0 && !in.read(out.state.data(), static_cast<std::streamsize>(state_size))) {
-        throw Error(std::string("truncated data reading optimizer state"));
-      }
+      const auto at = static_cast<size_t>(in.tellg());
+      if (state_size > have - at) throw Error(std::string("truncated data reading optimizer state"));
+      out.state = body.substr(at, state_size);
+      in.seekg(static_cast<std::streamoff>(state_size), std::ios::cur);
     }
     if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
     return out;
@@ -311,7 +310,7 @@ std::string read_checkpoint_file(const std::string& path) { return read_file(pat
 
 CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path) {
   uint32_t version = 0;
-  std::istringstream in(checked_payload(bytes, path, version), std::ios::binary);
+  binary_io::MemoryStream in(checked_payload(bytes, path, version));
   try {
     return get_info(in, version);
   } catch (const Error& e) {

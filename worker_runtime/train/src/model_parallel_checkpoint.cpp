@@ -472,10 +472,10 @@ CheckpointInfo load_model_parallel_checkpoint(const std::string& bytes, const st
     }
     if (state != nullptr) {
       if (!file.has_optimizer) throw Error(std::string("checkpoint holds no optimizer state"));
-      std::istringstream in(file.state, std::ios::binary);
+      binary_io::MemoryStream in(file.state);
       std::string kind = state->kind;
       if (kind.empty()) {  // the file's: its state opens with the kind
-        std::istringstream peek(file.state, std::ios::binary);
+        binary_io::MemoryStream peek(file.state);
         kind = binary_io::get_string(peek, "optimizer kind", 64);
       }
       std::vector<std::pair<size_t, size_t>> shapes;
