@@ -272,17 +272,19 @@ Assembly plan_assembly(std::vector<Plan> plans) {
     const std::vector<Entry>& base = row[0]->entries;
     stage_first[s] = a.names.size();
     for (size_t j = 0; j < base.size(); ++j) {
-      std::vector<bool> covered(static_cast<size_t>(std::max(base[j].split.parts, 1)), false);
-      Placement full;
+      const bool whole = base[j].split.dim == -1;
+      std::vector<bool> covered(whole ? 1 : static_cast<size_t>(std::max(base[j].split.parts, 1)), false);
+      const Placement full = place(base[j].name, base[j].split, base[j].rows, base[j].cols);
       for (const Plan* c : row) {
         const Entry* e = j < c->entries.size() ? &c->entries[j] : nullptr;
+        const Placement at = e != nullptr ? place(e->name, e->split, e->rows, e->cols) : full;
         if (c->entries.size() != base.size() || e->name != base[j].name || e->split.dim != base[j].split.dim ||
-            e->split.parts != base[j].split.parts || e->has != base[j].has) {
+            e->split.parts != base[j].split.parts || e->has != base[j].has || at.full_rows != full.full_rows ||
+            at.full_cols != full.full_cols) {
           throw Error("rank " + std::to_string(c->rank) + "'s parameters do not match rank " +
                       std::to_string(row[0]->rank) + "'s of the same pp stage (at '" + base[j].name + "')");
         }
-        full = place(e->name, e->split, e->rows, e->cols);
-        covered[static_cast<size_t>(e->split.dim == -1 ? 0 : e->split.index)] = true;
+        covered[whole ? 0 : static_cast<size_t>(e->split.index)] = true;
       }
       for (bool c : covered) {
         if (!c) throw Error("parameter '" + base[j].name + "': a tp block is missing");
