@@ -14,6 +14,7 @@
 #include "ddp/device_mesh.hpp"
 #include "ddp/model_parallel.hpp"
 #include "ddp/optim.hpp"
+#include "ddp/pipeline.hpp"
 #include "recording_backend.hpp"
 #include "subprocess.hpp"
 
@@ -115,6 +116,17 @@ TEST_CASE("partition_layers refuses stages it cannot fill", "[model_parallel]") 
   CHECK_THROWS_AS(ddp::partition_layers({8, 4, 2}, 0), ddp::InvalidArgument);
   CHECK_THROWS_AS(ddp::partition_layers({8}, 1), ddp::InvalidArgument);
   CHECK_THROWS_AS(ddp::partition_layers({8, 0, 2}, 1), ddp::InvalidArgument);
+}
+
+TEST_CASE("pipeline schedules by name: each name back to its schedule, an unknown one refused", "[model_parallel]") {
+  for (auto s : {ddp::PipelineSchedule::GPipe, ddp::PipelineSchedule::OneFOneB})
+    CHECK(ddp::pipeline_schedule_from_name(ddp::pipeline_schedule_name(s)) == s);
+  CHECK(ddp::pipeline_schedule_from_name("1f1b") == ddp::PipelineSchedule::OneFOneB);
+  for (const std::string bad : {"", "GPipe", "1F1B", "interleaved"}) {
+    CHECK_THROWS_AS(ddp::pipeline_schedule_from_name(bad), ddp::InvalidArgument);
+    CHECK_THROWS_WITH(ddp::pipeline_schedule_from_name(bad), Catch::Contains("'" + bad + "'") &&
+                                                               Catch::Contains("gpipe or 1f1b"));
+  }
 }
 
 TEST_CASE("Rng::discard(n) skips exactly n draws", "[model_parallel]") {

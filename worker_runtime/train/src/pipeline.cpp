@@ -103,6 +103,12 @@ const char* pipeline_schedule_name(PipelineSchedule s) {
   return s == PipelineSchedule::GPipe ? "gpipe" : s == PipelineSchedule::OneFOneB ? "1f1b" : "?";
 }
 
+PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
+  for (PipelineSchedule s : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
+    if (name == pipeline_schedule_name(s)) return s;
+  throw InvalidArgument("unknown pipeline schedule '" + name + "' (gpipe or 1f1b)");
+}
+
 struct Pipeline::Impl {
   Module& module;
   std::shared_ptr<ProcessGroup> pp;
