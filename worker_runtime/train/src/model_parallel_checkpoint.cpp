@@ -461,7 +461,12 @@ CheckpointInfo load_model_parallel_checkpoint(const std::string& bytes, const st
       const auto it = where.find(p.name);
       if (it == where.end()) throw Error("checkpoint has no parameter '" + p.name + "'");
       if (j > 0 && it->second != index.back() + 1) {
-        throw Error("checkpoint parameter '" + file.names[index.back() + 1] + "' where the model has '" + p.name + "'");
+        // The file's parameter after the previous one, or none when that was its last.
+        const size_t next = index.back() + 1;
+        const std::string found =
+            next < file.names.size() ? "parameter '" + file.names[next] + "'" : std::string("the end of the parameters");
+        throw Error("checkpoint has " + found + " after '" + file.names[index.back()] + "' where the model has '" +
+                    p.name + "' (its parameters are in another order)");
       }
       index.push_back(it->second);
       at.push_back(place(p.name, p.split, p.rows(), p.cols()));
