@@ -231,12 +231,10 @@ void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string&
   // Evaluation: the trained pipeline's output against the trained reference's.
   const ddp::Tensor* out = run.pipe.forward(rows, run.pipe.first() ? &run.x : nullptr, run.compute);
   check(run.pipe.last() == (out != nullptr), name + ": forward() returns the output on the last stage only");
-  if (out != nullptr) {
+  if (out != nullptr) {  // the last stage only: one check more there
     const ddp::Tensor& want = acc->forward(run.x);
     const std::vector<float> a(out->data(), out->data() + out->size()), b(want.data(), want.data() + want.size());
     check(launched::rel_diff(a, b) <= 1e-6, name + ": forward() equals the unsplit model's output");
-  } else {
-    check(true, name + ": forward() (not the last stage)");
   }
 }
 
