@@ -5,6 +5,7 @@
 //   pipeline_checks                 the checks below; prints "rank R: N checks, F failed" last
 //   pipeline_checks exit <sched>    stage 1 exits (status 0) in micro-batch 2's forward of
 //                                   step 1; every other rank must fail
+//   pipeline_checks exit_backward <sched>  the same in micro-batch 2's backward
 //   pipeline_checks mismatch <sched> stage 1 cuts batches into 3 micro-batches, the others
 //                                   into 4; every rank must fail
 //   pipeline_checks stall <sched>   sends and receives time out after 500 ms; stage 1 sleeps
@@ -321,6 +322,17 @@ int failure_mode(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string
   if (mode == "mismatch" && victim) o.microbatches = 3;
   if (mode == "stall") o.timeout = ddp::Millis(500);
   StageRun run(pp, o);
+  if (mode == "exit_backward" && victim) {
+    auto inner = run.compute.backward;
+    run.compute.backward = [&, inner](const ddp::Tensor& dy, bool last) -> const ddp::Tensor& {
+      if (run.step_index == 1 && run.backwards == 2) {  // B(2): backwards run in micro-batch order
+        std::printf("EXIT %.6f\n", now_s());
+        std::fflush(stdout);
+        std::_Exit(0);
+      }
+      return inner(dy, last);
+    };
+  }
   if ((mode == "exit" || mode == "stall") && victim) {
     auto inner = run.compute.forward;
     run.compute.forward = [&, inner, mode](const ddp::Tensor& in) -> const ddp::Tensor& {

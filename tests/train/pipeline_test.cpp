@@ -83,6 +83,24 @@ std::map<int, std::string> run_failure(int nproc, const std::string& mode, const
   return out;
 }
 
+// Stage 1 of 4 exits in micro-batch 2's forward or backward (pipeline_checks `mode`),
+// under both schedules. The neighbour that waits for what it sends (stage 2 for an
+// activation, stage 0 for a gradient) fails naming that micro-batch, or an earlier one:
+// the victim's asynchronous sends of the step may not have gone out before it exited.
+// The other stages fail with PeerError too (each naming its stage and a micro-batch).
+void exit_case(const std::string& mode, const std::string& direction) {
+  const int waiter = direction == "forward" ? 2 : 0;
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    INFO(schedule);
+    const auto events = run_failure(4, mode, schedule);
+    CHECK(events.at(1) == "EXIT");
+    CHECK_THAT(events.at(waiter), Catch::Matches("ERROR PeerError pipeline stage " + std::to_string(waiter) +
+                                                 " of 4, micro-batch [0-2] \\(" + direction + "\\): .*"));
+    for (int rank : {0, 2, 3})
+      if (rank != waiter) CHECK_THAT(events.at(rank), Catch::StartsWith("ERROR PeerError"));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("1 stage: the schedules run the micro-batches alone, equal to the unsplit model", "[pipeline]") {
@@ -99,15 +117,12 @@ TEST_CASE("4 stages: GPipe and 1F1B equal the unsplit model (SGD, AdamW, small b
 
 TEST_CASE("4 stages: a stage that exits in micro-batch 2's forward fails every other stage at once",
           "[pipeline]") {
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
-    INFO(schedule);
-    const auto events = run_failure(4, "exit", schedule);
-    CHECK(events.at(1) == "EXIT");
-    // Its downstream neighbour waits for that micro-batch's activation, or an earlier one: the
-    // victim's asynchronous sends of the step may not have gone out before it exited.
-    CHECK_THAT(events.at(2), Catch::Matches("ERROR PeerError pipeline stage 2 of 4, micro-batch [0-2] \\(forward\\): .*"));
-    for (int rank : {0, 3}) CHECK_THAT(events.at(rank), Catch::StartsWith("ERROR PeerError"));
-  }
+  exit_case("exit", "forward");
+}
+
+TEST_CASE("4 stages: a stage that exits in micro-batch 2's backward fails every other stage at once",
+          "[pipeline]") {
+  exit_case("exit_backward", "backward");
 }
 
 TEST_CASE("stages that cut the batch differently fail with Mismatch naming both counts, no hang",
