@@ -97,7 +97,7 @@ MlpStage make_parallel_mlp(const MlpOptions& options, const DeviceMesh& mesh) {
   const int pp = model_parallel::axis_size(mesh, "pp");
   const int tp = model_parallel::axis_size(mesh, "tp");
   if (static_cast<size_t>(pp) > linears) {
-    throw InvalidArgument("make_parallel_mlp: --pp " + std::to_string(pp) + " needs at least " + std::to_string(pp) +
+    throw InvalidArgument("make_parallel_mlp: pp " + std::to_string(pp) + " needs at least " + std::to_string(pp) +
                           " Linear layers, the model has " + std::to_string(linears));
   }
   // Every rank checks the whole model, so that all of them refuse a layout alike.
@@ -108,7 +108,7 @@ MlpStage make_parallel_mlp(const MlpOptions& options, const DeviceMesh& mesh) {
     if (width % static_cast<size_t>(tp) != 0) {
       throw InvalidArgument("make_parallel_mlp: width " + std::to_string(width) + " (Linear " + std::to_string(i) +
                             ": " + std::to_string(sizes[i]) + " -> " + std::to_string(sizes[i + 1]) +
-                            ") does not divide by --tp " + std::to_string(tp));
+                            ") does not divide by tp " + std::to_string(tp));
     }
   }
   const auto [first, end] = partition_layers(sizes, pp)[static_cast<size_t>(model_parallel::axis_coordinate(mesh, "pp"))];
