@@ -156,6 +156,10 @@ TEST_CASE("a mesh seen from rank 5 of 8: row-major coordinates, one group per ax
   CHECK_THROWS_AS(mesh.rank_of({1, 1}), ddp::InvalidArgument);
   CHECK_THROWS_WITH(mesh.group("ep"), Catch::Contains("no axis 'ep'"));
   CHECK_THROWS_AS(mesh.coordinate("ep"), ddp::InvalidArgument);
+  CHECK(mesh.has("pp"));
+  CHECK(mesh.has("tp"));
+  CHECK_FALSE(mesh.has("ep"));
+  CHECK_FALSE(mesh.has(""));
 }
 
 TEST_CASE("make_model_parallel_mesh: pp x dp x tp, axes of one rank give groups of one", "[mesh]") {

@@ -194,6 +194,10 @@ size_t DeviceMesh::index(const std::string& axis) const {
   throw InvalidArgument("DeviceMesh " + mesh_shape_name(axes_) + ": no axis '" + axis + "'");
 }
 
+bool DeviceMesh::has(const std::string& axis) const {
+  return std::any_of(axes_.begin(), axes_.end(), [&](const MeshAxis& a) { return a.name == axis; });
+}
+
 int DeviceMesh::size(const std::string& axis) const { return axes_[index(axis)].size; }
 int DeviceMesh::coordinate(const std::string& axis) const { return coords_[index(axis)]; }
 const std::shared_ptr<ProcessGroup>& DeviceMesh::group(const std::string& axis) const { return groups_[index(axis)]; }

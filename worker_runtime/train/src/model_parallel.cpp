@@ -41,19 +41,10 @@ LinearKind kind_of(size_t i, size_t linears, int tp) {
 
 namespace model_parallel {
 
-bool has_axis(const DeviceMesh& mesh, const std::string& axis) {
-  for (const auto& a : mesh.axes()) {
-    if (a.name == axis) return true;
-  }
-  return false;
-}
-
-int axis_size(const DeviceMesh& mesh, const std::string& axis) {
-  return has_axis(mesh, axis) ? mesh.size(axis) : 1;
-}
+int axis_size(const DeviceMesh& mesh, const std::string& axis) { return mesh.has(axis) ? mesh.size(axis) : 1; }
 
 int axis_coordinate(const DeviceMesh& mesh, const std::string& axis) {
-  return has_axis(mesh, axis) ? mesh.coordinate(axis) : 0;
+  return mesh.has(axis) ? mesh.coordinate(axis) : 0;
 }
 
 }  // namespace model_parallel

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ddp/trace.hpp"
+#include "tensor_util.hpp"
 
 namespace ddp {
 namespace {
@@ -67,7 +68,8 @@ std::vector<Action> actions_of(PipelineSchedule schedule, size_t n, int stages, 
   return out;
 }
 
-Buffer buffer_of(Tensor& t) { return Buffer{t.data(), t.size(), DType::F32, t.device()}; }
+using tensor_util::buffer_of;
+using tensor_util::shape_text;
 Buffer buffer_of(Header& h) { return view(std::span<int64_t>(h)); }
 
 // The exception in flight as the same ddp error type with `prefix` before what().
@@ -299,9 +301,8 @@ struct Pipeline::Impl {
     if (stage == 0) return;
     const Tensor& x = inputs[in_of(i)];
     if (dx.rows() != x.rows() || dx.cols() != x.cols()) {
-      throw InvalidArgument("the stage's backward returned a " + std::to_string(dx.rows()) + "x" +
-                            std::to_string(dx.cols()) + " input gradient for a " + std::to_string(x.rows()) + "x" +
-                            std::to_string(x.cols()) + " input");
+      throw InvalidArgument("the stage's backward returned a " + shape_text(dx) + " input gradient for a " +
+                            shape_text(x) + " input");
     }
     send_copy(grad_out, dx, grad_sent[slot_of(i)], grad_sends[slot_of(i)]);
     // Micro-batch i's input is done with: its buffer receives a later one.

@@ -70,7 +70,9 @@ class DeviceMesh {
   // for a bad shape (check_mesh_shape) before any group is made.
   DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshAxis> axes, const MeshOptions& options = {});
 
-  // Every method taking an axis name throws InvalidArgument for a name not in the mesh.
+  // Whether the mesh has an axis of that name.
+  bool has(const std::string& axis) const;
+  // Every other method taking an axis name throws InvalidArgument for a name not in the mesh.
   int size(const std::string& axis) const;
   int coordinate(const std::string& axis) const;  // this rank's, 0 .. size-1
   // This rank's group along the axis (a group of one for an axis of size 1).
