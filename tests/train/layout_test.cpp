@@ -28,7 +28,8 @@ TEST_CASE("model-parallel layouts at 4 ranks: make_mlp's blocks, bytes per rank,
   // The wide model against the target (1/tp)(1/pp) x 1.05: met by tp alone, missed where a
   // pipeline stage holds whole Linears.
   const std::regex wide_met(R"(rank 0: memory (tp4|dp2xtp2) 784-2048-2048-2048-10: .*: met)");
-  const std::regex wide_missed(R"(rank 0: memory (pp4|pp2xtp2|dp2xpp2) 784-2048-2048-2048-10: .*: missed: whole layers .*)");
+  const std::regex wide_missed(
+      R"(rank 0: memory (pp4|pp2xtp2|dp2xpp2) 784-2048-2048-2048-10: .*: missed: whole layers .*)");
   int memory_lines = 0, identical_lines = 0, met_lines = 0, missed_lines = 0;
   for (auto& line : c.ranks[0]) {
     memory_lines += std::regex_match(line, memory) ? 1 : 0;

@@ -253,6 +253,7 @@ TEST_CASE("a model-parallel checkpoint through a mesh of one is save_checkpoint'
     ddp::save_model_parallel_checkpoint(path, order, nullptr, solo.mesh, info);
     CHECK_THROWS_WITH(ddp::load_model_parallel_checkpoint(read(path), path, three.model->parameters(), nullptr,
                                                           solo.mesh),
-                      Catch::Contains("checkpoint has parameter '2.bias' after '0.bias' where the model has '2.weight'"));
+                      Catch::Contains("checkpoint has parameter '2.bias' after '0.bias' where the model has "
+                                      "'2.weight'"));
   }
 }

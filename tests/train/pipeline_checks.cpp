@@ -81,10 +81,6 @@ std::unique_ptr<ddp::Optimizer> make_optimizer(const std::string& kind, std::vec
   return std::make_unique<ddp::AdamW>(params, ddp::AdamWOptions{.lr = 1e-3f});
 }
 
-ddp::PipelineSchedule schedule_of(const std::string& name) {
-  return name == "1f1b" ? ddp::PipelineSchedule::OneFOneB : ddp::PipelineSchedule::GPipe;
-}
-
 // One stage of the model in a pipeline over pp, and the batch every rank draws alike.
 struct StageRun {
   std::unique_ptr<ddp::Sequential> model;
@@ -173,7 +169,8 @@ void train_case(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string&
                 size_t rows, int steps) {
   const std::string name = schedule + " " + opt + " batch " + std::to_string(rows);
   ddp::Trace trace(pp->rank());
-  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro, .trace = &trace});
+  StageRun run(pp,
+               {.schedule = ddp::pipeline_schedule_from_name(schedule), .microbatches = kMicro, .trace = &trace});
   auto acc = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
   auto whole = ddp::make_mlp({.sizes = kSizes, .seed = kSeed});
   auto o_stage = make_optimizer(opt, run.model->parameters());
@@ -254,7 +251,7 @@ void data_parallel_case(const std::shared_ptr<ddp::ProcessGroup>& world, const s
     if (auto g = world->new_group({d, d + 2})) pp = g;
   for (int st : {0, 1})
     if (auto g = world->new_group({2 * st, 2 * st + 1})) dp = g;
-  StageRun run(pp, {.schedule = schedule_of(schedule), .microbatches = kMicro});
+  StageRun run(pp, {.schedule = ddp::pipeline_schedule_from_name(schedule), .microbatches = kMicro});
   ddp::DistributedDataParallel ddp(*run.model, dp);
   bool quiet_inside = true, reduced_last = true;
   run.compute.forward = [&](const ddp::Tensor& in) -> const ddp::Tensor& { return ddp.forward(in); };
@@ -318,7 +315,7 @@ void data_parallel_case(const std::shared_ptr<ddp::ProcessGroup>& world, const s
 // The failure modes: the victim (stage 1) exits or mismatches; every rank reports.
 int failure_mode(const std::shared_ptr<ddp::ProcessGroup>& pp, const std::string& mode, const std::string& schedule) {
   const bool victim = pp->rank() == 1;
-  ddp::PipelineOptions o{.schedule = schedule_of(schedule), .microbatches = kMicro};
+  ddp::PipelineOptions o{.schedule = ddp::pipeline_schedule_from_name(schedule), .microbatches = kMicro};
   if (mode == "mismatch" && victim) o.microbatches = 3;
   if (mode == "stall") o.timeout = ddp::Millis(500);
   StageRun run(pp, o);

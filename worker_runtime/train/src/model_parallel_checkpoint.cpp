@@ -458,8 +458,8 @@ CheckpointInfo load_model_parallel_checkpoint(const std::string& bytes, const st
       if (j > 0 && it->second != index.back() + 1) {
         // The file's parameter after the previous one, or none when that was its last.
         const size_t next = index.back() + 1;
-        const std::string found =
-            next < file.names.size() ? "parameter '" + file.names[next] + "'" : std::string("the end of the parameters");
+        const std::string found = next < file.names.size() ? "parameter '" + file.names[next] + "'"
+                                                           : std::string("the end of the parameters");
         throw Error("checkpoint has " + found + " after '" + file.names[index.back()] + "' where the model has '" +
                     p.name + "' (its parameters are in another order)");
       }

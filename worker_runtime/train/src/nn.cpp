@@ -80,7 +80,8 @@ Linear::Linear(const LinearOptions& options, Rng& rng, const std::string& name_p
 const Tensor& Linear::forward(const Tensor& x) {
   const size_t in = options_.in_features, out = options_.out_features;
   if (x.cols() != in) {
-    throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " + shape_text(x));
+    throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " +
+                          shape_text(x));
   }
   need_gathered(weight_, bias_);
   need_device("Linear", x.device(), weight_.device(), "'" + weight_.name + "'");
