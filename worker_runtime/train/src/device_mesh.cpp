@@ -162,6 +162,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshAxis
     if (named) {
       check_mesh_shape(axes_, node_of, options.within_host);
     } else {
+      check_axes(axes_, n);  // a bad shape is refused as it is, before the host rule
       try {
         check_mesh_shape(axes_, n, local, options.within_host);
       } catch (const InvalidArgument& e) {

@@ -17,9 +17,9 @@
 // with L the smallest LOCAL_WORLD_SIZE over the world (the world's size where no rank
 // has one, which lets every shape pass); its refusal says it used that rule.
 //
-// The host rule reads `world`'s ranks as the launcher's: pass init()'s group, or say
-// MeshOptions::local_world_size for another one (then the rank rule with that L, and
-// no collective).
+// Each member of `world` says where it runs, so any group may be the mesh's world; the
+// rank rule reads `world`'s ranks as the launcher's (init()'s group). Say
+// MeshOptions::local_world_size to use the rank rule with that L (and no collective).
 //
 // Building a mesh is a collective over `world`: every rank makes the subgroup of every
 // group of every axis (axes in order, groups by their smallest rank), as
