@@ -12,8 +12,9 @@ using namespace std::chrono_literals;
 namespace {
 // layout_checks' checks per rank (the same on every rank): building 3 per layout, plus
 // the tp refusal (3 layouts with tp > 1) and the pp refusal (pp4); memory 2, saving 3
-// and loading 7 per layout; 5 layouts.
-constexpr int kLayoutChecks = 5 * 3 + 3 + 1 + 5 * (2 + 3 + 7);
+// and loading 7 per layout; the memory target on the wide model's 2 tp-only layouts; 5
+// layouts.
+constexpr int kLayoutChecks = 5 * 3 + 3 + 1 + 5 * (2 + 3 + 7) + 2;
 }  // namespace
 
 TEST_CASE("model-parallel layouts at 4 ranks: make_mlp's blocks, bytes per rank, checkpoints across layouts",
@@ -24,11 +25,20 @@ TEST_CASE("model-parallel layouts at 4 ranks: make_mlp's blocks, bytes per rank,
   // and whether each saved file is save_checkpoint's.
   const std::regex memory(R"(rank 0: memory \w+ [-\d]+: largest rank holds [\d.]+ of .*)");
   const std::regex identical(R"(rank 0: checkpoint \w+ \w+: byte-identical to save_checkpoint's: yes)");
-  int memory_lines = 0, identical_lines = 0;
+  // The wide model against the target (1/tp)(1/pp) x 1.05: met by tp alone, missed where a
+  // pipeline stage holds whole Linears.
+  const std::regex wide_met(R"(rank 0: memory (tp4|dp2xtp2) 784-2048-2048-2048-10: .*: met)");
+  const std::regex wide_missed(
+      R"(rank 0: memory (pp4|pp2xtp2|dp2xpp2) 784-2048-2048-2048-10: .*: missed: whole layers .*)");
+  int memory_lines = 0, identical_lines = 0, met_lines = 0, missed_lines = 0;
   for (auto& line : c.ranks[0]) {
     memory_lines += std::regex_match(line, memory) ? 1 : 0;
     identical_lines += std::regex_match(line, identical) ? 1 : 0;
+    met_lines += std::regex_match(line, wide_met) ? 1 : 0;
+    missed_lines += std::regex_match(line, wide_missed) ? 1 : 0;
   }
   CHECK(memory_lines == 10);
   CHECK(identical_lines == 10);
+  CHECK(met_lines == 2);
+  CHECK(missed_lines == 3);
 }

@@ -14,6 +14,7 @@
 #include "ddp/device_mesh.hpp"
 #include "ddp/model_parallel.hpp"
 #include "ddp/optim.hpp"
+#include "ddp/pipeline.hpp"
 #include "recording_backend.hpp"
 #include "subprocess.hpp"
 
@@ -117,6 +118,17 @@ TEST_CASE("partition_layers refuses stages it cannot fill", "[model_parallel]") 
   CHECK_THROWS_AS(ddp::partition_layers({8, 0, 2}, 1), ddp::InvalidArgument);
 }
 
+TEST_CASE("pipeline schedules by name: each name back to its schedule, an unknown one refused", "[model_parallel]") {
+  for (auto s : {ddp::PipelineSchedule::GPipe, ddp::PipelineSchedule::OneFOneB})
+    CHECK(ddp::pipeline_schedule_from_name(ddp::pipeline_schedule_name(s)) == s);
+  CHECK(ddp::pipeline_schedule_from_name("1f1b") == ddp::PipelineSchedule::OneFOneB);
+  for (const std::string bad : {"", "GPipe", "1F1B", "interleaved"}) {
+    CHECK_THROWS_AS(ddp::pipeline_schedule_from_name(bad), ddp::InvalidArgument);
+    CHECK_THROWS_WITH(ddp::pipeline_schedule_from_name(bad), Catch::Contains("'" + bad + "'") &&
+                                                               Catch::Contains("gpipe or 1f1b"));
+  }
+}
+
 TEST_CASE("Rng::discard(n) skips exactly n draws", "[model_parallel]") {
   for (uint64_t n : {0ull, 1ull, 311ull, 312ull, 313ull, 100000ull}) {
     ddp::Rng drawn(11), skipped(11);
@@ -217,5 +229,31 @@ TEST_CASE("a model-parallel checkpoint through a mesh of one is save_checkpoint'
     CHECK_THROWS_WITH(ddp::load_model_parallel_checkpoint(read(path), path, renamed.parameters(), nullptr, solo.mesh),
                       Catch::Contains(path) && Catch::Contains("no parameter 'layer.weight'"));
     CHECK(values(*other.model) == before);
+  }
+  SECTION("a file whose parameters are in another order is refused, naming where they part") {
+    // One Linear saved as bias, weight: the model's weight is found last in the file,
+    // so the next parameter the model wants meets the end of the file's parameters.
+    ddp::Sequential one;
+    ddp::Rng rng(5);
+    one.add<ddp::Linear>(ddp::LinearOptions{6, 4}, rng);
+    const auto mine = one.parameters();
+    const std::vector<ddp::Parameter*> reversed(mine.rbegin(), mine.rend());
+    const std::string path = (dir / "reordered.ckpt").string();
+    ddp::save_model_parallel_checkpoint(path, reversed, nullptr, solo.mesh, info);
+    const std::vector<float> before_load = values(one);
+    CHECK_THROWS_AS(ddp::load_model_parallel_checkpoint(read(path), path, mine, nullptr, solo.mesh), ddp::Error);
+    CHECK_THROWS_WITH(ddp::load_model_parallel_checkpoint(read(path), path, mine, nullptr, solo.mesh),
+                      Catch::StartsWith(path + ": ") && Catch::Contains("the end of the parameters") &&
+                          Catch::Contains("after 'weight'") && Catch::Contains("the model has 'bias'"));
+    CHECK(values(one) == before_load);
+    // Three Linears saved with the middle one's parameters swapped: the file's next one is named.
+    ddp::MlpStage three = ddp::make_parallel_mlp({.sizes = {5, 7, 6, 3}, .seed = 2}, solo.mesh);
+    auto order = three.model->parameters();
+    std::swap(order[2], order[3]);  // 2.bias before 2.weight (make_mlp's ReLUs are 1 and 3)
+    ddp::save_model_parallel_checkpoint(path, order, nullptr, solo.mesh, info);
+    CHECK_THROWS_WITH(ddp::load_model_parallel_checkpoint(read(path), path, three.model->parameters(), nullptr,
+                                                          solo.mesh),
+                      Catch::Contains("checkpoint has parameter '2.bias' after '0.bias' where the model has "
+                                      "'2.weight'"));
   }
 }

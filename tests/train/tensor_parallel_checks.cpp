@@ -5,7 +5,10 @@
 //   - mesh: for several shapes, each axis's coordinate, group ranks (found by a search
 //     over every rank's coordinates, not the mesh's own arithmetic), group rank and size,
 //     a sum over each group (it adds exactly those ranks), neighbours and describe();
-//     the environment's LOCAL_WORLD_SIZE used by default; bad shapes refused;
+//     the environment's LOCAL_WORLD_SIZE used by default; bad shapes refused; the
+//     within-host rule from each rank's GROUP_RANK (the variables set in-process as if
+//     on two nodes of n/2, and at 4 ranks of 3 and 1) and, without GROUP_RANK, the
+//     rank rule, saying so;
 //   - layers, at every tp size the world allows (2; 2 and 4 at world 4): Column, Row,
 //     their gather/scatter variants and Megatron's MLP block (column → ReLU → row)
 //     against the unsplit Linear on the same input and dy: output, input gradient and
@@ -21,9 +24,12 @@
 // Prints "rank R: N checks, F failed" last; exits 0 only when nothing failed.
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/device_mesh.hpp"
@@ -138,6 +144,71 @@ void check_mesh(const ddp::DeviceMesh& mesh) {
   check(mesh.describe() == describe, shape + " describe: " + mesh.describe());
 }
 
+// This process's launcher variables as if it ran as local rank `local_rank` of
+// `local_size` on node `node` of `nodes` (node -1: no GROUP_RANK) while it lives; the
+// launcher's own values come back after.
+class AsIfOnNode {
+ public:
+  AsIfOnNode(int node, int nodes, int local_rank, int local_size) {
+    set("GROUP_RANK", node < 0 ? "" : std::to_string(node));
+    set("GROUP_WORLD_SIZE", std::to_string(nodes));
+    set("LOCAL_RANK", std::to_string(local_rank));
+    set("LOCAL_WORLD_SIZE", std::to_string(local_size));
+  }
+  ~AsIfOnNode() {
+    for (const auto& [name, value] : saved_) {
+      if (value) setenv(name.c_str(), value->c_str(), 1);
+      else unsetenv(name.c_str());
+    }
+  }
+  AsIfOnNode(const AsIfOnNode&) = delete;
+  AsIfOnNode& operator=(const AsIfOnNode&) = delete;
+
+ private:
+  void set(const std::string& name, const std::string& value) {
+    const char* old = std::getenv(name.c_str());
+    saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
+    if (value.empty()) unsetenv(name.c_str());
+    else setenv(name.c_str(), value.c_str(), 1);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// The InvalidArgument a mesh of `axes` over `world` throws ("" when it is built).
+std::string mesh_refusal(const PG& world, const std::vector<ddp::MeshAxis>& axes) {
+  try {
+    ddp::DeviceMesh mesh(world, axes);
+  } catch (const ddp::InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The within-host rule as the environment tells each rank where it runs (GROUP_RANK,
+// all-gathered): every rank reaches the same verdict, with no hang.
+void host_checks(const PG& world) {
+  const int n = world->size(), me = world->rank(), half = n / 2;
+  const std::string whole = "ranks 0.." + std::to_string(n - 1);
+  {
+    AsIfOnNode on(me / half, 2, me % half, half);  // two nodes of n/2 ranks
+    check(contains(mesh_refusal(world, {{"tp", n}}), whole + " spans nodes 0 and 1"), "tp over two nodes refused");
+    check(mesh_refusal(world, {{"dp", 2}, {"tp", half}}).empty(), "tp within each node accepted");
+  }
+  if (n == 4) {
+    AsIfOnNode on(me < 3 ? 0 : 1, 2, me < 3 ? me : 0, me < 3 ? 3 : 1);  // nodes of 3 and 1 ranks
+    check(contains(mesh_refusal(world, {{"dp", 2}, {"tp", 2}}), "ranks 2..3 spans nodes 0 and 1"),
+          "tp pair {2, 3} over nodes of 3 and 1 refused");
+  }
+  {
+    AsIfOnNode on(-1, 1, me % half, half);  // no GROUP_RANK: the rank rule with LOCAL_WORLD_SIZE n/2
+    const std::string refusal = mesh_refusal(world, {{"tp", n}});
+    check(contains(refusal, whole + " spans hosts 0 and 1") && contains(refusal, "no GROUP_RANK"),
+          "without GROUP_RANK the rank rule refuses, saying so: " + refusal);
+  }
+}
+
 void mesh_checks(const PG& world) {
   const int n = world->size();
   std::vector<std::vector<ddp::MeshAxis>> shapes = {{{"dp", n / 2}, {"tp", 2}}, {{"tp", 2}, {"dp", n / 2}},
@@ -147,13 +218,14 @@ void mesh_checks(const PG& world) {
   check_mesh(ddp::make_model_parallel_mesh(world, 2, 1));
   check_mesh(ddp::make_model_parallel_mesh(world, 1, 2));
   if (n == 4) check_mesh(ddp::make_model_parallel_mesh(world, 2, 2));
-  // LOCAL_WORLD_SIZE from the environment is the world here (one host): tp n fits.
+  // One node here (every rank's GROUP_RANK is 0): tp n fits.
   check_mesh(ddp::DeviceMesh(world, {{"tp", n}}));
   // Every rank refuses the same bad shapes before any group is made (nothing hangs).
   check(throws_invalid([&] { ddp::DeviceMesh(world, {{"tp", n}}, {.local_world_size = n / 2}); }),
         "tp over two hosts refused");
   check(throws_invalid([&] { ddp::DeviceMesh(world, {{"dp", n}, {"tp", 2}}); }), "product != world refused");
   check(throws_invalid([&] { ddp::make_model_parallel_mesh(world, 3, 1); }), "tp 3 refused");
+  host_checks(world);
 }
 
 // ---------------------------------------------------------------------------

@@ -101,6 +101,34 @@ TEST_CASE("mesh shapes: good ones pass, each bad one is one InvalidArgument nami
   CHECK(shape_error({{"dp", 2}, {"tp", 2}}, 4, 3).find("ranks 2..3 spans hosts") != std::string::npos);
 }
 
+TEST_CASE("mesh shapes on nodes of different sizes: a within-host group on two nodes is refused", "[mesh]") {
+  const auto on_nodes = [](const std::vector<MeshAxis>& axes, const std::vector<int>& nodes) -> std::string {
+    try {
+      ddp::check_mesh_shape(axes, nodes, {"tp"});
+    } catch (const ddp::InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::vector<MeshAxis> dp4_tp2 = {{"dp", 4}, {"tp", 2}};
+  // Nodes of 4 and 4 ranks: every tp pair on one node.
+  CHECK(on_nodes(dp4_tp2, {0, 0, 0, 0, 1, 1, 1, 1}).empty());
+  // Nodes of 5 and 3: the pair {4, 5} runs on both.
+  const std::string five_three = on_nodes(dp4_tp2, {0, 0, 0, 0, 0, 1, 1, 1});
+  CHECK(five_three.find("dp 4 x tp 2 over a world of 8") != std::string::npos);
+  CHECK(five_three.find("axis 'tp' (size 2)") != std::string::npos);
+  CHECK(five_three.find("ranks 4..5 spans nodes 0 and 1") != std::string::npos);
+  // Nodes of 3, 3 and 2: {2, 3} spans nodes 0 and 1, where the rank rule with the
+  // smallest LOCAL_WORLD_SIZE (2) sees hosts of two ranks and lets it pass.
+  CHECK(on_nodes(dp4_tp2, {0, 0, 0, 1, 1, 1, 2, 2}).find("ranks 2..3 spans nodes 0 and 1") != std::string::npos);
+  CHECK(shape_error(dp4_tp2, 8, 2).empty());
+  // A group over three nodes names them all; tp of one never spans; the shape is still checked.
+  CHECK(on_nodes({{"tp", 4}}, {0, 1, 1, 2}).find("spans nodes 0, 1 and 2") != std::string::npos);
+  CHECK(on_nodes({{"dp", 3}, {"tp", 1}}, {0, 1, 2}).empty());
+  CHECK(on_nodes(dp4_tp2, {0, 0, 0, 0}).find("product") != std::string::npos);
+  CHECK(on_nodes(dp4_tp2, {}).find("world must have") != std::string::npos);
+}
+
 TEST_CASE("a mesh seen from rank 5 of 8: row-major coordinates, one group per axis, neighbours", "[mesh]") {
   std::shared_ptr<testing::RecordingBackend::Calls> calls;
   ddp::DeviceMesh mesh(stand_in(5, 8, &calls), {{"pp", 2}, {"dp", 2}, {"tp", 2}}, {.local_world_size = 8});
@@ -128,6 +156,10 @@ TEST_CASE("a mesh seen from rank 5 of 8: row-major coordinates, one group per ax
   CHECK_THROWS_AS(mesh.rank_of({1, 1}), ddp::InvalidArgument);
   CHECK_THROWS_WITH(mesh.group("ep"), Catch::Contains("no axis 'ep'"));
   CHECK_THROWS_AS(mesh.coordinate("ep"), ddp::InvalidArgument);
+  CHECK(mesh.has("pp"));
+  CHECK(mesh.has("tp"));
+  CHECK_FALSE(mesh.has("ep"));
+  CHECK_FALSE(mesh.has(""));
 }
 
 TEST_CASE("make_model_parallel_mesh: pp x dp x tp, axes of one rank give groups of one", "[mesh]") {

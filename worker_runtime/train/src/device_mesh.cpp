@@ -38,25 +38,57 @@ std::vector<int> group_bases(int world, int stride, int size) {
   return bases;
 }
 
-// LOCAL_WORLD_SIZE as the worker contract reads it; the world where no launcher set one.
-int environment_local_world_size(int world) {
+// Where this rank runs, as the worker contract tells it: its node's index (-1 where
+// the environment names no node: no GROUP_RANK, as under a launcher that does not
+// set it, or SLURM_NODEID; mpirun's is the contract's rank / local size) and its
+// node's LOCAL_WORLD_SIZE (0 where there is no launcher environment at all).
+struct Whereabouts {
+  int32_t node = -1;
+  int32_t local_world_size = 0;
+};
+
+Whereabouts environment_whereabouts() {
+  const contract::Variables vars = contract::Variables::from_process();
   try {
-    return contract::WorkerEnv::from_environment().local_world_size;
+    const contract::WorkerEnv env = contract::WorkerEnv::from_variables(vars);
+    const bool named = env.launcher == contract::Launcher::Mpirun ||
+                       vars.has(env.launcher == contract::Launcher::Slurm ? "SLURM_NODEID" : "GROUP_RANK");
+    return {named ? env.group_rank : -1, env.local_world_size};
   } catch (const contract::ContractError&) {
-    return world;
+    return {};
   }
 }
 
-}  // namespace
-
-std::string mesh_shape_name(const std::vector<MeshAxis>& axes) {
-  std::string s;
-  for (const MeshAxis& a : axes) s += (s.empty() ? "" : " x ") + a.name + " " + std::to_string(a.size);
-  return s.empty() ? "(no axes)" : s;
+// The within-host rule over given node indices: each group of each `within_host` axis
+// on one node. `within` says what a group must stay within, `nodes` what node_of counts
+// ("hosts", "nodes"), `fix` what to change; the message names the axis, its size, the
+// group and the nodes it spans.
+void check_within_host(const std::string& where, const std::vector<MeshAxis>& axes, const std::vector<int>& node_of,
+                       const std::vector<std::string>& within_host, const std::string& within, const std::string& nodes,
+                       const std::string& fix) {
+  const int world = static_cast<int>(node_of.size());
+  const std::vector<int> strides = strides_of(axes);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (std::find(within_host.begin(), within_host.end(), axes[i].name) == within_host.end()) continue;
+    for (int base : group_bases(world, strides[i], axes[i].size)) {
+      std::set<int> spanned;
+      for (int r : group_ranks(base, strides[i], axes[i].size)) spanned.insert(node_of[static_cast<size_t>(r)]);
+      if (spanned.size() == 1) continue;
+      std::string listed;
+      for (int n : spanned) {
+        listed += (listed.empty() ? "" : n == *spanned.rbegin() ? " and " : ", ") + std::to_string(n);
+      }
+      const int last = base + (axes[i].size - 1) * strides[i];
+      throw InvalidArgument(where + ": axis '" + axes[i].name + "' (size " + std::to_string(axes[i].size) +
+                            ") must stay within " + within + ", but its group of ranks " + std::to_string(base) + ".." +
+                            std::to_string(last) + " spans " + nodes + " " + listed + " (put " + axes[i].name +
+                            " last / make " + axes[i].name + " divide " + fix + ")");
+    }
+  }
 }
 
-void check_mesh_shape(const std::vector<MeshAxis>& axes, int world, int local_world_size,
-                      const std::vector<std::string>& within_host) {
+// The checks that need no host: names, sizes, their product; returns the errors' opening.
+std::string check_axes(const std::vector<MeshAxis>& axes, int world) {
   const std::string where = "DeviceMesh: shape " + mesh_shape_name(axes) + " over a world of " + std::to_string(world);
   if (axes.empty()) throw InvalidArgument(where + ": no axes");
   if (world < 1) throw InvalidArgument(where + ": the world must have at least one rank");
@@ -72,22 +104,35 @@ void check_mesh_shape(const std::vector<MeshAxis>& axes, int world, int local_wo
   if (product != world) {
     throw InvalidArgument(where + ": the sizes' product is not the world size");
   }
+  return where;
+}
+
+}  // namespace
+
+std::string mesh_shape_name(const std::vector<MeshAxis>& axes) {
+  std::string s;
+  for (const MeshAxis& a : axes) s += (s.empty() ? "" : " x ") + a.name + " " + std::to_string(a.size);
+  return s.empty() ? "(no axes)" : s;
+}
+
+void check_mesh_shape(const std::vector<MeshAxis>& axes, int world, int local_world_size,
+                      const std::vector<std::string>& within_host) {
+  const std::string where = check_axes(axes, world);
   if (local_world_size < 1) {
     throw InvalidArgument(where + ": local world size " + std::to_string(local_world_size) + " (must be >= 1)");
   }
-  const std::vector<int> strides = strides_of(axes);
-  for (size_t i = 0; i < axes.size(); ++i) {
-    if (std::find(within_host.begin(), within_host.end(), axes[i].name) == within_host.end()) continue;
-    for (int base : group_bases(world, strides[i], axes[i].size)) {
-      const int last = base + (axes[i].size - 1) * strides[i];
-      if (base / local_world_size == last / local_world_size) continue;
-      throw InvalidArgument(where + ": axis '" + axes[i].name + "' (size " + std::to_string(axes[i].size) +
-                            ") must stay within a host of LOCAL_WORLD_SIZE " + std::to_string(local_world_size) +
-                            " ranks, but its group of ranks " + std::to_string(base) + ".." + std::to_string(last) +
-                            " spans hosts (put " + axes[i].name + " last / make " + axes[i].name +
-                            " divide LOCAL_WORLD_SIZE)");
-    }
-  }
+  std::vector<int> node_of(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) node_of[static_cast<size_t>(r)] = r / local_world_size;
+  check_within_host(where, axes, node_of, within_host,
+                    "a host of LOCAL_WORLD_SIZE " + std::to_string(local_world_size) + " ranks", "hosts",
+                    "LOCAL_WORLD_SIZE");
+}
+
+void check_mesh_shape(const std::vector<MeshAxis>& axes, const std::vector<int>& node_of_rank,
+                      const std::vector<std::string>& within_host) {
+  const std::string where = check_axes(axes, static_cast<int>(node_of_rank.size()));
+  check_within_host(where, axes, node_of_rank, within_host, "one node (GROUP_RANK)", "nodes",
+                    "every node's number of ranks");
 }
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshAxis> axes, const MeshOptions& options)
@@ -98,12 +143,34 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshAxis
     throw InvalidArgument("DeviceMesh: local_world_size " + std::to_string(options.local_world_size) +
                           " (0: the environment's)");
   }
-  int32_t local = options.local_world_size;
-  if (local == 0) {  // the smallest over the world: nodes of different sizes still judge the shape alike
-    local = environment_local_world_size(n);
-    world_->all_reduce(view(std::span<int32_t>(&local, 1)), ReduceOp::Min);
+  if (options.local_world_size > 0) {
+    check_mesh_shape(axes_, n, options.local_world_size, options.within_host);
+  } else {
+    // Every rank's node and LOCAL_WORLD_SIZE, so that all judge the same figures alike.
+    const Whereabouts mine = environment_whereabouts();
+    std::vector<int32_t> all(2 * static_cast<size_t>(n));
+    int32_t pair[2] = {mine.node, mine.local_world_size};
+    world_->all_gather(view(std::span<int32_t>(pair, 2)), view(std::span<int32_t>(all)));
+    std::vector<int> node_of(static_cast<size_t>(n));
+    int32_t local = n;  // the smallest LOCAL_WORLD_SIZE any rank has; the world where none has one
+    bool named = true;
+    for (size_t r = 0; r < node_of.size(); ++r) {
+      node_of[r] = all[2 * r];
+      named = named && all[2 * r] >= 0;
+      if (all[2 * r + 1] > 0) local = std::min(local, all[2 * r + 1]);
+    }
+    if (named) {
+      check_mesh_shape(axes_, node_of, options.within_host);
+    } else {
+      check_axes(axes_, n);  // a bad shape is refused as it is, before the host rule
+      try {
+        check_mesh_shape(axes_, n, local, options.within_host);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(std::string(e.what()) + "; no GROUP_RANK on every rank, so host h is taken to hold "
+                              "ranks [h*L, (h+1)*L) with L the smallest LOCAL_WORLD_SIZE");
+      }
+    }
   }
-  check_mesh_shape(axes_, n, local, options.within_host);
   strides_ = strides_of(axes_);
   const int me = world_->rank();
   for (size_t i = 0; i < axes_.size(); ++i) coords_.push_back((me / strides_[i]) % axes_[i].size);
@@ -126,6 +193,10 @@ size_t DeviceMesh::index(const std::string& axis) const {
     if (axes_[i].name == axis) return i;
   }
   throw InvalidArgument("DeviceMesh " + mesh_shape_name(axes_) + ": no axis '" + axis + "'");
+}
+
+bool DeviceMesh::has(const std::string& axis) const {
+  return std::any_of(axes_.begin(), axes_.end(), [&](const MeshAxis& a) { return a.name == axis; });
 }
 
 int DeviceMesh::size(const std::string& axis) const { return axes_[index(axis)].size; }

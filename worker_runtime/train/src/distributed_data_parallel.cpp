@@ -30,6 +30,7 @@
 #include "ddp/progress.hpp"
 #include "ddp/trace.hpp"
 #include "device_ops.hpp"
+#include "tensor_util.hpp"
 
 namespace ddp {
 
@@ -44,9 +45,7 @@ struct DistributedDataParallel::Impl {
     std::unique_ptr<GroupMemory> memory;  // host: from the group, peers reach it without copies
     Tensor device_memory;                 // GPU: device memory (the NCCL member reduces it)
     Tensor grads;                         // 1 × n view of the flat gradients, in one of the two
-    Buffer buffer() const {
-      return Buffer{const_cast<float*>(grads.data()), grads.size(), DType::F32, grads.device()};
-    }
+    Buffer buffer() const { return tensor_util::buffer_of(grads); }
     FlatGroup group;                    // layout: slots in bucket order, padding
     std::vector<Parameter*> params;     // in bucket order (reverse registration order)
     size_t pending = 0;                 // gradients not yet final in this backward

@@ -20,6 +20,7 @@
 #include "ddp/gemm.hpp"
 #include "ddp/types.hpp"
 #include "device_ops.hpp"
+#include "tensor_util.hpp"
 
 #ifndef DDPRUN_OPENBLAS_LIBRARY
 #define DDPRUN_OPENBLAS_LIBRARY "libopenblas.so"
@@ -90,7 +91,7 @@ const OpenBlas& openblas() {
   return blas;
 }
 
-std::string shape(size_t r, size_t c) { return std::to_string(r) + "x" + std::to_string(c); }
+using tensor_util::shape_text;
 
 }  // namespace
 
@@ -109,8 +110,8 @@ void gemm(const Tensor& a, Transpose ta, const Tensor& b, Transpose tb, Tensor& 
   const size_t kb = tb == Transpose::Yes ? b.cols() : b.rows();
   const size_t n = tb == Transpose::Yes ? b.rows() : b.cols();
   if (k != kb || c.rows() != m || c.cols() != n) {
-    throw InvalidArgument(std::string("gemm: op(a) is ") + shape(m, k) + ", op(b) is " + shape(kb, n) + ", c is " +
-                          shape(c.rows(), c.cols()));
+    throw InvalidArgument("gemm: op(a) is " + shape_text(m, k) + ", op(b) is " + shape_text(kb, n) + ", c is " +
+                          shape_text(c));
   }
   const Device device = c.device();
   if (a.device() != device || b.device() != device) {

@@ -41,19 +41,10 @@ LinearKind kind_of(size_t i, size_t linears, int tp) {
 
 namespace model_parallel {
 
-bool has_axis(const DeviceMesh& mesh, const std::string& axis) {
-  for (const auto& a : mesh.axes()) {
-    if (a.name == axis) return true;
-  }
-  return false;
-}
-
-int axis_size(const DeviceMesh& mesh, const std::string& axis) {
-  return has_axis(mesh, axis) ? mesh.size(axis) : 1;
-}
+int axis_size(const DeviceMesh& mesh, const std::string& axis) { return mesh.has(axis) ? mesh.size(axis) : 1; }
 
 int axis_coordinate(const DeviceMesh& mesh, const std::string& axis) {
-  return has_axis(mesh, axis) ? mesh.coordinate(axis) : 0;
+  return mesh.has(axis) ? mesh.coordinate(axis) : 0;
 }
 
 }  // namespace model_parallel
@@ -97,7 +88,7 @@ MlpStage make_parallel_mlp(const MlpOptions& options, const DeviceMesh& mesh) {
   const int pp = model_parallel::axis_size(mesh, "pp");
   const int tp = model_parallel::axis_size(mesh, "tp");
   if (static_cast<size_t>(pp) > linears) {
-    throw InvalidArgument("make_parallel_mlp: --pp " + std::to_string(pp) + " needs at least " + std::to_string(pp) +
+    throw InvalidArgument("make_parallel_mlp: pp " + std::to_string(pp) + " needs at least " + std::to_string(pp) +
                           " Linear layers, the model has " + std::to_string(linears));
   }
   // Every rank checks the whole model, so that all of them refuse a layout alike.
@@ -108,7 +99,7 @@ MlpStage make_parallel_mlp(const MlpOptions& options, const DeviceMesh& mesh) {
     if (width % static_cast<size_t>(tp) != 0) {
       throw InvalidArgument("make_parallel_mlp: width " + std::to_string(width) + " (Linear " + std::to_string(i) +
                             ": " + std::to_string(sizes[i]) + " -> " + std::to_string(sizes[i + 1]) +
-                            ") does not divide by --tp " + std::to_string(tp));
+                            ") does not divide by tp " + std::to_string(tp));
     }
   }
   const auto [first, end] = partition_layers(sizes, pp)[static_cast<size_t>(model_parallel::axis_coordinate(mesh, "pp"))];

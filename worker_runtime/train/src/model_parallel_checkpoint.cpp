@@ -24,7 +24,6 @@
 //   4. rank 0 writes the file with save_checkpoint's writer; the outcome goes to every
 //      rank (broadcast).
 // Loading is local: every rank reads the whole file and cuts its blocks.
-#include <cstring>
 #include <map>
 #include <sstream>
 #include <string>
@@ -35,14 +34,15 @@
 #include "ddp/model_parallel.hpp"
 #include "ddp/types.hpp"
 #include "model_parallel_layout.hpp"
+#include "tensor_util.hpp"
 
 namespace ddp {
 namespace {
 
 using binary_io::get;
 using binary_io::put;
-
-std::string shape_text(size_t rows, size_t cols) { return std::to_string(rows) + "x" + std::to_string(cols); }
+using tensor_util::copy_rows;
+using tensor_util::shape_text;
 
 // Where a block of rows × cols sits in its full tensor, from the parameter's split.
 struct Placement {
@@ -79,15 +79,10 @@ Placement place(const std::string& name, const ParameterSplit& split, size_t row
   return at;
 }
 
-// Copies rows × cols floats between row-major matrices of the given row strides.
-void copy_rows(const float* src, size_t src_stride, float* dst, size_t dst_stride, size_t rows, size_t cols) {
-  for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_stride, src + r * src_stride, cols * sizeof(float));
-}
-
 // The block at `at` of a full host tensor.
 Tensor cut(const Placement& at, const Tensor& full) {
   Tensor block(at.rows, at.cols);
-  copy_rows(full.data() + at.offset(), at.full_cols, block.data(), at.cols, at.rows, at.cols);
+  tensor_util::copy_block(full, at.row0, at.col0, block);
   return block;
 }
 
@@ -103,7 +98,7 @@ const Tensor& on_host(const Tensor& t, Tensor& copy) {
   return copy;
 }
 
-Buffer floats(const float* data, size_t count) { return Buffer{const_cast<float*>(data), count, DType::F32, Device::Cpu}; }
+using tensor_util::host_floats;
 Buffer bytes_of(std::string& s) { return Buffer{s.data(), s.size(), DType::U8, Device::Cpu}; }
 
 // One parameter of a plan.
@@ -150,7 +145,7 @@ void check_local(const std::vector<Parameter*>& params, const OptimizerState* st
     for (size_t i = 0; i < params.size(); ++i) {
       const Tensor& b = buffer[i];
       if (!b.empty() && (b.rows() != params[i]->rows() || b.cols() != params[i]->cols())) {
-        throw Error("optimizer state of '" + params[i]->name + "' is " + shape_text(b.rows(), b.cols()) +
+        throw Error("optimizer state of '" + params[i]->name + "' is " + shape_text(b) +
                     ", the parameter " + shape_text(params[i]->rows(), params[i]->cols()));
       }
     }
@@ -330,10 +325,10 @@ void gather_blocks(ProcessGroup& pg, Assembly& a, size_t p, const std::vector<Pa
       const Tensor& t = k < 0 ? (*mine)[i]->value : my_state->buffers[static_cast<size_t>(k)][i];
       put_block(at, on_host(t, host), full);
     } else if (at.contiguous()) {
-      pg.recv(floats(full.data() + at.offset(), at.rows * at.cols), c.rank);
+      pg.recv(host_floats(full.data() + at.offset(), at.rows * at.cols), c.rank);
     } else {
       scratch.resize(at.rows, at.cols);
-      pg.recv(floats(scratch.data(), scratch.size()), c.rank);
+      pg.recv(host_floats(scratch.data(), scratch.size()), c.rank);
       put_block(at, scratch, full);
     }
   });
@@ -344,7 +339,7 @@ void send_blocks(ProcessGroup& pg, const Plan& c, const std::vector<Parameter*>&
   Tensor host;
   for_each_block(c, [&](size_t i, int k) {
     const Tensor& t = on_host(k < 0 ? params[i]->value : state->buffers[static_cast<size_t>(k)][i], host);
-    pg.send(floats(t.data(), t.size()), 0);
+    pg.send(host_floats(t.data(), t.size()), 0);
   });
 }
 
@@ -461,7 +456,12 @@ CheckpointInfo load_model_parallel_checkpoint(const std::string& bytes, const st
       const auto it = where.find(p.name);
       if (it == where.end()) throw Error("checkpoint has no parameter '" + p.name + "'");
       if (j > 0 && it->second != index.back() + 1) {
-        throw Error("checkpoint parameter '" + file.names[index.back() + 1] + "' where the model has '" + p.name + "'");
+        // The file's parameter after the previous one, or none when that was its last.
+        const size_t next = index.back() + 1;
+        const std::string found = next < file.names.size() ? "parameter '" + file.names[next] + "'"
+                                                           : std::string("the end of the parameters");
+        throw Error("checkpoint has " + found + " after '" + file.names[index.back()] + "' where the model has '" +
+                    p.name + "' (its parameters are in another order)");
       }
       index.push_back(it->second);
       at.push_back(place(p.name, p.split, p.rows(), p.cols()));

@@ -8,7 +8,6 @@
 
 namespace ddp::model_parallel {
 
-bool has_axis(const DeviceMesh& mesh, const std::string& axis);
 int axis_size(const DeviceMesh& mesh, const std::string& axis);
 int axis_coordinate(const DeviceMesh& mesh, const std::string& axis);
 

@@ -10,6 +10,7 @@
 #include "ddp/types.hpp"
 #include "device_ops.hpp"
 #include "rules.hpp"
+#include "tensor_util.hpp"
 
 namespace ddp {
 namespace {
@@ -23,16 +24,10 @@ void need_gathered(const Parameter& weight, const Parameter& bias) {
   }
 }
 
+using tensor_util::shape_text;
+using tensor_util::slot_state;
+
 const Tensor kEmpty;  // what backward returns when no input gradient was asked for
-
-// The state of `slot`, made on first use.
-template <typename T>
-T& slot_state(std::deque<T>& slots, size_t slot) {
-  if (slot >= slots.size()) slots.resize(slot + 1);
-  return slots[slot];
-}
-
-std::string shape(const Tensor& t) { return std::to_string(t.rows()) + "x" + std::to_string(t.cols()); }
 
 // A layer computes where its input lives: `what` (its parameters, or the gradient
 // coming back) must be there too.
@@ -85,7 +80,8 @@ Linear::Linear(const LinearOptions& options, Rng& rng, const std::string& name_p
 const Tensor& Linear::forward(const Tensor& x) {
   const size_t in = options_.in_features, out = options_.out_features;
   if (x.cols() != in) {
-    throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " + shape(x));
+    throw InvalidArgument("Linear(" + std::to_string(in) + " -> " + std::to_string(out) + "): input is " +
+                          shape_text(x));
   }
   need_gathered(weight_, bias_);
   need_device("Linear", x.device(), weight_.device(), "'" + weight_.name + "'");
@@ -119,8 +115,7 @@ const Tensor& Linear::backward(const Tensor& dy, const GradReadyHook& hook, bool
   need_gathered(weight_, bias_);
   const size_t batch = input->rows();
   if (dy.rows() != batch || dy.cols() != out) {
-    throw InvalidArgument("Linear::backward: dy is " + shape(dy) + ", expected " + std::to_string(batch) + "x" +
-                          std::to_string(out));
+    throw InvalidArgument("Linear::backward: dy is " + shape_text(dy) + ", expected " + shape_text(batch, out));
   }
   const Device device = input->device();
   need_device("Linear::backward", device, dy.device(), "dy");
@@ -182,7 +177,7 @@ const Tensor& ReLU::backward(const Tensor& dy, const GradReadyHook&, bool need_d
   if (slot() >= outputs_.size()) throw InvalidArgument("ReLU::backward before forward (slot " + std::to_string(slot()) + ")");
   const Tensor& output = outputs_[slot()];
   if (dy.rows() != output.rows() || dy.cols() != output.cols()) {
-    throw InvalidArgument("ReLU::backward: dy is " + shape(dy) + ", output was " + shape(output));
+    throw InvalidArgument("ReLU::backward: dy is " + shape_text(dy) + ", output was " + shape_text(output));
   }
   need_device("ReLU::backward", output.device(), dy.device(), "dy");
   if (!need_dx) return kEmpty;
@@ -274,7 +269,7 @@ void check_labels(const char* who, const Tensor& logits, std::span<const int32_t
 
 float softmax_cross_entropy(const Tensor& logits, std::span<const int32_t> labels, Tensor& dlogits) {
   const size_t batch = logits.rows(), classes = logits.cols();
-  if (batch == 0 || classes == 0) throw InvalidArgument("softmax_cross_entropy: empty logits " + shape(logits));
+  if (batch == 0 || classes == 0) throw InvalidArgument("softmax_cross_entropy: empty logits " + shape_text(logits));
   check_labels("softmax_cross_entropy", logits, labels, true);
   dlogits.resize_on(logits.device(), batch, classes);
   const float inv_batch = 1.0f / static_cast<float>(batch);

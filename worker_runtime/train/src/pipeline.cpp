@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ddp/trace.hpp"
+#include "tensor_util.hpp"
 
 namespace ddp {
 namespace {
@@ -67,7 +68,8 @@ std::vector<Action> actions_of(PipelineSchedule schedule, size_t n, int stages, 
   return out;
 }
 
-Buffer buffer_of(Tensor& t) { return Buffer{t.data(), t.size(), DType::F32, t.device()}; }
+using tensor_util::buffer_of;
+using tensor_util::shape_text;
 Buffer buffer_of(Header& h) { return view(std::span<int64_t>(h)); }
 
 // The exception in flight as the same ddp error type with `prefix` before what().
@@ -101,6 +103,12 @@ std::string what_of(const std::exception_ptr& e) {
 
 const char* pipeline_schedule_name(PipelineSchedule s) {
   return s == PipelineSchedule::GPipe ? "gpipe" : s == PipelineSchedule::OneFOneB ? "1f1b" : "?";
+}
+
+PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
+  for (PipelineSchedule s : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
+    if (name == pipeline_schedule_name(s)) return s;
+  throw InvalidArgument("unknown pipeline schedule '" + name + "' (gpipe or 1f1b)");
 }
 
 struct Pipeline::Impl {
@@ -293,9 +301,8 @@ struct Pipeline::Impl {
     if (stage == 0) return;
     const Tensor& x = inputs[in_of(i)];
     if (dx.rows() != x.rows() || dx.cols() != x.cols()) {
-      throw InvalidArgument("the stage's backward returned a " + std::to_string(dx.rows()) + "x" +
-                            std::to_string(dx.cols()) + " input gradient for a " + std::to_string(x.rows()) + "x" +
-                            std::to_string(x.cols()) + " input");
+      throw InvalidArgument("the stage's backward returned a " + shape_text(dx) + " input gradient for a " +
+                            shape_text(x) + " input");
     }
     send_copy(grad_out, dx, grad_sent[slot_of(i)], grad_sends[slot_of(i)]);
     // Micro-batch i's input is done with: its buffer receives a later one.

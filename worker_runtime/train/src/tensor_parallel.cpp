@@ -9,17 +9,17 @@
 #include "ddp/gemm.hpp"
 #include "ddp/types.hpp"
 #include "device_ops.hpp"
+#include "tensor_util.hpp"
 
 namespace ddp {
 namespace {
 
+using tensor_util::buffer_of;
+using tensor_util::copy_block;
+using tensor_util::shape_text;
+using tensor_util::slot_state;
+
 const Tensor kEmpty;  // what backward returns when no input gradient was asked for
-
-std::string shape(size_t rows, size_t cols) { return std::to_string(rows) + "x" + std::to_string(cols); }
-std::string shape(const Tensor& t) { return shape(t.rows(), t.cols()); }
-
-Buffer buffer(Tensor& t) { return Buffer{t.data(), t.size(), DType::F32, t.device()}; }
-Buffer buffer(const Tensor& t) { return Buffer{const_cast<float*>(t.data()), t.size(), DType::F32, t.device()}; }
 
 // features / tp->size(), refusing a missing group or features that do not divide.
 size_t split_size(const char* layer, const char* what, size_t features, const std::shared_ptr<ProcessGroup>& tp) {
@@ -30,13 +30,6 @@ size_t split_size(const char* layer, const char* what, size_t features, const st
                           " does not divide by the tp group's " + std::to_string(parts) + " ranks");
   }
   return features / parts;
-}
-
-// dst (rows × cols) = the block of src starting at (row0, col0).
-void copy_block(const Tensor& src, size_t row0, size_t col0, Tensor& dst) {
-  for (size_t r = 0; r < dst.rows(); ++r) {
-    std::memcpy(dst.row(r), src.row(row0 + r) + col0, dst.cols() * sizeof(float));
-  }
 }
 
 ParameterSplit split_of(const Parameter& full, int dim, const ProcessGroup& tp) {
@@ -65,7 +58,7 @@ void need_usable(const char* layer, const Parameter& weight, const Parameter& bi
 
 void need_shape(const char* what, const Tensor& t, size_t rows, size_t cols) {
   if (t.rows() != rows || t.cols() != cols) {
-    throw InvalidArgument(std::string(what) + " is " + shape(t) + ", expected " + shape(rows, cols));
+    throw InvalidArgument(std::string(what) + " is " + shape_text(t) + ", expected " + shape_text(rows, cols));
   }
 }
 
@@ -120,12 +113,6 @@ void times_weight(const Tensor& dy, const Parameter& w, Tensor& dx) {
            w.value.data(), w.cols(), 0.0f, dx.data(), w.cols());
 }
 
-template <typename Slot>
-Slot& slot_at(std::deque<Slot>& slots, size_t slot) {
-  while (slots.size() <= slot) slots.emplace_back();
-  return slots[slot];
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -168,11 +155,11 @@ ColumnParallelLinear::ColumnParallelLinear(const LinearOptions& full, Rng& rng, 
 const Tensor& ColumnParallelLinear::forward(const Tensor& x) {
   if (x.cols() != full_.in_features) {
     throw InvalidArgument("ColumnParallelLinear(" + std::to_string(full_.in_features) + " -> " +
-                          std::to_string(full_.out_features) + "): input is " + shape(x));
+                          std::to_string(full_.out_features) + "): input is " + shape_text(x));
   }
   need_usable("ColumnParallelLinear", weight_, bias_, x.device());
   if (options_.gather_output) host_only("ColumnParallelLinear's gather_output", x.device());
-  Slot& s = slot_at(slots_, slot());
+  Slot& s = slot_state(slots_, slot());
   const size_t batch = x.rows();
   s.input = &x;
   s.local.resize_on(x.device(), batch, local_);
@@ -183,7 +170,7 @@ const Tensor& ColumnParallelLinear::forward(const Tensor& x) {
   // is row b of block 0, of block 1, ...
   const auto parts = static_cast<size_t>(tp_->size());
   s.blocks.resize(parts * batch, local_);
-  tp_->all_gather(buffer(s.local), buffer(s.blocks));
+  tp_->all_gather(buffer_of(s.local), buffer_of(s.blocks));
   s.gathered.resize(batch, full_.out_features);
   for (size_t p = 0; p < parts; ++p) {
     for (size_t b = 0; b < batch; ++b) {
@@ -194,7 +181,7 @@ const Tensor& ColumnParallelLinear::forward(const Tensor& x) {
 }
 
 const Tensor& ColumnParallelLinear::backward(const Tensor& dy, const GradReadyHook& hook, bool need_dx) {
-  Slot& s = slot_at(slots_, slot());
+  Slot& s = slot_state(slots_, slot());
   if (s.input == nullptr) throw InvalidArgument("ColumnParallelLinear::backward before forward");
   const Tensor& x = *s.input;
   need_usable("ColumnParallelLinear::backward", weight_, bias_, x.device());
@@ -214,7 +201,7 @@ const Tensor& ColumnParallelLinear::backward(const Tensor& dy, const GradReadyHo
   if (!need_dx) return kEmpty;
   // f's backward: each rank's dy W_local covers its output columns; their sum is dx.
   times_weight(*g, weight_, dx_);
-  tp_->all_reduce(buffer(dx_), ReduceOp::Sum);
+  tp_->all_reduce(buffer_of(dx_), ReduceOp::Sum);
   return dx_;
 }
 
@@ -230,7 +217,7 @@ const Tensor& RowParallelLinear::forward(const Tensor& x) {
   if (x.cols() != local_) {
     throw InvalidArgument("RowParallelLinear(" + std::to_string(full_.in_features) + " -> " +
                           std::to_string(full_.out_features) + ", " + std::to_string(local_) +
-                          " input features per tp rank): input is " + shape(x));
+                          " input features per tp rank): input is " + shape_text(x));
   }
   need_usable("RowParallelLinear", weight_, bias_, x.device());
   const size_t batch = x.rows(), out = full_.out_features;
@@ -239,7 +226,7 @@ const Tensor& RowParallelLinear::forward(const Tensor& x) {
     throw InvalidArgument("RowParallelLinear with scatter_output: the batch of " + std::to_string(batch) +
                           " rows does not divide by the tp group's " + std::to_string(parts) + " ranks");
   }
-  Slot& s = slot_at(slots_, slot());
+  Slot& s = slot_state(slots_, slot());
   s.input = &x;
   s.partial.resize_on(x.device(), batch, out);
   times_weight_t(x, weight_, 0.0f, s.partial);
@@ -247,10 +234,10 @@ const Tensor& RowParallelLinear::forward(const Tensor& x) {
   Tensor* y = &s.partial;
   if (options_.scatter_output) {
     s.output.resize_on(x.device(), batch / parts, out);
-    tp_->reduce_scatter(buffer(s.partial), buffer(s.output), ReduceOp::Sum);
+    tp_->reduce_scatter(buffer_of(s.partial), buffer_of(s.output), ReduceOp::Sum);
     y = &s.output;
   } else {
-    tp_->all_reduce(buffer(s.partial), ReduceOp::Sum);
+    tp_->all_reduce(buffer_of(s.partial), ReduceOp::Sum);
   }
   if (full_.bias && y->rows() != 0) {  // y += ones · b: the bias once, after the reduction
     if (ones_.rows() < y->rows() || ones_.device() != y->device()) {
@@ -264,7 +251,7 @@ const Tensor& RowParallelLinear::forward(const Tensor& x) {
 }
 
 const Tensor& RowParallelLinear::backward(const Tensor& dy, const GradReadyHook& hook, bool need_dx) {
-  Slot& s = slot_at(slots_, slot());
+  Slot& s = slot_state(slots_, slot());
   if (s.input == nullptr) throw InvalidArgument("RowParallelLinear::backward before forward");
   const Tensor& x = *s.input;
   need_usable("RowParallelLinear::backward", weight_, bias_, x.device());
@@ -274,7 +261,7 @@ const Tensor& RowParallelLinear::backward(const Tensor& dy, const GradReadyHook&
   if (options_.scatter_output) {  // every rank's row block of dy, in rank order: the whole dy
     need_shape("RowParallelLinear::backward: dy", dy, batch / static_cast<size_t>(tp_->size()), out);
     s.dy_full.resize_on(dy.device(), batch, out);
-    tp_->all_gather(buffer(dy), buffer(s.dy_full));
+    tp_->all_gather(buffer_of(dy), buffer_of(s.dy_full));
     g = &s.dy_full;
   } else {
     need_shape("RowParallelLinear::backward: dy", dy, batch, out);

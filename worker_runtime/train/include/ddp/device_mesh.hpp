@@ -6,15 +6,20 @@
 // rank 5 = 1·4 + 0·2 + 1 sits at pp 1, dp 0, tp 1; its tp group is {4, 5}, its dp group
 // {5, 7}, its pp group {1, 5}. Every group's rank i is the member at coordinate i.
 //
-// Hosts: launchers number ranks contiguously per node, so host h holds the global
-// ranks [h·L, (h+1)·L) with L the local world size (torchrun's LOCAL_WORLD_SIZE, read
-// through the worker contract). When the world is not a multiple of L (nodes of
-// different sizes) the same rule is applied anyway: it is then only an approximation
-// of where the ranks run. Axes named in MeshOptions::within_host (by default "tp",
-// whose collectives are the most frequent) must keep each of their groups on one host.
+// Hosts: axes named in MeshOptions::within_host (by default "tp", whose collectives
+// are the most frequent) must keep each of their groups on one node. Where each rank
+// runs comes from the worker contract: every rank's node index (GROUP_RANK, which
+// torchrun and ddprun set; SLURM_NODEID under srun; under mpirun the contract's
+// rank / local size), all-gathered over `world`, so nodes of different sizes are judged
+// by where their ranks really are and every rank reaches the same verdict. Only where
+// some rank's environment names no node (no GROUP_RANK: a program started by hand)
+// does the mesh fall back to the rank rule: host h holds the global ranks [h·L, (h+1)·L)
+// with L the smallest LOCAL_WORLD_SIZE over the world (the world's size where no rank
+// has one, which lets every shape pass); its refusal says it used that rule.
 //
-// The host rule reads `world`'s ranks as the launcher's: pass init()'s group, or say
-// MeshOptions::local_world_size for another one.
+// Each member of `world` says where it runs, so any group may be the mesh's world; the
+// rank rule reads `world`'s ranks as the launcher's (init()'s group). Say
+// MeshOptions::local_world_size to use the rank rule with that L (and no collective).
 //
 // Building a mesh is a collective over `world`: every rank makes the subgroup of every
 // group of every axis (axes in order, groups by their smallest rank), as
@@ -35,9 +40,8 @@ struct MeshAxis {
 };
 
 struct MeshOptions {
-  // Ranks per host. 0: LOCAL_WORLD_SIZE of the environment (the worker contract's
-  // local_world_size; the world's size where the environment has none), the smallest
-  // over the world (one all-reduce), so that every rank judges the shape alike.
+  // Ranks per host for the rank rule (host h: ranks [h·L, (h+1)·L)). 0: where each rank
+  // runs comes from the environment (see "Hosts" above; one all-gather over the world).
   int local_world_size = 0;
   // Axes whose groups must not span hosts; a name that is not an axis is ignored.
   std::vector<std::string> within_host = {"tp"};
@@ -45,10 +49,16 @@ struct MeshOptions {
 
 // Checks a mesh shape without any process group: every size >= 1, names non-empty and
 // distinct, the sizes' product equal to `world`, and each `within_host` axis's groups
-// inside one host of `local_world_size` ranks (>= 1). Throws one InvalidArgument naming
-// the shape and the world (and, for a host split, the axis, its size, the local world
-// size and a fix).
+// inside one host of `local_world_size` ranks (>= 1; the rank rule). Throws one
+// InvalidArgument naming the shape and the world (and, for a host split, the axis, its
+// size, the local world size and a fix).
 void check_mesh_shape(const std::vector<MeshAxis>& axes, int world, int local_world_size,
+                      const std::vector<std::string>& within_host);
+
+// The same checks over a world of node_of_rank.size() ranks where rank r runs on node
+// node_of_rank[r]: a `within_host` axis's group on two or more nodes is refused, naming
+// the axis, its size, the group's ranks and the nodes.
+void check_mesh_shape(const std::vector<MeshAxis>& axes, const std::vector<int>& node_of_rank,
                       const std::vector<std::string>& within_host);
 
 // "pp 2 x dp 2 x tp 2" (what errors and describe() call the shape).
@@ -60,7 +70,9 @@ class DeviceMesh {
   // for a bad shape (check_mesh_shape) before any group is made.
   DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshAxis> axes, const MeshOptions& options = {});
 
-  // Every method taking an axis name throws InvalidArgument for a name not in the mesh.
+  // Whether the mesh has an axis of that name.
+  bool has(const std::string& axis) const;
+  // Every other method taking an axis name throws InvalidArgument for a name not in the mesh.
   int size(const std::string& axis) const;
   int coordinate(const std::string& axis) const;  // this rank's, 0 .. size-1
   // This rank's group along the axis (a group of one for an axis of size 1).

@@ -47,7 +47,7 @@ struct MlpStage {
 // exactly make_mlp(options). A mesh without a "pp" or "tp" axis counts it as size 1.
 // Throws InvalidArgument for make_mlp's bad sizes, more stages than Linears, or a width
 // a tensor-parallel Linear splits that does not divide by the tp size (naming the width
-// and --tp). Not a collective (the tp layers only keep the mesh's group).
+// and tp). Not a collective (the tp layers only keep the mesh's group).
 MlpStage make_parallel_mlp(const MlpOptions& options, const DeviceMesh& mesh);
 
 // Collective over the mesh's world: writes at world rank 0 exactly the file that

@@ -70,6 +70,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "ddp/nn.hpp"
 #include "ddp/process_group.hpp"
@@ -81,6 +82,8 @@ class Trace;
 
 enum class PipelineSchedule { GPipe, OneFOneB };
 const char* pipeline_schedule_name(PipelineSchedule s);  // "gpipe", "1f1b"
+// The schedule of that name ("gpipe", "1f1b"); InvalidArgument naming both for any other.
+PipelineSchedule pipeline_schedule_from_name(const std::string& name);
 
 struct PipelineOptions {
   PipelineSchedule schedule = PipelineSchedule::GPipe;
