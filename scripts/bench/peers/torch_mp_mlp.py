@@ -5,9 +5,9 @@ same model, batch and layout".
 
 Run (torch2 installs PyTorch 2.15 into $TORCH2_VENV on first use):
   OMP_NUM_THREADS=1 ../shared/peers/torch2 torchrun --nproc_per_node=2 \
-      scripts/bench/model_parallel/torch_mp_mlp.py --mode tp --batch 64 --steps 60 --warmup 5
+      scripts/bench/peers/torch_mp_mlp.py --mode tp --batch 64 --steps 60 --warmup 5
   OMP_NUM_THREADS=1 ../shared/peers/torch2 torchrun --nproc_per_node=2 \
-      scripts/bench/model_parallel/torch_mp_mlp.py --mode pp --schedule 1f1b --microbatches 4
+      scripts/bench/peers/torch_mp_mlp.py --mode pp --schedule 1f1b --microbatches 4
 
 The model is examples/fashion_mnist's MLP 784-<hidden>-10 (ReLU between the Linears; the
 wide one, 784-2048-2048-2048-10, by default), every rank of the world in one layout:
@@ -27,25 +27,23 @@ that every rank draws alike; AdamW with lr --lr.
 
 A step is timed as in examples/fashion_mnist: gathering the batch, forward, backward,
 optimizer step and zero_grad. The first --warmup steps are not timed; the next --steps
-are. Rank 0 prints
-  RESULT mode M world N samples_per_s S step_ms_median T loss_first L0 loss_last L1 layout ...
+are. Rank 0 prints a line naming the layout (each Linear's placement under tp, each
+stage's Linears under pp), then
+  RESULT mode M world N samples_per_s S step_ms_median T loss_first L0 loss_last L1 params_per_rank P0,P1,...
 where S is the batch's rows (one batch per step for the whole world: the ranks share it)
 times the timed steps over their wall time (barriers around them), T the largest of the
 ranks' median step times, L0 and L1 the mean loss of the first and last 10 steps (a check
-that it trains) and the layout what each rank holds.
+that it trains) and Pr the parameters rank r holds (its shards or its stage).
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
-from torch_mlp_common import load, mlp, widths  # noqa: E402  the data and model every MLP peer shares
+from torch_mlp_common import load, mlp, widths  # the data and model every MLP peer shares
 
 
 def batches(rows, batch):
@@ -63,7 +61,8 @@ def batches(rows, batch):
 # ---- model ----
 def partition(dims, stages):
     """Per stage the Linears [first, end): contiguous, the split whose largest stage (in
-    parameters) is smallest; the earliest such split on ties."""
+    parameters) is smallest, each boundary (walking back from the last stage) the earliest
+    that keeps that optimum: ddprun's partition_layers, so both sides cut alike."""
     sizes = [dims[i] * dims[i + 1] + dims[i + 1] for i in range(len(dims) - 1)]
     n = len(sizes)
     if stages > n:
@@ -71,22 +70,22 @@ def partition(dims, stages):
     prefix = [0]
     for s in sizes:
         prefix.append(prefix[-1] + s)
-    # best[k][i]: the smallest largest-stage cost of the first i Linears in k stages
     inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0
-    for k in range(1, stages + 1):
-        for i in range(k, n + 1):
-            for j in range(k - 1, i):
-                c = max(best[k - 1][j], prefix[i] - prefix[j])
-                if c < best[k][i]:
-                    best[k][i], cut[k][i] = c, j
-    ranges, i = [], n
-    for k in range(stages, 0, -1):
-        ranges.append((cut[k][i], i))
-        i = cut[k][i]
-    return ranges[::-1], sizes
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[k][j]: Linears [0, j) in k stages
+    for j in range(1, n + 1):
+        best[1][j] = prefix[j]
+    for k in range(2, stages + 1):
+        for j in range(k, n + 1):
+            best[k][j] = min(max(best[k - 1][i], prefix[j] - prefix[i]) for i in range(k - 1, j))
+    ranges, end = [], n
+    for k in range(stages, 1, -1):
+        i = k - 1
+        while max(best[k - 1][i], prefix[end] - prefix[i]) > best[k][end]:
+            i += 1
+        ranges.append((i, end))
+        end = i
+    ranges.append((0, end))
+    return ranges[::-1]
 
 
 def stage_module(model, first, end, n_linears):
@@ -145,7 +144,7 @@ def main():
         schedule = None
     else:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-        ranges, _ = partition(dims, world)
+        ranges = partition(dims, world)
         f, e = ranges[rank]
         model = stage_module(model, f, e, n_linears)
         stage = PipelineStage(model, rank, world, torch.device("cpu"))
