@@ -29,7 +29,8 @@ import torch, torch.nn as nn, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from torch_mlp_common import load, mlp, widths  # the data and model every MLP peer shares
+from mlp_layout import widths  # the MLP's widths
+from torch_mlp_common import load, mlp  # the data and model every MLP peer shares
 
 
 def batches(sampler, batch):

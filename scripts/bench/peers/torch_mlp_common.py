@@ -31,11 +31,6 @@ def load(split, limit=0):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def widths(hidden):
-    """784, the comma-separated hidden widths, 10."""
-    return [784] + [int(h) for h in hidden.split(",")] + [10]
-
-
 def mlp(dims):
     """nn.Sequential of Linear(dims[i], dims[i+1]) with a ReLU after each but the last."""
     layers = []

@@ -43,7 +43,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from torch_mlp_common import load, mlp, widths  # the data and model every MLP peer shares
+from mlp_layout import partition, widths  # the stages' split, as partition_layers cuts them
+from torch_mlp_common import load, mlp  # the data and model every MLP peer shares
 
 
 def batches(rows, batch):
@@ -59,35 +60,6 @@ def batches(rows, batch):
 
 
 # ---- model ----
-def partition(dims, stages):
-    """Per stage the Linears [first, end): contiguous, the split whose largest stage (in
-    parameters) is smallest, each boundary (walking back from the last stage) the earliest
-    that keeps that optimum: ddprun's partition_layers, so both sides cut alike."""
-    sizes = [dims[i] * dims[i + 1] + dims[i + 1] for i in range(len(dims) - 1)]
-    n = len(sizes)
-    if stages > n:
-        raise SystemExit(f"torch_mp_mlp: {stages} stages but only {n} Linears")
-    prefix = [0]
-    for s in sizes:
-        prefix.append(prefix[-1] + s)
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[k][j]: Linears [0, j) in k stages
-    for j in range(1, n + 1):
-        best[1][j] = prefix[j]
-    for k in range(2, stages + 1):
-        for j in range(k, n + 1):
-            best[k][j] = min(max(best[k - 1][i], prefix[j] - prefix[i]) for i in range(k - 1, j))
-    ranges, end = [], n
-    for k in range(stages, 1, -1):
-        i = k - 1
-        while max(best[k - 1][i], prefix[end] - prefix[i]) > best[k][end]:
-            i += 1
-        ranges.append((i, end))
-        end = i
-    ranges.append((0, end))
-    return ranges[::-1]
-
-
 def stage_module(model, first, end, n_linears):
     """The Sequential's slice holding Linears [first, end) and the ReLU after each but the last Linear."""
     begin = 2 * first
@@ -144,7 +116,10 @@ def main():
         schedule = None
     else:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-        ranges = partition(dims, world)
+        try:
+            ranges = partition(dims, world)
+        except ValueError as e:
+            raise SystemExit(f"torch_mp_mlp: {e}")
         f, e = ranges[rank]
         model = stage_module(model, f, e, n_linears)
         stage = PipelineStage(model, rank, world, torch.device("cpu"))
