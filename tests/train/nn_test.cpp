@@ -376,6 +376,42 @@ TEST_CASE("backward accumulates until zero_grad", "[train][nn]") {
   }
 }
 
+// Pipelines keep several micro-batches' forwards alive: slot i's backward must use slot
+// i's activations whatever ran in the other slots in between.
+TEST_CASE("activation slots pair each backward with its own slot's forward", "[train][nn][slots]") {
+  const std::vector<ddp::Tensor> xs = {random_tensor(3, 6, 11), random_tensor(2, 6, 12), random_tensor(4, 6, 13)};
+  const std::vector<std::vector<int32_t>> labels = {{0, 3, 1}, {2, 2}, {1, 0, 3, 2}};
+  // Each micro-batch alone: forward then backward, gradients accumulated.
+  auto alone = ddp::make_mlp({{6, 7, 5, 4}, 5});
+  std::vector<ddp::Tensor> dx_alone;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    ddp::Tensor dlogits;
+    ddp::softmax_cross_entropy(alone->forward(xs[i]), labels[i], dlogits);
+    dx_alone.push_back(static_cast<ddp::Module&>(*alone).backward(dlogits, {}, true));
+  }
+  // All forwards first (slots 0, 1, 2), then the backwards in reverse order.
+  auto slotted = ddp::make_mlp({{6, 7, 5, 4}, 5});
+  std::vector<ddp::Tensor> dlogits(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    slotted->select_slot(i);
+    ddp::softmax_cross_entropy(slotted->forward(xs[i]), labels[i], dlogits[i]);
+  }
+  for (size_t i = xs.size(); i-- > 0;) {
+    slotted->select_slot(i);
+    const ddp::Tensor& dx = static_cast<ddp::Module&>(*slotted).backward(dlogits[i], {}, true);
+    REQUIRE(dx.rows() == dx_alone[i].rows());
+    for (size_t k = 0; k < dx.size(); ++k) CHECK(dx[k] == dx_alone[i][k]);
+  }
+  // Same gradients up to the order of accumulation (three terms per value).
+  const auto a = alone->parameters(), b = slotted->parameters();
+  for (size_t p = 0; p < a.size(); ++p) {
+    for (size_t k = 0; k < a[p]->numel(); ++k) CHECK(b[p]->grad[k] == Approx(a[p]->grad[k]).margin(1e-6));
+  }
+  // A slot that never ran forward is refused, not read.
+  slotted->select_slot(7);
+  CHECK_THROWS_AS(static_cast<ddp::Module&>(*slotted).backward(dlogits[0], {}, true), ddp::InvalidArgument);
+}
+
 TEST_CASE("the grad-ready hook fires once per parameter, in reverse order, with final grads", "[train][nn][hook]") {
   auto model = ddp::make_mlp({{6, 8, 5, 4}, 2});
   ddp::Tensor x = random_tensor(3, 6, 4);

@@ -62,7 +62,7 @@ struct DistributedDataParallel::Impl {
 
   Impl(Module& model, std::shared_ptr<ProcessGroup> pg, const DdpOptions& options);
   ~Impl();
-  void backward(const Tensor& dy);
+  const Tensor& backward(const Tensor& dy, bool need_dx);
   void on_grad_ready(Parameter& p);
   void launch_ready_buckets();
   void reduce_bucket(Bucket& b, bool async);
@@ -246,7 +246,7 @@ void DistributedDataParallel::Impl::settle() noexcept {
   }
 }
 
-void DistributedDataParallel::Impl::backward(const Tensor& dy) {
+const Tensor& DistributedDataParallel::Impl::backward(const Tensor& dy, bool need_dx) {
   settle();  // after an earlier backward that threw
   ++backwards_;
   const bool reduce = sync_ && options_.all_reduce && pg_->size() > 1;
@@ -255,15 +255,16 @@ void DistributedDataParallel::Impl::backward(const Tensor& dy) {
   stats_ = BackwardStats{};
   inline_comm_ = {};
   const auto t0 = backward_start_ = Clock::now();
+  const Tensor* dx = nullptr;
   if (reduce) {
     try {
-      model_.backward(dy, [this](Parameter& p) { on_grad_ready(p); }, false);
+      dx = &model_.backward(dy, [this](Parameter& p) { on_grad_ready(p); }, need_dx);
     } catch (...) {
       settle();
       throw;
     }
   } else {
-    model_.backward(dy, GradReadyHook{}, false);
+    dx = &model_.backward(dy, GradReadyHook{}, need_dx);
   }
   const auto t1 = Clock::now();
   stats_.backward = seconds(t1 - t0 - inline_comm_);
@@ -276,7 +277,7 @@ void DistributedDataParallel::Impl::backward(const Tensor& dy) {
       }
     }
     if (sync_) report_step();  // a step of its own (one rank, or reduction switched off)
-    return;
+    return *dx;
   }
   if (next_to_launch_ != buckets_.size()) {
     settle();
@@ -306,6 +307,7 @@ void DistributedDataParallel::Impl::backward(const Tensor& dy) {
   for (const auto& b : buckets_) stats_.buckets_overlapped += b.launched < last_ready_ ? 1 : 0;
   stats_.buckets_reduced = static_cast<int>(buckets_.size());
   report_step();  // gradients are final on every rank: the optimizer step follows
+  return *dx;
 }
 
 Tensor DistributedDataParallel::Impl::shard_grads(size_t i) {
@@ -362,7 +364,8 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 const Tensor& DistributedDataParallel::forward(const Tensor& x) { return impl_->model_.forward(x); }
-void DistributedDataParallel::backward(const Tensor& dy) { impl_->backward(dy); }
+void DistributedDataParallel::backward(const Tensor& dy) { impl_->backward(dy, false); }
+const Tensor& DistributedDataParallel::backward(const Tensor& dy, bool need_dx) { return impl_->backward(dy, need_dx); }
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& d) : d_(&d) { d.impl_->sync_ = false; }
 DistributedDataParallel::NoSync::~NoSync() {
   if (d_) d_->impl_->sync_ = true;

@@ -17,7 +17,7 @@ FullyShardedDataParallel::FullParams FullyShardedDataParallel::summon_full_param
                           " is not a rank of the group (size " + std::to_string(n) + ")");
   }
   s.settle();  // a forward without backward leaves units gathered into the pool
-  s.forward_ran = false;
+  s.forward_ran.clear();
   const bool here = !root || *root == s.pg->rank();
   // Every unit's gather is issued first and waited for after: one pass of the group.
   std::vector<Work> works;

@@ -60,7 +60,13 @@ struct FullyShardedDataParallel::Impl {
   std::vector<Tensor> rs_temp;
   std::vector<std::unique_ptr<GroupMemory>> staging;
 
-  bool forward_ran = false;  // a forward whose backward has not run yet
+  // Per activation slot (Module::select_slot): a forward whose backward has not run yet.
+  std::vector<bool> forward_ran;
+  bool forwarded(size_t slot) const { return slot < forward_ran.size() && forward_ran[slot]; }
+  void mark_forwarded(size_t slot, bool ran) {
+    if (slot >= forward_ran.size()) forward_ran.resize(slot + 1, false);
+    forward_ran[slot] = ran;
+  }
   bool summoned = false;     // inside summon_full_params
   std::vector<Tensor> full;  // summon_full_params' buffers, one per unit (padded)
 

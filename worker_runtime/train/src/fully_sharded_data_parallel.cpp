@@ -300,7 +300,8 @@ const Tensor& FullyShardedDataParallel::forward(const Tensor& x) {
   s.need_not_summoned("forward");
   s.settle();  // after a forward without backward (evaluation), or one that threw
   s.stats = FsdpStepStats{};
-  s.forward_ran = false;
+  const size_t slot = s.model.slot();
+  s.mark_forwarded(slot, false);
   s.phase = "forward";
   const size_t n = s.units.size();
   const size_t ahead = static_cast<size_t>(s.options.prefetch);
@@ -322,15 +323,21 @@ const Tensor& FullyShardedDataParallel::forward(const Tensor& x) {
     s.settle();
     throw;
   }
-  s.forward_ran = true;
+  s.mark_forwarded(slot, true);
   return *h;
 }
 
-void FullyShardedDataParallel::backward(const Tensor& dy) {
+void FullyShardedDataParallel::backward(const Tensor& dy) { backward(dy, false); }
+
+const Tensor& FullyShardedDataParallel::backward(const Tensor& dy, bool need_dx) {
   Impl& s = *impl_;
   s.need_not_summoned("backward");
-  if (!s.forward_ran) throw InvalidArgument("FullyShardedDataParallel::backward without a forward before it");
-  s.forward_ran = false;
+  const size_t slot = s.model.slot();
+  if (!s.forwarded(slot)) {
+    throw InvalidArgument("FullyShardedDataParallel::backward without a forward before it (activation slot " +
+                          std::to_string(slot) + ")");
+  }
+  s.mark_forwarded(slot, false);
   s.phase = "backward";
   const size_t n = s.units.size();
   const size_t ahead = static_cast<size_t>(s.options.prefetch);
@@ -350,8 +357,9 @@ void FullyShardedDataParallel::backward(const Tensor& dy) {
         auto scope = Trace::scope(s.options.trace, "backward unit " + std::to_string(u));
         const auto t0 = FsdpClock::now();
         for (size_t i = unit.modules.size(); i-- > 0;) {
-          // The model's first module computes no input gradient (as Sequential::backward).
-          g = &unit.modules[i]->backward(*g, GradReadyHook{}, unit.first_module + i > 0);
+          // The model's first module computes no input gradient unless asked (as
+          // Sequential::backward).
+          g = &unit.modules[i]->backward(*g, GradReadyHook{}, need_dx || unit.first_module + i > 0);
         }
         s.stats.backward += seconds(FsdpClock::now() - t0);
       }
@@ -364,6 +372,8 @@ void FullyShardedDataParallel::backward(const Tensor& dy) {
     s.settle();
     throw;
   }
+  static const Tensor kNoInputGrad;
+  return need_dx ? *g : kNoInputGrad;
 }
 
 void FullyShardedDataParallel::zero_grad() {

@@ -25,6 +25,13 @@ void need_gathered(const Parameter& weight, const Parameter& bias) {
 
 const Tensor kEmpty;  // what backward returns when no input gradient was asked for
 
+// The state of `slot`, made on first use.
+template <typename T>
+T& slot_state(std::deque<T>& slots, size_t slot) {
+  if (slot >= slots.size()) slots.resize(slot + 1);
+  return slots[slot];
+}
+
 std::string shape(const Tensor& t) { return std::to_string(t.rows()) + "x" + std::to_string(t.cols()); }
 
 // A layer computes where its input lives: `what` (its parameters, or the gradient
@@ -84,39 +91,42 @@ const Tensor& Linear::forward(const Tensor& x) {
   need_device("Linear", x.device(), weight_.device(), "'" + weight_.name + "'");
   const Device device = x.device();
   const size_t batch = x.rows();
-  input_ = &x;
-  output_.resize_on(device, batch, out);
+  Activations& a = slot_state(slots_, slot());
+  a.input = &x;
+  Tensor& output = a.output;
+  output.resize_on(device, batch, out);
   float beta = 0.0f;
   if (options_.bias) {  // y = b broadcast, then y += x Wᵀ
     const float* b = bias_.value.data();
     if (device == Device::Cuda) {
-      detail::device::set_rows(output_.data(), b, batch, out);
+      detail::device::set_rows(output.data(), b, batch, out);
     } else {
-      for (size_t r = 0; r < batch; ++r) std::memcpy(output_.row(r), b, out * sizeof(float));
+      for (size_t r = 0; r < batch; ++r) std::memcpy(output.row(r), b, out * sizeof(float));
     }
     beta = 1.0f;
   }
   if (batch != 0) {
     sgemm_on(device, Transpose::No, Transpose::Yes, batch, out, in, 1.0f, x.data(), in, weight_.value.data(), in,
-             beta, output_.data(), out);
+             beta, output.data(), out);
   }
-  return output_;
+  return output;
 }
 
 const Tensor& Linear::backward(const Tensor& dy, const GradReadyHook& hook, bool need_dx) {
   const size_t in = options_.in_features, out = options_.out_features;
-  if (input_ == nullptr) throw InvalidArgument("Linear::backward before forward");
+  const Tensor* input = slot() < slots_.size() ? slots_[slot()].input : nullptr;
+  if (input == nullptr) throw InvalidArgument("Linear::backward before forward (slot " + std::to_string(slot()) + ")");
   need_gathered(weight_, bias_);
-  const size_t batch = input_->rows();
+  const size_t batch = input->rows();
   if (dy.rows() != batch || dy.cols() != out) {
     throw InvalidArgument("Linear::backward: dy is " + shape(dy) + ", expected " + std::to_string(batch) + "x" +
                           std::to_string(out));
   }
-  const Device device = input_->device();
+  const Device device = input->device();
   need_device("Linear::backward", device, dy.device(), "dy");
   if (batch != 0) {
     // dW += dyᵀ x   (out × batch · batch × in)
-    sgemm_on(device, Transpose::Yes, Transpose::No, out, in, batch, 1.0f, dy.data(), out, input_->data(), in, 1.0f,
+    sgemm_on(device, Transpose::Yes, Transpose::No, out, in, batch, 1.0f, dy.data(), out, input->data(), in, 1.0f,
              weight_.grad.data(), in);
     // db += column sums of dy
     if (options_.bias && device == Device::Cuda) {
@@ -155,26 +165,29 @@ std::vector<Parameter*> Linear::parameters() {
 // ---------------------------------------------------------------------------
 
 const Tensor& ReLU::forward(const Tensor& x) {
-  output_.resize_on(x.device(), x.rows(), x.cols());
+  Tensor& output = slot_state(outputs_, slot());
+  output.resize_on(x.device(), x.rows(), x.cols());
   const float* __restrict in = x.data();
-  float* __restrict y = output_.data();
+  float* __restrict y = output.data();
   const size_t n = x.size();
   if (x.is_cuda()) {
     detail::device::relu_forward(in, y, n);
   } else {
     for (size_t i = 0; i < n; ++i) y[i] = detail::rules::relu(in[i]);
   }
-  return output_;
+  return output;
 }
 
 const Tensor& ReLU::backward(const Tensor& dy, const GradReadyHook&, bool need_dx) {
-  if (dy.rows() != output_.rows() || dy.cols() != output_.cols()) {
-    throw InvalidArgument("ReLU::backward: dy is " + shape(dy) + ", output was " + shape(output_));
+  if (slot() >= outputs_.size()) throw InvalidArgument("ReLU::backward before forward (slot " + std::to_string(slot()) + ")");
+  const Tensor& output = outputs_[slot()];
+  if (dy.rows() != output.rows() || dy.cols() != output.cols()) {
+    throw InvalidArgument("ReLU::backward: dy is " + shape(dy) + ", output was " + shape(output));
   }
-  need_device("ReLU::backward", output_.device(), dy.device(), "dy");
+  need_device("ReLU::backward", output.device(), dy.device(), "dy");
   if (!need_dx) return kEmpty;
   dx_.resize_on(dy.device(), dy.rows(), dy.cols());
-  const float* __restrict y = output_.data();
+  const float* __restrict y = output.data();
   const float* __restrict g = dy.data();
   float* __restrict dx = dx_.data();
   const size_t n = dy.size();
@@ -206,6 +219,11 @@ const Tensor& Sequential::backward(const Tensor& dy, const GradReadyHook& hook, 
   const Tensor* g = &dy;
   for (size_t i = modules_.size(); i-- > 0;) g = &modules_[i]->backward(*g, hook, i > 0 || need_dx);
   return need_dx ? *g : kEmpty;
+}
+
+void Sequential::select_slot(size_t slot) {
+  Module::select_slot(slot);
+  for (auto& m : modules_) m->select_slot(slot);
 }
 
 std::vector<Parameter*> Sequential::parameters() {

@@ -84,6 +84,10 @@ class DistributedDataParallel {
   // inside no_sync()). Returns when every gradient is averaged over all ranks. Each
   // such backward (not inside no_sync) counts as one step (ddp/progress.hpp).
   void backward(const Tensor& dy);
+  // As backward(dy), and returns dLoss/dInput of the model when need_dx (an empty tensor
+  // otherwise): a pipeline stage other than the first sends it to the stage before.
+  // Valid until the next backward.
+  const Tensor& backward(const Tensor& dy, bool need_dx);
 
   // While the returned guard lives, backward() only accumulates local gradients;
   // the first backward() after it reduces everything accumulated (gradient

@@ -81,6 +81,11 @@ class FullyShardedDataParallel {
   const Tensor& forward(const Tensor& x);
   // Gradients end reduced (averaged) in each unit's grad shard.
   void backward(const Tensor& dy);
+  // As backward(dy), and returns dLoss/dInput of the model when need_dx (empty otherwise;
+  // valid until the next backward): what a pipeline stage sends to the stage before.
+  // Each activation slot's backward needs that slot's forward before it (a pipeline runs
+  // several micro-batches' forwards first: Module::select_slot).
+  const Tensor& backward(const Tensor& dy, bool need_dx);
   void zero_grad();
   std::unique_ptr<ShardedOptimizer> make_optimizer(const OptimizerFactory& make);
 

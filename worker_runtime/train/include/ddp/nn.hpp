@@ -11,9 +11,17 @@
 // grad-ready hook on a parameter as soon as that parameter's gradient for this
 // backward is final, before computing the gradient of its input, so a caller (DDP)
 // can start reducing a bucket while earlier layers are still in backward.
+//
+// Activation slots: a pipeline schedule keeps several micro-batches' forwards alive
+// and runs their backwards later, in any order. select_slot(i) picks where forward()
+// records what backward() needs (the input pointer, the output) and where backward()
+// reads it, so slot i's forward and backward pair up whatever ran in other slots in
+// between. Slot 0 is the default; a slot's state is made on its first use and kept
+// (its buffers reused at a batch size seen before).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -49,6 +57,12 @@ class Module {
   // moves its parameters). Empty for modules without any.
   virtual std::vector<Parameter*> parameters() { return {}; }
 
+  // Selects the activation slot the next forward() records into and the next
+  // backward() reads (see the top of this file). Containers pass it on to their
+  // modules; a layer that keeps activations must keep them per slot().
+  virtual void select_slot(size_t slot) { slot_ = slot; }
+  size_t slot() const { return slot_; }
+
   // Sets every parameter's grad to zero.
   void zero_grad();
   // Moves every parameter (value and grad) to `device`, like torch's module.to().
@@ -58,6 +72,9 @@ class Module {
   void to(Device device);
   // Total number of trainable values.
   size_t num_parameters();
+
+ private:
+  size_t slot_ = 0;
 };
 
 struct LinearOptions {
@@ -82,11 +99,14 @@ class Linear : public Module {
   Parameter& bias() { return bias_; }  // 0 × 0 when built without bias
 
  private:
+  struct Activations {
+    const Tensor* input = nullptr;  // the x of this slot's last forward()
+    Tensor output;
+  };
   LinearOptions options_;
   Parameter weight_;
   Parameter bias_;
-  const Tensor* input_ = nullptr;  // the x of the last forward()
-  Tensor output_;
+  std::deque<Activations> slots_;  // per slot (a deque: growing it moves no output)
   Tensor dx_;
 };
 
@@ -97,7 +117,7 @@ class ReLU : public Module {
   const Tensor& backward(const Tensor& dy, const GradReadyHook& hook, bool need_dx) override;
 
  private:
-  Tensor output_;
+  std::deque<Tensor> outputs_;  // per slot
   Tensor dx_;
 };
 
@@ -117,6 +137,7 @@ class Sequential : public Module {
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, const GradReadyHook& hook, bool need_dx) override;
   std::vector<Parameter*> parameters() override;
+  void select_slot(size_t slot) override;
 
   // backward() for a whole model: no input gradient is computed.
   void backward(const Tensor& dy, const GradReadyHook& hook = {}) { backward(dy, hook, false); }

@@ -120,12 +120,26 @@ class Tensor {
 // copy). Throws InvalidArgument for an index out of range or a CUDA src.
 void gather_rows(const Tensor& src, std::span<const size_t> indices, Tensor& dst);
 
+// Where a parameter of a model-parallel layer sits in the unsplit model's parameter of
+// the same name (tensor parallelism splits a weight into equal blocks of rows or of
+// columns). Checkpoints assemble the full parameter from the blocks and cut any
+// layout's block out of it.
+struct ParameterSplit {
+  size_t full_rows = 0;  // the unsplit parameter's shape (0 × 0: this parameter's own)
+  size_t full_cols = 0;
+  int dim = -1;    // -1: whole (replicated where the layout repeats it); 0: rows split; 1: columns split
+  int parts = 1;   // blocks along dim, equal in size (full / parts)
+  int index = 0;   // the block this parameter holds
+  bool whole() const { return dim < 0; }
+};
+
 // A trainable value, its gradient (same shape) and a name unique in its model
 // ("0.weight", "2.bias", ...).
 struct Parameter {
   std::string name;
   Tensor value;
   Tensor grad;  // owning, zero-filled, until bind_grad() points it elsewhere
+  ParameterSplit split;  // whole unless a tensor-parallel layer holds a block of it
 
   Parameter() = default;
   Parameter(std::string param_name, size_t rows, size_t cols, Device device = Device::Cpu);
