@@ -21,6 +21,10 @@
 // --device cuda trains on the GPU (a build with CUDA): each worker on the GPU its
 // NCCL communicator uses (local rank, or the only visible one), the gradient buckets
 // reduced over NCCL. The data stays on the host and each batch is copied over.
+//
+// --tp N --pp M add model parallelism (parallel.hpp): the world as a mesh pp x dp x tp,
+// each rank one pipeline stage of the MLP with its Linears split over tp, --strategy over
+// dp, --microbatches K through a --schedule gpipe|1f1b pipeline. Host only for now.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
 
@@ -29,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +47,7 @@
 #include "ddp/sampler.hpp"          // DistributedSampler
 #include "ddp/trace.hpp"            // --trace timeline
 #include "dataset.hpp"              // fashion_mnist::load_bytes: the IDX files
+#include "parallel.hpp"             // ModelParallel: --tp, --pp
 #include "resume.hpp"               // resume_from_checkpoint: this run's own checkpoint, or --resume
 #include "strategy.hpp"             // Strategy: ddp, zero1, fsdp
 
@@ -79,6 +85,7 @@ struct Args {
   double first_bucket_kib = 1024;
   double bucket_cap_kib = 25 * 1024;
   std::string device = "cpu";
+  fashion_mnist::ParallelOptions parallel;  // --tp, --pp, --microbatches, --schedule
 };
 
 // ---------------------------------------------------------------------------
@@ -129,37 +136,49 @@ double median(std::vector<double> v) {
 }
 
 // What the epoch and RESULT lines report after the timings: the share of communication
-// compute hid, the peak RSS (the largest rank's) and the bytes this rank's strategy holds.
+// compute hid, the peak RSS (the largest rank's), the bytes this rank's strategy holds,
+// then the layout (tp pp dp microbatches schedule), the pipeline's idle share and the
+// largest rank's parameter + gradient + optimizer bytes.
 struct Footprint {
   double comm_hidden = 1;
-  double rss_peak_mib = 0;
+  double largest[2] = {0, 0};  // rss_peak_mib, param_bytes: the largest rank's
   ddp::MemoryStats memory;
-  std::string fields(const std::string& strategy, const std::string& grad_dtype) const {
-    char line[512];
+  double pipe_idle = 0;
+  std::string fields(const Args& a, int dp) const {
+    char line[768];
+    const fashion_mnist::ParallelOptions& p = a.parallel;
     std::snprintf(line, sizeof line,
                   "comm_hidden %.2f rss_peak_mib %.1f param_mib %.2f grad_mib %.2f optim_mib %.2f transient_mib %.2f "
-                  "strategy %s grad_dtype %s",
-                  comm_hidden, rss_peak_mib, mib(memory.params), mib(memory.grads), mib(memory.optimizer),
-                  mib(memory.transient_peak), strategy.c_str(), grad_dtype.c_str());
+                  "strategy %s grad_dtype %s tp %d pp %d dp %d microbatches %d schedule %s pipe_idle %.3f "
+                  "param_bytes %.0f",
+                  comm_hidden, largest[0], mib(memory.params), mib(memory.grads), mib(memory.optimizer),
+                  mib(memory.transient_peak), a.strategy.c_str(), a.grad_dtype.c_str(), p.tp, p.pp, dp, p.micro(),
+                  p.schedule_name().c_str(), pipe_idle, largest[1]);
     return line;
   }
 };
 
-// Collective (one all-reduce: the RSS is the largest rank's).
-Footprint footprint(fashion_mnist::Strategy& strategy, ddp::ProcessGroup& pg, double comm_hidden) {
-  Footprint f{.comm_hidden = comm_hidden, .rss_peak_mib = rss_peak_mib(), .memory = strategy.memory()};
-  pg.all_reduce(ddp::view(std::span<double>(&f.rss_peak_mib, 1)), ddp::ReduceOp::Max);
+// Collective (one all-reduce: the RSS and the held bytes are the largest rank's).
+Footprint footprint(fashion_mnist::Strategy& strategy, ddp::ProcessGroup& pg, double comm_hidden, double pipe_idle) {
+  Footprint f{.comm_hidden = comm_hidden, .memory = strategy.memory(), .pipe_idle = pipe_idle};
+  f.largest[0] = rss_peak_mib();
+  f.largest[1] = static_cast<double>(f.memory.held());
+  pg.all_reduce(ddp::view(std::span<double>(f.largest, 2)), ddp::ReduceOp::Max);
   return f;
 }
 
-// Test-set accuracy and loss, each rank on its share, summed over ranks. Every rank
-// runs the same number of forwards (FSDP's forward is collective): a rank whose share
-// ran out repeats its last chunk and does not count it.
-std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const fashion_mnist::ByteImageDataset& test,
-                                   ddp::ProcessGroup& pg, ddp::Device device) {
-  const size_t world = static_cast<size_t>(pg.size());
+// The logits of a test batch where this rank has them (nullptr elsewhere).
+using EvalForward = std::function<const ddp::Tensor*(const ddp::Tensor& x)>;
+
+// Test-set accuracy and loss, each data replica on its share, summed over the ranks that
+// report. Every rank runs the same number of forwards (FSDP's forward is collective): a
+// rank whose share ran out repeats its last chunk and does not count it.
+std::pair<double, double> evaluate(const EvalForward& forward, const fashion_mnist::DataShare& share,
+                                   const fashion_mnist::ByteImageDataset& test, ddp::ProcessGroup& pg,
+                                   ddp::Device device) {
+  const size_t world = share.replicas;
   std::vector<size_t> mine;
-  for (size_t i = static_cast<size_t>(pg.rank()); i < test.size(); i += world) mine.push_back(i);
+  for (size_t i = share.replica; i < test.size(); i += world) mine.push_back(i);
   ddp::Tensor x(0, 0, device), dlogits(0, 0, device);
   std::vector<int32_t> y;
   double sums[3] = {0, 0, 0};  // correct, loss * n, n
@@ -174,10 +193,10 @@ std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const fash
     fashion_mnist::gather_rows(test, idx, kPixelValues, x);
     y.resize(n);
     for (size_t i = 0; i < n; ++i) y[i] = test.labels[idx[i]];
-    const auto& logits = strategy.forward(x);
-    if (!counted) continue;
-    sums[0] += static_cast<double>(ddp::count_correct(logits, y));
-    sums[1] += static_cast<double>(ddp::softmax_cross_entropy(logits, y, dlogits)) * static_cast<double>(n);
+    const ddp::Tensor* logits = forward(x);
+    if (!counted || !share.reports) continue;
+    sums[0] += static_cast<double>(ddp::count_correct(*logits, y));
+    sums[1] += static_cast<double>(ddp::softmax_cross_entropy(*logits, y, dlogits)) * static_cast<double>(n);
     sums[2] += static_cast<double>(n);
   }
   pg.all_reduce(ddp::view(std::span<double>(sums, 3)), ddp::ReduceOp::Sum);
@@ -190,6 +209,9 @@ std::pair<double, double> evaluate(fashion_mnist::Strategy& strategy, const fash
 
 int train(const Args& a) {
   const ddp::Device device = a.device == "cuda" ? ddp::Device::Cuda : ddp::Device::Cpu;
+  const ddp::MlpOptions mlp{.sizes = parse_hidden(a.hidden), .seed = a.seed};
+  fashion_mnist::check_parallel_flags(
+      a.parallel, {.sizes = mlp.sizes, .accumulate = a.accumulate, .device = a.device, .hidden = a.hidden});
   if (std::string why; device == ddp::Device::Cuda && !ddp::cuda_device_available(&why)) {
     throw ddp::InvalidArgument("--device cuda: " + why);
   }
@@ -198,6 +220,7 @@ int train(const Args& a) {
   auto pg = ddp::init();
   const int rank = pg->rank(), world = pg->size();
   const bool lead = rank == 0;
+  const int dp = fashion_mnist::data_parallel_size(a.parallel, world);  // the world without --tp/--pp
   if (device == ddp::Device::Cuda) {
     // Gradients go through NCCL; the metrics (loss sums, accuracy) are host numbers.
     const std::string backend = pg->backend();
@@ -218,10 +241,14 @@ int train(const Args& a) {
 
   // Model (the strategy copies rank 0's values everywhere), resumed values, strategy,
   // then the optimizer's resumed state (the strategy built the optimizer); schedule.
-  auto model = ddp::make_mlp({.sizes = parse_hidden(a.hidden), .seed = a.seed});
-  model->to(device);  // before the optimizer and DDP, as with torch
+  // (With --tp/--pp each rank builds only its stage, in ModelParallel.)
+  std::unique_ptr<ddp::Sequential> model;
+  if (!a.parallel.enabled()) {
+    model = ddp::make_mlp(mlp);
+    model->to(device);  // before the optimizer and DDP, as with torch
+  }
   std::unique_ptr<ddp::Trace> trace = a.trace.empty() ? nullptr : std::make_unique<ddp::Trace>(rank);
-  const double peak_lr = ddp::scaled_lr(a.lr, world);  // linear scaling rule
+  const double peak_lr = ddp::scaled_lr(a.lr, dp);  // linear scaling rule, over the data replicas
   ddp::OptimizerFactory make_optimizer;
   if (a.optimizer == "adamw") {
     make_optimizer = [&](std::vector<ddp::Parameter*> params) -> std::unique_ptr<ddp::Optimizer> {
@@ -253,17 +280,36 @@ int train(const Args& a) {
   const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
   const fashion_mnist::ResumeOptions resume_options{
       .checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id, .restart_count = env.restart_count};
-  std::optional<fashion_mnist::Resumed> resumed = fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model);
-  const std::unique_ptr<fashion_mnist::Strategy> strategy = fashion_mnist::make_strategy(sopts, *model, pg, make_optimizer);
+  std::optional<fashion_mnist::Resumed> resumed;
+  std::unique_ptr<fashion_mnist::Strategy> strategy;
+  fashion_mnist::ModelParallel* mp = nullptr;  // with --tp/--pp: the strategy, seen as model parallel
+  if (a.parallel.enabled()) {
+    resumed = fashion_mnist::resume_from_checkpoint(resume_options, *pg);
+    auto m = std::make_unique<fashion_mnist::ModelParallel>(a.parallel, mlp, pg, sopts, make_optimizer,
+                                                            resumed ? &*resumed : nullptr, a.checkpoint);
+    mp = m.get();
+    strategy = std::move(m);
+  } else {
+    resumed = fashion_mnist::resume_from_checkpoint(resume_options, *pg, *model);
+    strategy = fashion_mnist::make_strategy(sopts, *model, pg, make_optimizer);
+  }
   ddp::Optimizer& opt = strategy->optimizer();
   if (resumed) {
-    ddp::load_optimizer_state(resumed->bytes, a.checkpoint, opt);
+    if (!mp) ddp::load_optimizer_state(resumed->bytes, a.checkpoint, opt);
     std::string().swap(resumed->bytes);  // the whole checkpoint (~120 MB for --wide): not needed past here
   }
+  // Every rank of one pipeline and tp group sees the same batches: the data is split
+  // over the dp replicas only, and each one's metrics are counted once.
+  const fashion_mnist::DataShare share =
+      mp ? mp->share() : fashion_mnist::DataShare{static_cast<size_t>(world), static_cast<size_t>(rank), true};
+  const bool pipelined = mp != nullptr && mp->pipelined();
+  const EvalForward eval_forward = [&](const ddp::Tensor& x) -> const ddp::Tensor* {
+    return mp ? mp->eval_forward(x) : &strategy->forward(x);
+  };
   const int first_epoch = resumed ? static_cast<int>(resumed->info.epoch) : 0;
 
-  ddp::DistributedSampler sampler(train_set.size(), {.num_replicas = static_cast<size_t>(world),
-                                                     .rank = static_cast<size_t>(rank),
+  ddp::DistributedSampler sampler(train_set.size(), {.num_replicas = share.replicas,
+                                                     .rank = share.replica,
                                                      .shuffle = a.shuffle,
                                                      .seed = a.seed});
   const size_t micro = static_cast<size_t>(a.batch);
@@ -283,6 +329,10 @@ int train(const Args& a) {
                 world, pg->backend().c_str(), ddp::device_name(device), train_set.size(), test_set.size(), a.batch,
                 a.optimizer.c_str(), peak_lr, env.restart_count);
     std::printf("strategy %s, grad_dtype %s, hidden %s\n", a.strategy.c_str(), a.grad_dtype.c_str(), a.hidden.c_str());
+    if (mp) {
+      std::printf("model parallel: %s; microbatches %d, schedule %s\n", mp->describe().c_str(), a.parallel.micro(),
+                  a.parallel.schedule_name().c_str());
+    }
     if (resumed) {
       std::printf("resumed from %s at epoch %d, step %lld of %lld (world %d)\n", a.checkpoint.c_str(), first_epoch + 1,
                   static_cast<long long>(step), static_cast<long long>(steps_per_epoch * a.epochs), world);
@@ -307,8 +357,15 @@ int train(const Args& a) {
     for (size_t begin = 0; begin < order.size(); begin += per_step) {
       const auto t_step = Clock::now();
       const size_t end = std::min(order.size(), begin + per_step);
-      const size_t k_micro = (end - begin + micro - 1) / micro;
+      // Accumulated micro-batches (none here for a pipeline, which splits the step itself).
+      const size_t k_micro = pipelined ? 0 : (end - begin + micro - 1) / micro;
       opt.set_lr(static_cast<float>(schedule.lr_at(step)));
+      if (pipelined) {
+        const fashion_mnist::StepLoss l = mp->pipeline_step(train_set, {order.data() + begin, end - begin}, kPixelValues);
+        loss_sum += l.loss_sum;
+        seen += l.rows;
+        comm += strategy->last_comm().wait;
+      }
       for (size_t m = 0; m < k_micro; ++m) {
         const size_t mb = begin + m * micro, me = std::min(end, mb + micro);
         std::span<const size_t> idx(order.data() + mb, me - mb);
@@ -328,6 +385,7 @@ int train(const Args& a) {
           strategy->backward(dlogits, /*sync=*/m + 1 == k_micro);
         }
         comm += strategy->last_comm().wait;
+        if (!share.reports) continue;
         loss_sum += static_cast<double>(loss) * static_cast<double>(idx.size());
         seen += static_cast<double>(idx.size());
       }
@@ -351,18 +409,19 @@ int train(const Args& a) {
     hidden_sum += epoch_hidden;
     hidden_steps += epoch_steps;
     double test_loss = 0;
-    if (a.eval) std::tie(acc, test_loss) = evaluate(*strategy, test_set, *pg, device);
+    if (a.eval) std::tie(acc, test_loss) = evaluate(eval_forward, share, test_set, *pg, device);
     // Saved before the epoch is reported: a job that re-forms after the line was
     // printed resumes after that epoch.
     if (!a.checkpoint.empty()) strategy->save_checkpoint(a.checkpoint, {.epoch = epoch + 1, .step = step, .run_id = env.run_id});
-    const Footprint f = footprint(*strategy, *pg, epoch_steps > 0 ? epoch_hidden / epoch_steps : 1.0);
+    const Footprint f =
+        footprint(*strategy, *pg, epoch_steps > 0 ? epoch_hidden / epoch_steps : 1.0, mp ? mp->pipe_idle(false) : 0.0);
     if (lead) {
       // The epoch's training time split: waiting for communication that backward did
       // not hide, and everything else (forward, backward, optimizer, batching); then
       // what the strategy holds.
       std::printf("epoch %d loss %.4f test_acc %.4f samples_per_s %.0f time_s %.2f comm_s %.3f compute_s %.3f step_ms_median %.3f %s\n",
                   epoch + 1, sums[0] / sums[1], acc, sums[1] / dt, dt, comm, dt - comm, median(step_times) * 1e3,
-                  f.fields(a.strategy, a.grad_dtype).c_str());
+                  f.fields(a, dp).c_str());
       std::fflush(stdout);
     }
     if (!a.checkpoint.empty()) pg->barrier();  // nobody reads a half-written file next
@@ -374,17 +433,18 @@ int train(const Args& a) {
   }
   // A run resumed with no epoch left (a job that re-formed after its last checkpoint)
   // reports the accuracy of the model it resumed, not the zero of an epoch never run.
-  if (a.eval && first_epoch >= a.epochs) acc = evaluate(*strategy, test_set, *pg, device).first;
+  if (a.eval && first_epoch >= a.epochs) acc = evaluate(eval_forward, share, test_set, *pg, device).first;
   // The job's pace is its slowest rank's: with the all-reduce every rank waits for
   // it each step, without it the others only run ahead. So the step time reported
   // is the largest of the ranks' median step times.
   double step_median = median(step_times);
   pg->all_reduce(ddp::view(std::span<double>(&step_median, 1)), ddp::ReduceOp::Max);
-  const Footprint f = footprint(*strategy, *pg, hidden_steps > 0 ? hidden_sum / hidden_steps : 1.0);
+  const Footprint f =
+      footprint(*strategy, *pg, hidden_steps > 0 ? hidden_sum / hidden_steps : 1.0, mp ? mp->pipe_idle(true) : 0.0);
   if (lead) {
     std::printf("RESULT world %d test_acc %.4f samples_per_s %.0f step_ms_median %.3f %s\n", world, acc,
                 total_time > 0 ? total_samples / total_time : 0.0, step_median * 1e3,
-                f.fields(a.strategy, a.grad_dtype).c_str());
+                f.fields(a, dp).c_str());
   }
   std::printf("rank %d params_hash %016llx\n", rank, static_cast<unsigned long long>(strategy->params_hash()));
   if (!a.save_params.empty()) strategy->write_params(a.save_params);
@@ -442,6 +502,14 @@ int main(int argc, char** argv) {
   app.add_option("--first-bucket-kib", a.first_bucket_kib)->check(CLI::PositiveNumber);
   app.add_option("--bucket-cap-kib", a.bucket_cap_kib)->check(CLI::PositiveNumber);
   app.add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--tp", a.parallel.tp, "tensor-parallel ranks: each Linear split over them (within a host)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--pp", a.parallel.pp, "pipeline stages: consecutive layers on different ranks")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--microbatches", a.parallel.microbatches, "micro-batches per step through the pipeline (default 4)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--schedule", a.parallel.schedule, "pipeline schedule: gpipe (default) or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
   try {
     app.parse(argc, argv);
     if (a.wide) a.hidden = "2048,2048,2048";

@@ -60,6 +60,12 @@ bool own_checkpoint(const ResumeOptions& options, const std::string& written_by)
 
 std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
                                               ddp::Module& model) {
+  std::optional<Resumed> r = resume_from_checkpoint(options, pg);
+  if (r) ddp::load_checkpoint_bytes(r->bytes, options.checkpoint, model, nullptr);
+  return r;
+}
+
+std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg) {
   if (options.checkpoint.empty()) return std::nullopt;  // the same on every rank: no collective needed
   // Rank 0 wrote the checkpoint, so rank 0 reads it and sends its bytes to every
   // rank: all of them resume alike even where the path exists on rank 0's node only.
@@ -71,7 +77,7 @@ std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp:
   if (head[0] == kUnreadable) throw ddp::Error("--resume: " + d.bytes);
   if (head[0] != kFile) return std::nullopt;
   Resumed r;
-  r.info = ddp::load_checkpoint_bytes(d.bytes, options.checkpoint, model, nullptr);
+  r.info = ddp::checkpoint_info(d.bytes, options.checkpoint);
   r.bytes = std::move(d.bytes);
   return r;
 }

@@ -51,4 +51,8 @@ struct Resumed {
 std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg,
                                               ddp::Module& model);
 
+// The same decision without a model: every rank gets the checkpoint's info and bytes
+// and loads them itself (a model-parallel rank cuts its blocks out of them).
+std::optional<Resumed> resume_from_checkpoint(const ResumeOptions& options, ddp::ProcessGroup& pg);
+
 }  // namespace fashion_mnist

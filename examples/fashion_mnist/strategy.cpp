@@ -3,7 +3,9 @@
 // rank 0 (consolidate_state, summon_full_params), which writes it as DDP would.
 #include "strategy.hpp"
 
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -13,7 +15,6 @@
 #include "ddp/zero_redundancy_optimizer.hpp"
 
 namespace fashion_mnist {
-namespace {
 
 // FNV-1a of every parameter's bytes: equal on every rank when they are identical.
 uint64_t hash_parameters(ddp::Module& m) {
@@ -33,6 +34,42 @@ void write_parameters(ddp::Module& m, const std::string& path) {
     f.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(host.size() * sizeof(float)));
   }
   if (!f) throw ddp::Error("cannot write " + path);
+}
+
+namespace {
+
+// The full checkpoint, written by rank 0 of the strategy's group.
+void save_full(Strategy& s, const std::string& path, const ddp::CheckpointInfo& info) {
+  s.with_full_state([&](ddp::Module& m, const ddp::Optimizer& opt, bool root) {
+    if (root) ddp::save_checkpoint(path, m, &opt, info);
+  });
+}
+
+double squares(const float* g, size_t n) {
+  double sq = 0;
+  for (size_t i = 0; i < n; ++i) sq += static_cast<double>(g[i]) * g[i];
+  return sq;
+}
+
+// A sharded optimizer's part of the squared norm: this rank's slice of each group, the
+// elements of counted parameters only (padding is zero).
+double shard_squares(const ddp::ShardedOptimizer& opt, int rank,
+                     const std::function<bool(const ddp::Parameter&)>& counted) {
+  double sq = 0;
+  for (size_t g = 0; g < opt.groups().size(); ++g) {
+    const ddp::FlatGroup& group = opt.groups()[g];
+    const float* grad = opt.params()[g]->grad.data();
+    const size_t lo = static_cast<size_t>(rank) * group.shard(), hi = lo + group.shard();
+    for (const ddp::ShardSlot& s : group.slots) {
+      const size_t b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.param->numel());
+      if (b < e && counted(*s.param)) sq += squares(grad + (b - lo), e - b);
+    }
+  }
+  return sq;
+}
+
+void scale_shards(ddp::ShardedOptimizer& opt, float factor) {
+  for (ddp::Parameter* p : opt.params()) p->grad.scale(factor);
 }
 
 ddp::DdpOptions ddp_options(const StrategyOptions& o, ddp::GradReduce reduce) {
@@ -62,13 +99,10 @@ class DdpStrategy : public Strategy {
   }
 
   const ddp::Tensor& forward(const ddp::Tensor& x) override { return ddp_.forward(x); }
-  void backward(const ddp::Tensor& dy, bool sync) override {
-    if (sync) {
-      ddp_.backward(dy);
-      return;
-    }
+  const ddp::Tensor& backward(const ddp::Tensor& dy, bool sync, bool need_dx) override {
+    if (sync) return ddp_.backward(dy, need_dx);
     auto guard = ddp_.no_sync();
-    ddp_.backward(dy);
+    return ddp_.backward(dy, need_dx);
   }
   CommStats last_comm() const override {
     const ddp::BackwardStats& s = ddp_.last_backward();
@@ -80,9 +114,22 @@ class DdpStrategy : public Strategy {
     ddp_.zero_grad();
   }
   float clip_grad_norm(float max_norm) override { return ddp_.clip_grad_norm(max_norm); }
-  void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override {
-    if (ddp_.process_group().rank() == 0) ddp::save_checkpoint(path, ddp_.module(), opt_, info);
+  // Every rank holds the same reduced gradients: rank 0 counts them.
+  double grad_squares(const std::function<bool(const ddp::Parameter&)>& counted) override {
+    if (ddp_.process_group().rank() != 0) return 0;
+    double sq = 0;
+    for (const ddp::Parameter* p : ddp_.parameters()) {
+      if (counted(*p)) sq += squares(p->grad.data(), p->grad.size());
+    }
+    return sq;
   }
+  void scale_grads(float factor) override {
+    for (ddp::Parameter* p : ddp_.parameters()) p->grad.scale(factor);
+  }
+  void with_full_state(const FullStateUse& use) override {
+    use(ddp_.module(), *opt_, ddp_.process_group().rank() == 0);
+  }
+  void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override { save_full(*this, path, info); }
   uint64_t params_hash() override { return hash_parameters(ddp_.module()); }
   void write_params(const std::string& path) override {
     if (ddp_.process_group().rank() == 0) write_parameters(ddp_.module(), path);
@@ -108,9 +155,16 @@ class Zero1Strategy : public DdpStrategy {
     opt_ = &zero_;
   }
   float clip_grad_norm(float max_norm) override { return zero_.clip_grad_norm(max_norm); }
-  void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override {
+  double grad_squares(const std::function<bool(const ddp::Parameter&)>& counted) override {
+    // The shards take this backward's reduced gradients when the optimizer refreshes
+    // them (once per backward); a clip that cannot clip does that.
+    zero_.clip_grad_norm(std::numeric_limits<float>::infinity());
+    return shard_squares(zero_, ddp_.process_group().rank(), counted);
+  }
+  void scale_grads(float factor) override { scale_shards(zero_, factor); }
+  void with_full_state(const FullStateUse& use) override {
     zero_.consolidate_state(0);
-    DdpStrategy::save_checkpoint(path, info);
+    DdpStrategy::with_full_state(use);
   }
   ddp::MemoryStats memory() const override {
     ddp::MemoryStats m = zero_.memory();
@@ -132,7 +186,9 @@ class FsdpStrategy : public Strategy {
 
   const ddp::Tensor& forward(const ddp::Tensor& x) override { return fsdp_.forward(x); }
   // Every micro-batch is reduce-scattered into the grad shards (they accumulate there).
-  void backward(const ddp::Tensor& dy, bool /*sync*/) override { fsdp_.backward(dy); }
+  const ddp::Tensor& backward(const ddp::Tensor& dy, bool /*sync*/, bool need_dx) override {
+    return fsdp_.backward(dy, need_dx);
+  }
   CommStats last_comm() const override {
     const ddp::FsdpStepStats& s = fsdp_.last_step();
     return {s.comm_wait, s.comm_busy, s.hidden()};
@@ -143,11 +199,16 @@ class FsdpStrategy : public Strategy {
     fsdp_.zero_grad();
   }
   float clip_grad_norm(float max_norm) override { return opt_->clip_grad_norm(max_norm); }
-  void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override {
+  double grad_squares(const std::function<bool(const ddp::Parameter&)>& counted) override {
+    return shard_squares(*opt_, rank_, counted);
+  }
+  void scale_grads(float factor) override { scale_shards(*opt_, factor); }
+  void with_full_state(const FullStateUse& use) override {
     auto full = fsdp_.summon_full_params(0);
     opt_->consolidate_state(0);
-    if (rank_ == 0) ddp::save_checkpoint(path, fsdp_.module(), opt_.get(), info);
+    use(fsdp_.module(), *opt_, rank_ == 0);
   }
+  void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override { save_full(*this, path, info); }
   uint64_t params_hash() override {
     auto full = fsdp_.summon_full_params(std::nullopt);
     return hash_parameters(fsdp_.module());

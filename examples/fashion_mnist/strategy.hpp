@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -42,8 +43,11 @@ class Strategy {
   virtual ~Strategy() = default;
   virtual const ddp::Tensor& forward(const ddp::Tensor& x) = 0;
   // sync false: only accumulate local gradients (a micro-batch before the step's last).
-  // FSDP reduces every micro-batch (its gradients live in shards).
-  virtual void backward(const ddp::Tensor& dy, bool sync) = 0;
+  // FSDP reduces every micro-batch (its gradients live in shards). need_dx: returns
+  // dLoss/dInput of the model (a pipeline stage after the first sends it back); an empty
+  // tensor otherwise.
+  virtual const ddp::Tensor& backward(const ddp::Tensor& dy, bool sync, bool need_dx) = 0;
+  void backward(const ddp::Tensor& dy, bool sync) { backward(dy, sync, false); }
   virtual CommStats last_comm() const = 0;
   // The optimizer that steps this rank's part (the full model's for DDP).
   virtual ddp::Optimizer& optimizer() = 0;
@@ -51,6 +55,19 @@ class Strategy {
   virtual void step() = 0;
   // Clips the global gradient norm (after backward); returns the norm before clipping.
   virtual float clip_grad_norm(float max_norm) = 0;
+  // For a norm over more than this strategy's group (model parallelism): collective over
+  // the group, the sum of the squared reduced gradients of the parameters `counted`
+  // keeps, this rank's part of it: summed over the group it is the whole (rank 0 alone
+  // where every rank holds the same gradients, each rank its shard where they are
+  // sharded). Then scale_grads multiplies what this rank holds by `factor`.
+  virtual double grad_squares(const std::function<bool(const ddp::Parameter&)>& counted) = 0;
+  virtual void scale_grads(float factor) = 0;
+  // Collective over the group: calls `use` on every rank with the module and the
+  // optimizer; where `root` (rank 0 of the group) the module holds the full values and
+  // the optimizer's save_state writes the whole per-parameter state (sharded state
+  // gathered first). Elsewhere the values may be released and the state partial.
+  using FullStateUse = std::function<void(ddp::Module& module, const ddp::Optimizer& optimizer, bool root)>;
+  virtual void with_full_state(const FullStateUse& use) = 0;
   // Collective: rank 0 writes the full checkpoint (the same v2 file for every strategy).
   virtual void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) = 0;
   // Collective: FNV-1a of every full parameter's bytes, on every rank.
@@ -60,6 +77,11 @@ class Strategy {
   // Bytes this rank holds (the runtime's accounting, optimizer state included).
   virtual ddp::MemoryStats memory() const = 0;
 };
+
+// FNV-1a of every parameter's bytes, in order (host copies of device values).
+uint64_t hash_parameters(ddp::Module& m);
+// Writes every parameter's values, in order, as raw float32. Throws ddp::Error naming path.
+void write_parameters(ddp::Module& m, const std::string& path);
 
 // Collective (every rank of pg, same options). `model` is already loaded (a resumed
 // checkpoint's values go in before wrapping); `make` builds the optimizer over the

@@ -41,4 +41,21 @@ inline ChecksRun run_checks_program(const std::string& program, int nproc, std::
   return c;
 }
 
+// Checks every "... max_rel_diff X" line of each rank against `bound` and that each rank
+// printed `expected` of them (a figure the program stopped printing is a failure too).
+inline void check_rel_diffs(const ChecksRun& c, double bound, int expected) {
+  const std::regex diff(R"(.*max_rel_diff ([0-9.e+-]+|inf|nan).*)");
+  for (auto& [rank, lines] : c.ranks) {
+    int compared = 0;
+    std::smatch m;
+    for (auto& l : lines) {
+      if (!std::regex_match(l, m, diff)) continue;
+      ++compared;
+      INFO("rank " << rank << ": " << l);
+      CHECK(std::stod(m[1]) <= bound);
+    }
+    CHECK(compared == expected);
+  }
+}
+
 }  // namespace e2e

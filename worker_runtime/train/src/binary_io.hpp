@@ -7,6 +7,7 @@
 #include <ostream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "ddp/tensor.hpp"
 #include "ddp/types.hpp"
@@ -65,6 +66,28 @@ inline Tensor get_tensor(std::istream& in, size_t rows, size_t cols, const std::
     throw Error(what + ": stored shape " + std::to_string(r) + "x" + std::to_string(c) + ", expected " +
                 std::to_string(rows) + "x" + std::to_string(cols));
   }
+  Tensor t(rows, cols);
+  if (t.size() != 0 && !in.read(reinterpret_cast<char*>(t.data()), static_cast<std::streamsize>(t.size() * sizeof(float)))) {
+    throw Error("truncated data reading " + what);
+  }
+  return t;
+}
+
+// The shape put_tensor wrote, whatever it is, as long as its values take at most
+// `limit` bytes (the rest of the stream, say); ddp::Error otherwise.
+inline std::pair<uint64_t, uint64_t> get_any_shape(std::istream& in, uint64_t limit, const std::string& what) {
+  const auto rows = get<uint64_t>(in, what.c_str());
+  const auto cols = get<uint64_t>(in, what.c_str());
+  if ((cols != 0 && rows > limit / cols) || rows * cols > limit / sizeof(float)) {
+    throw Error(what + ": implausible shape");
+  }
+  return {rows, cols};
+}
+
+// Reads a tensor written by put_tensor whatever its shape (values of at most `limit`
+// bytes), into host memory.
+inline Tensor get_any_tensor(std::istream& in, uint64_t limit, const std::string& what) {
+  const auto [rows, cols] = get_any_shape(in, limit, what);
   Tensor t(rows, cols);
   if (t.size() != 0 && !in.read(reinterpret_cast<char*>(t.data()), static_cast<std::streamsize>(t.size() * sizeof(float)))) {
     throw Error("truncated data reading " + what);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "binary_io.hpp"
+#include "checkpoint_format.hpp"
 #include "ddp/types.hpp"
 #include "temp_file.hpp"
 
@@ -118,72 +119,17 @@ std::string read_file(const std::string& path) {
   return bytes;
 }
 
-// A checkpoint's payload, read and validated: the parameter values (when read against
-// a model) and the optimizer's state bytes, not yet applied to anything.
-struct Parsed {
-  CheckpointInfo info;
-  std::vector<Tensor> values;  // empty when read without a model
-  bool has_optimizer = false;
-  std::string state;           // Optimizer::save_state bytes
-};
-
-// Skips a tensor written by binary_io::put_tensor whatever its shape (no model to
-// check it against), without reading past the payload.
-void skip_tensor(std::istream& in, size_t payload, const std::string& what) {
-  const auto rows = get<uint64_t>(in, what.c_str());
-  const auto cols = get<uint64_t>(in, what.c_str());
-  if (cols != 0 && rows > payload / cols) throw Error(what + ": implausible shape");
-  const uint64_t bytes = rows * cols * sizeof(float);
-  if (bytes > payload) throw Error(what + ": implausible shape");
-  if (!in.seekg(static_cast<std::streamoff>(bytes), std::ios::cur) || in.tellg() < 0 ||
+// Reads (or, without `out`, skips) a tensor written by binary_io::put_tensor whatever
+// its shape (no model to check it against), without reading past the payload.
+void stored_tensor(std::istream& in, size_t payload, const std::string& what, Tensor* out) {
+  if (out != nullptr) {
+    *out = binary_io::get_any_tensor(in, payload, what);
+    return;
+  }
+  const auto [rows, cols] = binary_io::get_any_shape(in, payload, what);
+  if (!in.seekg(static_cast<std::streamoff>(rows * cols * sizeof(float)), std::ios::cur) || in.tellg() < 0 ||
       static_cast<uint64_t>(in.tellg()) > payload) {
     throw Error("truncated data reading " + what);
-  }
-}
-
-// Validates a checkpoint's bytes (header, CRC-32, structure) and reads its payload.
-// With `params`, the parameter names and shapes must match them and their values are
-// read; without, the parameter section is only walked over. Throws Error naming path.
-Parsed parse(const std::string& bytes, const std::string& path, const std::vector<Parameter*>* params) {
-  uint32_t version = 0;
-  std::string body = checked_payload(bytes, path, version);
-  const size_t have = body.size();
-  try {
-    std::istringstream in(std::move(body), std::ios::binary);
-    Parsed out;
-    out.info = get_info(in, version);
-    const auto count = get<uint64_t>(in, "parameter count");
-    if (params != nullptr && count != params->size()) {
-      throw Error("checkpoint has " + std::to_string(count) + " parameters, the model has " +
-                  std::to_string(params->size()));
-    }
-    if (count > have) throw Error("implausible parameter count " + std::to_string(count));
-    if (params != nullptr) out.values.reserve(params->size());
-    for (size_t i = 0; i < count; ++i) {
-      const std::string name = binary_io::get_string(in, "parameter name");
-      if (params == nullptr) {
-        skip_tensor(in, have, "parameter " + name);
-        continue;
-      }
-      const Parameter* p = (*params)[i];
-      if (name != p->name) throw Error("checkpoint parameter '" + name + "' where the model has '" + p->name + "'");
-      out.values.push_back(binary_io::get_tensor(in, p->value.rows(), p->value.cols(), "parameter " + name));
-    }
-    const auto has_optimizer = get<uint8_t>(in, "optimizer flag");
-    if (has_optimizer > 1) throw Error(std::string("bad optimizer flag"));
-    out.has_optimizer = has_optimizer == 1;
-    if (out.has_optimizer) {
-      const auto state_size = get<uint64_t>(in, "optimizer state size");
-      if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
-      out.state.resize(state_size);
-      if (state_size != 0 && !in.read(out.state.data(), static_cast<std::streamsize>(state_size))) {
-        throw Error(std::string("truncated data reading optimizer state"));
-      }
-    }
-    if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
-    return out;
-  } catch (const Error& e) {
-    throw Error(path + ": " + e.what());
   }
 }
 
@@ -191,7 +137,7 @@ Parsed parse(const std::string& bytes, const std::string& path, const std::vecto
 // the state as it was when what it reads is wrong, but only the end of the stream shows
 // trailing bytes: a copy of the current state (state() deep-copied; save_state would not
 // do for a sharded optimizer, which writes only after consolidating) is put back then.
-void apply_optimizer_state(const Parsed& parsed, Optimizer& optimizer) {
+void apply_optimizer_state(const checkpoint_format::Contents& parsed, Optimizer& optimizer) {
   if (!parsed.has_optimizer) throw Error(std::string("checkpoint holds no optimizer state"));
   const OptimizerState live = optimizer.state();  // views of the optimizer's buffers
   const OptimizerState before = live;             // Tensor's copy is deep
@@ -205,7 +151,10 @@ void apply_optimizer_state(const Parsed& parsed, Optimizer& optimizer) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info) {
+namespace checkpoint_format {
+
+void write(const std::string& path, const CheckpointInfo& info, const std::vector<NamedTensor>& params,
+           const std::string* optimizer_state) {
   if (info.run_id.size() > kMaxRunId) {
     throw InvalidArgument(path + ": run id of " + std::to_string(info.run_id.size()) + " bytes, at most " +
                           std::to_string(kMaxRunId) + " fit a checkpoint");
@@ -215,19 +164,15 @@ void save_checkpoint(const std::string& path, Module& model, const Optimizer* op
   put<int64_t>(payload, info.epoch);
   put<int64_t>(payload, info.step);
   binary_io::put_string(payload, info.run_id);
-  const std::vector<Parameter*> params = model.parameters();
   put<uint64_t>(payload, params.size());
-  for (const Parameter* p : params) {
-    binary_io::put_string(payload, p->name);
-    binary_io::put_tensor(payload, p->value);
+  for (const NamedTensor& p : params) {
+    binary_io::put_string(payload, *p.name);
+    binary_io::put_tensor(payload, *p.value);
   }
-  put<uint8_t>(payload, optimizer != nullptr ? 1 : 0);
-  if (optimizer != nullptr) {
-    std::ostringstream state(std::ios::binary);
-    optimizer->save_state(state);
-    const std::string s = state.str();
-    put<uint64_t>(payload, s.size());
-    payload.write(s.data(), static_cast<std::streamsize>(s.size()));
+  put<uint8_t>(payload, optimizer_state != nullptr ? 1 : 0);
+  if (optimizer_state != nullptr) {
+    put<uint64_t>(payload, optimizer_state->size());
+    payload.write(optimizer_state->data(), static_cast<std::streamsize>(optimizer_state->size()));
   }
   const std::string body = payload.str();
 
@@ -274,6 +219,69 @@ void save_checkpoint(const std::string& path, Module& model, const Optimizer* op
   }
 }
 
+Contents read(const std::string& bytes, const std::string& path, const std::vector<ParamSpec>* expect,
+              bool read_values) {
+  uint32_t version = 0;
+  std::string body = checked_payload(bytes, path, version);
+  const size_t have = body.size();
+  try {
+    std::istringstream in(std::move(body), std::ios::binary);
+    Contents out;
+    out.info = get_info(in, version);
+    const auto count = get<uint64_t>(in, "parameter count");
+    if (expect != nullptr && count != expect->size()) {
+      throw Error("checkpoint has " + std::to_string(count) + " parameters, the model has " +
+                  std::to_string(expect->size()));
+    }
+    if (count > have) throw Error("implausible parameter count " + std::to_string(count));
+    out.names.reserve(count);
+    if (expect != nullptr || read_values) out.values.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      out.names.push_back(binary_io::get_string(in, "parameter name"));
+      const std::string& name = out.names.back();
+      if (expect == nullptr) {
+        if (read_values) out.values.emplace_back();
+        stored_tensor(in, have, "parameter " + name, read_values ? &out.values.back() : nullptr);
+        continue;
+      }
+      const ParamSpec& p = (*expect)[i];
+      if (name != p.name) throw Error("checkpoint parameter '" + name + "' where the model has '" + p.name + "'");
+      out.values.push_back(binary_io::get_tensor(in, p.rows, p.cols, "parameter " + name));
+    }
+    const auto has_optimizer = get<uint8_t>(in, "optimizer flag");
+    if (has_optimizer > 1) throw Error(std::string("bad optimizer flag"));
+    out.has_optimizer = has_optimizer == 1;
+    if (out.has_optimizer) {
+      const auto state_size = get<uint64_t>(in, "optimizer state size");
+      if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
+      out.state.resize(state_size);
+      if (state_size != 0 && !in.read(out.state.data(), static_cast<std::streamsize>(state_size))) {
+        throw Error(std::string("truncated data reading optimizer state"));
+      }
+    }
+    if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
+    return out;
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+}  // namespace checkpoint_format
+
+void save_checkpoint(const std::string& path, Module& model, const Optimizer* optimizer, const CheckpointInfo& info) {
+  const std::vector<Parameter*> params = model.parameters();
+  std::vector<checkpoint_format::NamedTensor> named;
+  named.reserve(params.size());
+  for (const Parameter* p : params) named.push_back({&p->name, &p->value});
+  std::string state;
+  if (optimizer != nullptr) {
+    std::ostringstream out(std::ios::binary);
+    optimizer->save_state(out);
+    state = out.str();
+  }
+  checkpoint_format::write(path, info, named, optimizer != nullptr ? &state : nullptr);
+}
+
 CheckpointInfo load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer) {
   return load_checkpoint_bytes(read_file(path), path, model, optimizer);
 }
@@ -293,7 +301,10 @@ CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path
 CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string& path, Module& model,
                                      Optimizer* optimizer) {
   const std::vector<Parameter*> params = model.parameters();
-  const Parsed parsed = parse(bytes, path, &params);
+  std::vector<checkpoint_format::ParamSpec> expect;
+  expect.reserve(params.size());
+  for (const Parameter* p : params) expect.push_back({p->name, p->value.rows(), p->value.cols()});
+  const checkpoint_format::Contents parsed = checkpoint_format::read(bytes, path, &expect, true);
   if (optimizer != nullptr) {
     try {
       apply_optimizer_state(parsed, *optimizer);
@@ -306,7 +317,7 @@ CheckpointInfo load_checkpoint_bytes(const std::string& bytes, const std::string
 }
 
 void load_optimizer_state(const std::string& bytes, const std::string& path, Optimizer& optimizer) {
-  const Parsed parsed = parse(bytes, path, nullptr);
+  const checkpoint_format::Contents parsed = checkpoint_format::read(bytes, path, nullptr, false);
   try {
     apply_optimizer_state(parsed, optimizer);
   } catch (const Error& e) {

@@ -17,6 +17,9 @@ class Rng {
 
   // 64 uniformly random bits.
   uint64_t next() { return engine_(); }
+  // Skips n draws of next() (each float or bit draw takes one; below() may take more),
+  // as if they had been made, without tempering them.
+  void discard(uint64_t n) { engine_.discard(n); }
   // A float uniform in [0, 1) with 24 random bits.
   float uniform01() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }
   // A float uniform in [lo, hi).
