@@ -14,10 +14,12 @@ pipe_idle, from each stage's own blocked time).
                         (m-1)*max(c) + sum(c) in units of F+B, and a stage of cost c is
                         busy m*c of it.
   replay(trace, p, m)   each step's F and B operations as the trace recorded them, in each
-                        stage's own order and with their measured durations, replayed with
-                        free communication and a core per stage: the bubble the schedule
-                        leaves given these operation costs, without the wall-clock
-                        distortion of more processes than cores.
+                        stage's own order, replayed with free communication and a core per
+                        stage: with each operation's measured duration (preemption of an
+                        operation still delays the others), and with every operation of a
+                        stage at that stage's median (the schedule's bubble given the
+                        stages' typical costs, without the wall-clock distortion of more
+                        processes than cores).
 """
 import json
 import re
@@ -85,15 +87,23 @@ def replay_step(ops):
 
 
 def replay(path, p, m, skip=1):
-    """The median over steps (the first `skip` left out: warm-up) of the replayed idle
-    share, and how many steps it covers. Each stage's operations are cut into steps of 2m
-    (m forwards and m backwards); the runs must have full batches (m micro-batches each)."""
+    """Two replays of a run's trace, the first `skip` steps left out (warm-up):
+      per_op:  the median over steps of the idle share replayed with each operation's own
+               duration (a preempted operation delays its successors as in the run);
+      typical: one step replayed in its recorded orders with every forward and every
+               backward of a stage at that stage's median duration (the schedule's bubble
+               with the stages' typical costs, preemption left out).
+    Each stage's operations are cut into steps of 2m (m forwards, m backwards): the runs
+    must have full batches. Returns (per_op, typical, steps replayed)."""
     ranks = stage_ops(path)
     if sorted(ranks) != list(range(p)):
         raise ValueError(f"replay: the trace has ranks {sorted(ranks)}, expected 0..{p - 1}")
     per = 2 * m
     steps = min(len(o) for o in ranks.values()) // per
-    shares = [replay_step([ranks[s][k * per:(k + 1) * per] for s in range(p)]) for k in range(skip, steps)]
-    if not shares:
+    cut = [[ranks[s][k * per:(k + 1) * per] for s in range(p)] for k in range(skip, steps)]
+    if not cut:
         raise ValueError(f"replay: {steps} step(s) in the trace, none past the first {skip}")
-    return statistics.median(shares), len(shares)
+    typical = {(s, kind): statistics.median(d for step in cut for k, _, d in step[s] if k == kind)
+               for s in range(p) for kind in ("F", "B")}
+    even = [[(k, i, typical[(s, k)]) for k, i, _ in cut[0][s]] for s in range(p)]
+    return statistics.median(replay_step(step) for step in cut), replay_step(even), len(cut)
