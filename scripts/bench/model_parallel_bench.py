@@ -219,8 +219,8 @@ def main():
     ap.add_argument("--idle-microbatches", default="4,8,16")
     ap.add_argument("--idle-models", default="wide,balanced",
                     help=f"wide: 784-{WIDE}-10; balanced: 784-{BALANCED}-10, equal stages at pp 4")
-    ap.add_argument("--idle-batch", type=int, default=256)
-    ap.add_argument("--idle-steps", type=int, default=12)
+    ap.add_argument("--idle-batch", type=int, default=1024, help="rows per step: 64 per micro-batch at m 16")
+    ap.add_argument("--idle-steps", type=int, default=6)
     ap.add_argument("--idle-runs", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip PyTorch 2.15")
     ap.add_argument("--install-torch2", action="store_true", help="let ../shared/peers/torch2 install (about 2 GiB)")
