@@ -40,7 +40,9 @@ void check_parallel_flags(const ParallelOptions& p, const ParallelContext& c) {
     throw ddp::InvalidArgument("--microbatches splits a pipeline's batch: it needs --pp 2 or more (--accumulate "
                                "splits a step without one)");
   }
-  if (!p.schedule.empty() && p.pp < 2) throw ddp::InvalidArgument("--schedule orders a pipeline: it needs --pp 2 or more");
+  if (!p.schedule.empty() && p.pp < 2) {
+    throw ddp::InvalidArgument("--schedule orders a pipeline: it needs --pp 2 or more");
+  }
   if (!p.enabled()) return;
   if (c.accumulate > 1 && p.pp > 1) {
     throw ddp::InvalidArgument("--accumulate " + std::to_string(c.accumulate) + " with --pp " + std::to_string(p.pp) +

@@ -92,7 +92,8 @@ class ModelParallel : public Strategy {
   // One optimizer step's forward and backward through the pipeline (pp > 1): the rows
   // `idx` of `data` (this dp replica's), pixel values from `table`. Gradients end
   // reduced over dp; clip and step follow as for any strategy.
-  StepLoss pipeline_step(const ByteImageDataset& data, std::span<const size_t> idx, const std::array<float, 256>& table);
+  StepLoss pipeline_step(const ByteImageDataset& data, std::span<const size_t> idx,
+                         const std::array<float, 256>& table);
   // Evaluation forward: the logits on ranks that have them (the last stage), nullptr
   // elsewhere. Collective over the pipeline (and over dp under FSDP).
   const ddp::Tensor* eval_forward(const ddp::Tensor& x);

@@ -112,14 +112,15 @@ void dead_peer(int n, int victim, std::map<std::string, std::string> env = {}) {
 
 }  // namespace
 
-// World sizes 1..8 on one host: shared memory between every pair.
+// World sizes 1..6 and 8 on one host: shared memory between every pair. Every size up to 6
+// (the primes 3 and 5 give uneven chunks) and 8, four ranks per core here; 7 added nothing
+// the others do not cover and took half a minute of CI.
 TEST_CASE("1 rank: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(1, "1048576"); }
 TEST_CASE("2 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(2, "1048576"); }
 TEST_CASE("3 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(3, "1048576"); }
 TEST_CASE("4 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(4, "1048576"); }
 TEST_CASE("5 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(5, "1048576"); }
 TEST_CASE("6 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(6, "1048576"); }
-TEST_CASE("7 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(7, "1048576"); }
 TEST_CASE("8 ranks: every collective x dtype x op x count matches the serial reference", "[collectives]") { run_matrix(8, "1048576"); }
 
 TEST_CASE("ddp-bench under ddprun: every op it measures gives every rank the right result", "[collectives][bench]") {

@@ -1,9 +1,11 @@
 // examples/fashion_mnist with --tp/--pp under the real ddprun on the real Fashion-MNIST
 // files: after 20 optimizer steps every layout (tensor parallel, pipeline with either
 // schedule, and their products with each other and with data parallelism) holds the
-// parameters the unsplit model holds after the same 20 steps on one worker, within
-// 1e-6 of each parameter's largest value; checkpoints move between layouts with the
-// same state bytes; bad flag combinations exit 2 naming the flags.
+// parameters the unsplit model holds after the same 20 steps on one worker (SGD within
+// 1e-6 of each parameter's largest value, AdamW see kAdamwReorderedBound), and bit for
+// bit those of the run that adds its gradients in the same order. Checkpoints move
+// between layouts with the same state bytes; evaluation through the pipeline reports the
+// unsplit model's loss and accuracy; bad flag combinations exit 2 naming the flags.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,10 +102,11 @@ std::vector<float> train_params(const Layout& layout, const std::string& optimiz
                                 const std::vector<std::string>& extra = {}) {
   TempDir dir;
   const std::string out = (dir / "params.bin").string();
-  const auto r = train(layout.world, with(with(with(kQuick, {"--optimizer", optimizer}), extra),
-                                          with(layout.flags, {"--batch", std::to_string(kBatch / layout.dp / layout.accumulate),
-                                                              "--accumulate", std::to_string(layout.accumulate), "--lr",
-                                                              std::to_string(kLr / layout.dp), "--save-params", out})));
+  const int batch = kBatch / layout.dp / layout.accumulate;
+  const auto flags = with(layout.flags, {"--batch", std::to_string(batch), "--accumulate",
+                                         std::to_string(layout.accumulate), "--lr", std::to_string(kLr / layout.dp),
+                                         "--save-params", out});
+  const auto r = train(layout.world, with(with(with(kQuick, {"--optimizer", optimizer}), extra), flags));
   // The run reports its layout and did its one epoch over the same rows.
   CHECK(r.out.find(" dp " + std::to_string(layout.dp) + " ") != std::string::npos);
   CHECK(fashion::epochs_run(r.out) == std::vector<int>{1});
@@ -210,6 +214,29 @@ TEST_CASE("ZeRO-1 and FSDP over dp and clipping the whole model's norm compose w
   // Gradients in bf16 on the dp wire compose too (dp reduces them, tp never sees them).
   auto r = train(4, with(kQuick, {"--tp", "2", "--batch", "32", "--grad_dtype", "bf16"}));
   CHECK(r.out.find("grad_dtype bf16 tp 2 pp 1 dp 2 ") != std::string::npos);
+}
+
+TEST_CASE("the loss and the test accuracy through the pipeline and tp are the unsplit model's", "[mp-example]") {
+  // The same 20 SGD steps, then the whole test set: the logits live on the last stage
+  // and each replica's metrics are counted once (4 decimals, as printed).
+  const auto quick = with(kQuick, {"--optimizer", "sgd"});
+  std::vector<std::string> args;
+  for (const auto& a : quick) {
+    if (a != "--no-eval") args.push_back(a);
+  }
+  const std::regex metrics(R"(epoch 1 (loss [0-9.]+ test_acc [0-9.]+) )");
+  auto metrics_of = [&](int world, int dp, const std::vector<std::string>& flags) {
+    const auto r = train(world, with(with(args, flags), {"--batch", std::to_string(kBatch / dp), "--lr",
+                                                         std::to_string(kLr / dp)}));
+    std::smatch m;
+    REQUIRE(std::regex_search(r.out, m, metrics));
+    return m[1].str();
+  };
+  const std::string whole = metrics_of(1, 1, {});
+  CHECK(whole.find("test_acc 0.0000") == std::string::npos);
+  CHECK(metrics_of(4, 1, {"--pp", "2", "--tp", "2"}) == whole);
+  CHECK(metrics_of(2, 1, {"--pp", "2", "--schedule", "1f1b"}) == whole);
+  CHECK(metrics_of(4, 2, {"--tp", "2", "--strategy", "fsdp"}) == whole);
 }
 
 TEST_CASE("a checkpoint moves between pp2 x tp2 and the plain model at world 1 with the same state",

@@ -85,6 +85,10 @@ std::map<int, std::string> run_failure(int nproc, const std::string& mode, const
 
 }  // namespace
 
+TEST_CASE("1 stage: the schedules run the micro-batches alone, equal to the unsplit model", "[pipeline]") {
+  run_checks(1);
+}
+
 TEST_CASE("2 stages: GPipe and 1F1B equal the unsplit model (SGD, AdamW, small batches), step stats", "[pipeline]") {
   run_checks(2);
 }

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <istream>
 #include <ostream>
+#include <streambuf>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -13,6 +15,34 @@
 #include "ddp/types.hpp"
 
 namespace ddp::binary_io {
+
+// An input stream over memory someone else owns (a checkpoint's bytes), read without
+// copying it; seekable within it. The memory must outlive the stream.
+class MemoryBuffer : public std::streambuf {
+ public:
+  MemoryBuffer(const char* data, size_t size) {
+    char* p = const_cast<char*>(data);  // the get area is only read
+    setg(p, p, p + size);
+  }
+
+ protected:
+  pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode which) override {
+    if ((which & std::ios_base::in) == 0) return pos_type(off_type(-1));
+    char* base = dir == std::ios_base::beg ? eback() : dir == std::ios_base::cur ? gptr() : egptr();
+    if (off < eback() - base || off > egptr() - base) return pos_type(off_type(-1));
+    setg(eback(), base + off, egptr());
+    return pos_type(gptr() - eback());
+  }
+  pos_type seekpos(pos_type pos, std::ios_base::openmode which) override {
+    return seekoff(off_type(pos), std::ios_base::beg, which);
+  }
+};
+
+class MemoryStream : private MemoryBuffer, public std::istream {
+ public:
+  MemoryStream(const char* data, size_t size) : MemoryBuffer(data, size), std::istream(this) {}
+  explicit MemoryStream(std::string_view bytes) : MemoryStream(bytes.data(), bytes.size()) {}
+};
 
 // Values are stored in the host's byte order; every platform ddprun targets
 // (x86-64, aarch64) is little-endian, as the checkpoint format states.

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,17 +38,17 @@ constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 4;
 constexpr uint32_t kMaxRunId = 4096;  // binary_io::get_string's default limit
 
-uint32_t crc32_of(const std::string& bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* p = reinterpret_cast<const Bytef*>(bytes.data());
-  size_t left = bytes.size();
-  while (left > 0) {  // crc32 takes a uInt length
-    const uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-    crc = crc32(crc, p, n);
+// The CRC-32 of `size` bytes at `data` continued from `crc` (crc32_of(nullptr, 0) starts one).
+uint32_t crc32_of(const char* data, size_t size, uint32_t crc = 0) {
+  uLong c = crc;
+  const auto* p = reinterpret_cast<const Bytef*>(data);
+  while (size > 0) {  // crc32 takes a uInt length
+    const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    c = crc32(c, p, n);
     p += n;
-    left -= n;
+    size -= n;
   }
-  return static_cast<uint32_t>(crc);
+  return static_cast<uint32_t>(c);
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -66,7 +67,7 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
 
 // The payload of a checkpoint's bytes after checking the header (magic, version,
 // size, CRC-32); throws Error naming `path` otherwise.
-std::string checked_payload(const std::string& bytes, const std::string& path, uint32_t& version) {
+std::string_view checked_payload(const std::string& bytes, const std::string& path, uint32_t& version) {
   if (bytes.size() < kHeaderSize) {
     throw Error(path + ": not a checkpoint (truncated header: " + std::to_string(bytes.size()) + " bytes)");
   }
@@ -85,8 +86,8 @@ std::string checked_payload(const std::string& bytes, const std::string& path, u
     throw Error(path + ": checkpoint payload is " + std::to_string(have) + " bytes, header says " +
                 std::to_string(size) + (have < size ? " (truncated)" : " (trailing bytes)"));
   }
-  std::string body = bytes.substr(kHeaderSize);
-  if (crc32_of(body) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
+  const std::string_view body = std::string_view(bytes).substr(kHeaderSize);
+  if (crc32_of(body.data(), body.size()) != crc) throw Error(path + ": checkpoint checksum mismatch (file is corrupted)");
   return body;
 }
 
@@ -141,7 +142,7 @@ void apply_optimizer_state(const checkpoint_format::Contents& parsed, Optimizer&
   if (!parsed.has_optimizer) throw Error(std::string("checkpoint holds no optimizer state"));
   const OptimizerState live = optimizer.state();  // views of the optimizer's buffers
   const OptimizerState before = live;             // Tensor's copy is deep
-  std::istringstream state_in(parsed.state, std::ios::binary);
+  binary_io::MemoryStream state_in(parsed.state);
   optimizer.load_state(state_in);
   if (state_in.peek() != std::char_traits<char>::eof()) {
     optimizer.set_state(before);
@@ -159,29 +160,48 @@ void write(const std::string& path, const CheckpointInfo& info, const std::vecto
     throw InvalidArgument(path + ": run id of " + std::to_string(info.run_id.size()) + " bytes, at most " +
                           std::to_string(kMaxRunId) + " fit a checkpoint");
   }
-  // Payload.
-  std::ostringstream payload(std::ios::binary);
-  put<int64_t>(payload, info.epoch);
-  put<int64_t>(payload, info.step);
-  binary_io::put_string(payload, info.run_id);
-  put<uint64_t>(payload, params.size());
+  // Payload, as pieces written one after the other: the small fields serialized here,
+  // the tensors' values and the optimizer state straight from their memory (no copy of
+  // the whole payload is made).
+  std::deque<std::string> fields;  // stable addresses for the pieces
+  std::deque<Tensor> host_copies;  // device tensors' values, brought to the host
+  std::vector<std::pair<const char*, size_t>> pieces;
+  std::ostringstream field(std::ios::binary);
+  const auto end_field = [&] {
+    fields.push_back(field.str());
+    pieces.emplace_back(fields.back().data(), fields.back().size());
+    field.str({});
+  };
+  put<int64_t>(field, info.epoch);
+  put<int64_t>(field, info.step);
+  binary_io::put_string(field, info.run_id);
+  put<uint64_t>(field, params.size());
   for (const NamedTensor& p : params) {
-    binary_io::put_string(payload, *p.name);
-    binary_io::put_tensor(payload, *p.value);
+    binary_io::put_string(field, *p.name);
+    put<uint64_t>(field, p.value->rows());
+    put<uint64_t>(field, p.value->cols());
+    end_field();
+    const Tensor* t = p.value;
+    if (t->is_cuda()) t = &host_copies.emplace_back(t->to(Device::Cpu));
+    pieces.emplace_back(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
   }
-  put<uint8_t>(payload, optimizer_state != nullptr ? 1 : 0);
-  if (optimizer_state != nullptr) {
-    put<uint64_t>(payload, optimizer_state->size());
-    payload.write(optimizer_state->data(), static_cast<std::streamsize>(optimizer_state->size()));
+  put<uint8_t>(field, optimizer_state != nullptr ? 1 : 0);
+  if (optimizer_state != nullptr) put<uint64_t>(field, optimizer_state->size());
+  end_field();
+  if (optimizer_state != nullptr) pieces.emplace_back(optimizer_state->data(), optimizer_state->size());
+  uint64_t body_size = 0;
+  uint32_t crc = crc32_of(nullptr, 0);
+  for (const auto& [data, size] : pieces) {
+    body_size += size;
+    crc = crc32_of(data, size, crc);
   }
-  const std::string body = payload.str();
 
   // Header.
   std::ostringstream head(std::ios::binary);
   head.write(kMagic, sizeof kMagic);
   put<uint32_t>(head, kVersion);
-  put<uint64_t>(head, body.size());
-  put<uint32_t>(head, crc32_of(body));
+  put<uint64_t>(head, body_size);
+  put<uint32_t>(head, crc);
   const std::string header = head.str();
 
   // Temporary file in the same directory, fsync, rename, fsync the directory. Those
@@ -200,7 +220,7 @@ void write(const std::string& path, const CheckpointInfo& info, const std::vecto
   } guard{tmp};
   try {
     write_all(fd, header.data(), header.size(), tmp);
-    write_all(fd, body.data(), body.size(), tmp);
+    for (const auto& [data, size] : pieces) write_all(fd, data, size, tmp);
     if (::fsync(fd) != 0) throw Error(tmp + ": fsync failed: " + errno_text());
   } catch (...) {
     ::close(fd);
@@ -222,10 +242,10 @@ void write(const std::string& path, const CheckpointInfo& info, const std::vecto
 Contents read(const std::string& bytes, const std::string& path, const std::vector<ParamSpec>* expect,
               bool read_values) {
   uint32_t version = 0;
-  std::string body = checked_payload(bytes, path, version);
+  const std::string_view body = checked_payload(bytes, path, version);
   const size_t have = body.size();
   try {
-    std::istringstream in(std::move(body), std::ios::binary);
+    binary_io::MemoryStream in(body);
     Contents out;
     out.info = get_info(in, version);
     const auto count = get<uint64_t>(in, "parameter count");
@@ -254,10 +274,10 @@ Contents read(const std::string& bytes, const std::string& path, const std::vect
     if (out.has_optimizer) {
       const auto state_size = get<uint64_t>(in, "optimizer state size");
       if (state_size > have) throw Error(std::string("optimizer state size exceeds the file"));
-      out.state.resize(state_size);
-      if (state_size != 0 && !in.read(out.state.data(), static_cast<std::streamsize>(state_size))) {
-        throw Error(std::string("truncated data reading optimizer state"));
-      }
+      const auto at = static_cast<size_t>(in.tellg());
+      if (state_size > have - at) throw Error(std::string("truncated data reading optimizer state"));
+      out.state = body.substr(at, state_size);
+      in.seekg(static_cast<std::streamoff>(state_size), std::ios::cur);
     }
     if (in.peek() != std::char_traits<char>::eof()) throw Error(std::string("trailing data after the checkpoint"));
     return out;
@@ -277,7 +297,7 @@ void save_checkpoint(const std::string& path, Module& model, const Optimizer* op
   if (optimizer != nullptr) {
     std::ostringstream out(std::ios::binary);
     optimizer->save_state(out);
-    state = out.str();
+    state = std::move(out).str();  // moves the buffer out (C++20)
   }
   checkpoint_format::write(path, info, named, optimizer != nullptr ? &state : nullptr);
 }
@@ -290,7 +310,7 @@ std::string read_checkpoint_file(const std::string& path) { return read_file(pat
 
 CheckpointInfo checkpoint_info(const std::string& bytes, const std::string& path) {
   uint32_t version = 0;
-  std::istringstream in(checked_payload(bytes, path, version), std::ios::binary);
+  binary_io::MemoryStream in(checked_payload(bytes, path, version));
   try {
     return get_info(in, version);
   } catch (const Error& e) {

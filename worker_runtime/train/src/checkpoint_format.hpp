@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ddp/checkpoint.hpp"
@@ -40,13 +41,14 @@ struct Contents {
   std::vector<std::string> names;  // every parameter's name, in file order
   std::vector<Tensor> values;      // host tensors; empty when not read (see read)
   bool has_optimizer = false;
-  std::string state;  // write_optimizer_state bytes when has_optimizer
+  std::string_view state;  // write_optimizer_state bytes when has_optimizer: a view of the bytes read
 };
 
 // Validates a checkpoint's bytes (header, CRC-32, structure) and reads its payload.
 // With `expect`, the parameter count, names and shapes must match it (in order) and
 // the values are read; without, the values are read in their stored shapes when
-// `read_values`, else only walked over. Throws Error naming path.
+// `read_values`, else only walked over. Throws Error naming path. The result's state
+// is a view into `bytes`, which must outlive it.
 Contents read(const std::string& bytes, const std::string& path, const std::vector<ParamSpec>* expect,
               bool read_values);
 

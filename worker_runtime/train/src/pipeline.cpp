@@ -134,6 +134,7 @@ struct Pipeline::Impl {
     size_t slots = 1;     // micro-batches alive at once: n (GPipe), min(n, p - s) (1F1B), 1 (eval)
     size_t in_bufs = 1;   // input buffers: n, or slots + 1 (1F1B: one received ahead)
     size_t width = 0;     // of the activations received
+    Device device = Device::Cpu;  // where they are received: the stage's parameters'
     const Tensor* input = nullptr;
     const StageCompute* compute = nullptr;
     const StageLoss* loss = nullptr;
@@ -223,7 +224,7 @@ struct Pipeline::Impl {
 
   void post_input_recv(size_t j) {
     Tensor& in = inputs[in_of(j)];
-    in.resize_on(module_device(), rows_of(j), call.width);
+    in.resize_on(call.device, rows_of(j), call.width);
     input_recvs[in_of(j)] = act_in.group->recv(buffer_of(in), act_in.peer, async());
   }
 
@@ -234,11 +235,6 @@ struct Pipeline::Impl {
     check_header(act_header_in, stage - 1);
     call.width = static_cast<size_t>(act_header_in[kWidth]);
     for (size_t j = 0; j < std::min(call.n, call.in_bufs); ++j) post_input_recv(j);
-  }
-
-  Device module_device() {
-    for (Parameter* p : module.parameters()) return p->device();
-    return Device::Cpu;
   }
 
   void run_forward(size_t i) {
@@ -362,6 +358,8 @@ struct Pipeline::Impl {
     const bool one_f_one_b = call.train && options.schedule == PipelineSchedule::OneFOneB;
     call.slots = !call.train ? 1 : one_f_one_b ? std::min(call.n, static_cast<size_t>(stages - stage)) : call.n;
     call.in_bufs = one_f_one_b ? std::min(call.n, call.slots + 1) : call.n;
+    const auto params = module.parameters();
+    call.device = params.empty() ? Device::Cpu : params.front()->device();
     call.input = input;
     call.compute = &compute;
     call.loss = loss;

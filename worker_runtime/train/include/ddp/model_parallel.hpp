@@ -57,8 +57,9 @@ MlpStage make_parallel_mlp(const MlpOptions& options, const DeviceMesh& mesh);
 // order (Optimizer::state(); nullptr: none, on every rank alike). The ranks at dp
 // coordinate 0 contribute; each parameter's block is placed by its Parameter::split;
 // a stage's parameters follow the previous stage's. Every rank returns once the file is
-// in place, or throws the same Error (naming the file and what is wrong: a rank's
-// parameters or state that do not fit together, or an I/O failure) on every rank.
+// in place, or throws the same error on every rank, naming the file and what is wrong:
+// Error for a rank's parameters or state that do not fit together (naming the rank) or
+// an I/O failure, InvalidArgument for a run id too long for the file.
 void save_model_parallel_checkpoint(const std::string& path, const std::vector<Parameter*>& params,
                                     const OptimizerState* state, const DeviceMesh& mesh, const CheckpointInfo& info);
 

@@ -5,6 +5,11 @@
 //   ddp::StageCompute run{[&](const ddp::Tensor& x) -> const ddp::Tensor& { return stage_model->forward(x); },
 //                         [&](const ddp::Tensor& dy, bool) -> const ddp::Tensor& {
 //                           return stage_model->backward(dy, {}, !pipe.first()); }};
+//   ddp::StageLoss loss = [&](size_t, size_t row, const ddp::Tensor& out, ddp::Tensor& dout) {
+//     const float l = ddp::softmax_cross_entropy(out, std::span(labels).subspan(row, out.rows()), dout);
+//     dout.scale(static_cast<float>(out.rows()) / batch);  // a mean over the whole batch
+//     return l;
+//   };
 //   auto stats = pipe.train_step(batch, pipe.first() ? &x : nullptr, run, loss);  // grads accumulated
 //   optimizer.step();
 //
