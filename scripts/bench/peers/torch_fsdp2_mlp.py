@@ -24,29 +24,13 @@ largest rank's peak RSS (getrusage ru_maxrss, the dataset included). A line per 
 with its own peak RSS, before the first step and at the end, and a final loss line (a sanity check: both strategies train the
 same model from the same seed) come after it.
 """
-import argparse, gzip, resource, statistics, struct, time
-import numpy as np
+import argparse, resource, statistics, time
 import torch, torch.nn as nn, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-DATA = "/usr/share/datasets/fashion-mnist"
-
-
-# ---- data: read the IDX files as torch_fashion_mnist.py does ----
-def idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    ndim = raw[3]
-    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
-def load(split):
-    x = idx(f"{DATA}/{split}-images-idx3-ubyte.gz").reshape(-1, 784).astype(np.float32)
-    x /= 255.0  # in place: the same values as "/ 255.0" without a second 188 MB copy in peak RSS
-    y = idx(f"{DATA}/{split}-labels-idx1-ubyte.gz").astype(np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
+from mlp_layout import widths  # the MLP's widths
+from torch_mlp_common import load, mlp  # the data and model every MLP peer shares
 
 
 def batches(sampler, batch):
@@ -61,16 +45,6 @@ def batches(sampler, batch):
 
 
 # ---- model ----
-def mlp(hidden):
-    dims = [784] + [int(h) for h in hidden.split(",")] + [10]
-    layers = []
-    for i in range(len(dims) - 1):
-        layers.append(nn.Linear(dims[i], dims[i + 1]))
-        if i < len(dims) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 def wrap(model, strategy, world):
     if strategy == "ddp":
         return DDP(model)
@@ -101,7 +75,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     xtr, ytr = load("train")
-    model = wrap(mlp(a.hidden), a.strategy, world)
+    model = wrap(mlp(widths(a.hidden)), a.strategy, world)
     nparams = sum(p.numel() for p in model.parameters())  # FSDP2: DTensor numel is the full size
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr * world)
     lossf = nn.CrossEntropyLoss()
