@@ -196,9 +196,14 @@ TEST_CASE("tp 2 and 4 and pp 2 and 4 in both schedules and their products train 
 
 TEST_CASE("ZeRO-1 and FSDP over dp and clipping the whole model's norm compose with tp and pp", "[mp-example]") {
   const std::vector<float> whole = train_params(kUnsplit, "sgd");
-  const std::vector<Layout> sharded = {{"dp2 x tp2 zero1", 4, 2, {"--tp", "2", "--strategy", "zero1"}},
-                                       {"dp2 x pp2 fsdp", 4, 2, {"--pp", "2", "--strategy", "fsdp"}},
-                                       {"tp2 fsdp", 2, 1, {"--tp", "2", "--strategy", "fsdp"}}};
+  // FSDP under 1F1B: a stage's forwards and backwards interleave, so each micro-batch's
+  // backward must find its own forward's gathered layers (per activation slot).
+  const std::vector<Layout> sharded = {
+      {"dp2 x tp2 zero1", 4, 2, {"--tp", "2", "--strategy", "zero1"}},
+      {"dp2 x pp2 zero1", 4, 2, {"--pp", "2", "--strategy", "zero1"}},
+      {"dp2 x pp2 fsdp", 4, 2, {"--pp", "2", "--strategy", "fsdp"}},
+      {"dp2 x pp2 fsdp 1f1b", 4, 2, {"--pp", "2", "--strategy", "fsdp", "--schedule", "1f1b"}},
+      {"tp2 fsdp", 2, 1, {"--tp", "2", "--strategy", "fsdp"}}};
   for (const Layout& l : sharded) CHECK(compare(l.name + " sgd", train_params(l, "sgd"), whole) <= 1e-6);
   // A bound the gradients exceed, so every step is clipped by the whole model's norm
   // (unclipped, the parameters end 1e-2 apart from clipped ones).
