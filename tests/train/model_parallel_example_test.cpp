@@ -219,6 +219,15 @@ TEST_CASE("ZeRO-1 and FSDP over dp and clipping the whole model's norm compose w
   // Gradients in bf16 on the dp wire compose too (dp reduces them, tp never sees them).
   auto r = train(4, with(kQuick, {"--tp", "2", "--batch", "32", "--grad_dtype", "bf16"}));
   CHECK(r.out.find("grad_dtype bf16 tp 2 pp 1 dp 2 ") != std::string::npos);
+  // The largest rank's parameter bytes: its blocks of the two column/row pairs (32x784+32,
+  // 64x32+64, 32x64+32, 10x32+10 floats: row-parallel biases whole); AdamW's rank also
+  // holds as many bytes of gradients and twice as many of state.
+  const std::regex bytes(R"(RESULT .* param_bytes ([0-9]+) held_bytes ([0-9]+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, bytes));
+  const double params = std::stod(m[1].str()), held = std::stod(m[2].str());
+  CHECK(params == 4.0 * (32 * 784 + 32 + 64 * 32 + 64 + 32 * 64 + 32 + 10 * 32 + 10));
+  CHECK(held == 4 * params);
 }
 
 TEST_CASE("the loss and the test accuracy through the pipeline and tp are the unsplit model's", "[mp-example]") {
