@@ -212,8 +212,12 @@ std::pair<double, double> evaluate(const EvalForward& forward, const fashion_mni
 int train(const Args& a) {
   const ddp::Device device = a.device == "cuda" ? ddp::Device::Cuda : ddp::Device::Cpu;
   const ddp::MlpOptions mlp{.sizes = parse_hidden(a.hidden), .seed = a.seed};
-  fashion_mnist::check_parallel_flags(
-      a.parallel, {.sizes = mlp.sizes, .accumulate = a.accumulate, .device = a.device, .hidden = a.hidden});
+  const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();  // as ddp::init reads it
+  fashion_mnist::check_parallel_flags(a.parallel, {.sizes = mlp.sizes,
+                                                   .accumulate = a.accumulate,
+                                                   .device = a.device,
+                                                   .hidden = a.hidden,
+                                                   .world = env.world_size});
   if (std::string why; device == ddp::Device::Cuda && !ddp::cuda_device_available(&why)) {
     throw ddp::InvalidArgument("--device cuda: " + why);
   }
@@ -279,7 +283,6 @@ int train(const Args& a) {
   // (resume.hpp), with this attempt's world and strategy: the sampler reshards below,
   // the peak rate is scaled_lr of the new world, and the schedule's place is kept by
   // epoch.
-  const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
   const fashion_mnist::ResumeOptions resume_options{
       .checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id, .restart_count = env.restart_count};
   std::optional<fashion_mnist::Resumed> resumed;

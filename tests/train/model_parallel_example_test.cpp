@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <string>
@@ -294,11 +295,13 @@ TEST_CASE("bad --tp/--pp combinations give one clear error and exit status 2", "
   const std::vector<Bad> cases = {
       {2, {"--tp", "2", "--pp", "2"}, {"--tp 2", "--pp 2", "world of 2"}},
       {3, {"--tp", "2"}, {"--tp 2", "world of 3"}},
+      // The world is named before a width that would not split either.
+      {3, {"--tp", "2", "--hidden", "63"}, {"--tp 2 --pp 1: tp x pp = 2 does not divide the world of 3"}},
       {1, {"--microbatches", "4"}, {"--microbatches", "--pp"}},
       {1, {"--schedule", "1f1b"}, {"--schedule", "--pp"}},
       {2, {"--pp", "2", "--accumulate", "2"}, {"--accumulate", "--pp"}},
-      {2, {"--tp", "3"}, {"--tp 3", "256"}},
-      {2, {"--pp", "5", "--hidden", "64,64,64"}, {"--pp 5", "4 Linear"}},
+      {3, {"--tp", "3"}, {"--tp 3", "256"}},
+      {4, {"--pp", "4", "--hidden", "64"}, {"--pp 4", "2 Linear"}},
       {2, {"--tp", "2", "--device", "cuda"}, {"--device cuda", "--tp"}},
       {2, {"--pp", "2", "--schedule", "zigzag"}, {"--schedule"}},
       {1, {"--tp", "0"}, {"--tp"}},
@@ -313,5 +316,24 @@ TEST_CASE("bad --tp/--pp combinations give one clear error and exit status 2", "
     CHECK(r.status == 2);
     for (const auto& n : c.named) CHECK((r.out + r.err).find(n) != std::string::npos);
     CHECK((r.out + r.err).find("epoch 1 loss") == std::string::npos);
+  }
+}
+
+TEST_CASE("a tp group across two hosts: the mesh's refusal names the flags and exits 2", "[mp-example]") {
+  // Two agents on this host with one worker each (LOCAL_WORLD_SIZE 1): tp 2 would span them.
+  const std::vector<std::string> common = {"--nnodes=2", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+                                           "--master_port=" + std::to_string(e2e::free_port())};
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (const std::string node : {"1", "0"}) {
+    nodes.push_back(std::make_unique<Process>(
+        with(with({e2e::kDdprun}, common), {"--node_rank=" + node, kFashion, "--tp", "2"})));
+  }
+  for (auto& node : nodes) {
+    const auto status = node->wait(60s);
+    INFO("stdout: " << node->out() << "\nstderr: " << node->err());
+    REQUIRE(status.has_value());
+    CHECK(*status == 2);
+    CHECK(node->err().find("fashion_mnist: --tp 2 --pp 1: ") != std::string::npos);
+    CHECK(node->err().find("spans hosts") != std::string::npos);
   }
 }
