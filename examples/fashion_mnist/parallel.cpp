@@ -206,14 +206,14 @@ void ModelParallel::save_checkpoint(const std::string& path, const ddp::Checkpoi
 
 std::unique_ptr<ddp::Sequential> ModelParallel::assemble() {
   // Through the checkpoint file, which holds the unsplit model: world rank 0 writes it to
-  // a temporary file of its own and reads it back into make_mlp's model.
+  // a temporary file of its own and reads it back into make_mlp's model. Parameters
+  // only: no optimizer state is gathered or written.
   int64_t pid = static_cast<int64_t>(::getpid());
   world_->broadcast(ddp::view(std::span<int64_t>(&pid, 1)), 0);
   const std::string tmp =
       (std::filesystem::temp_directory_path() / ("fashion_mnist." + std::to_string(pid) + ".params")).string();
-  inner_->with_full_state([&](ddp::Module& m, const ddp::Optimizer&, bool) {
-    ddp::save_model_parallel_checkpoint(tmp, m.parameters(), nullptr, mesh_, {});
-  });
+  inner_->with_full_params(
+      [&](ddp::Module& m, bool) { ddp::save_model_parallel_checkpoint(tmp, m.parameters(), nullptr, mesh_, {}); });
   if (world_->rank() != 0) return nullptr;
   auto model = ddp::make_mlp(mlp_);
   std::error_code ec;

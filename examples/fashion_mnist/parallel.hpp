@@ -118,6 +118,7 @@ class ModelParallel : public Strategy {
   }
   void scale_grads(float factor) override { inner_->scale_grads(factor); }
   void with_full_state(const FullStateUse& use) override { inner_->with_full_state(use); }
+  void with_full_params(const FullParamsUse& use) override { inner_->with_full_params(use); }
   // The unsplit model's checkpoint, written by world rank 0.
   void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override;
   // The unsplit model's hash and raw values (world rank 0 writes).
