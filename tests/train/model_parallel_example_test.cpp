@@ -334,6 +334,6 @@ TEST_CASE("a tp group across two hosts: the mesh's refusal names the flags and e
     REQUIRE(status.has_value());
     CHECK(*status == 2);
     CHECK(node->err().find("fashion_mnist: --tp 2 --pp 1: ") != std::string::npos);
-    CHECK(node->err().find("spans hosts") != std::string::npos);
+    CHECK(node->err().find("axis 'tp' (size 2) must stay within") != std::string::npos);
   }
 }
