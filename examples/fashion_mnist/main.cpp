@@ -137,11 +137,12 @@ double median(std::vector<double> v) {
 
 // What the epoch and RESULT lines report after the timings: the share of communication
 // compute hid, the peak RSS (the largest rank's), the bytes this rank's strategy holds,
-// then the layout (tp pp dp microbatches schedule), the pipeline's idle share and the
-// largest rank's parameter + gradient + optimizer bytes.
+// then the layout (tp pp dp microbatches schedule), the pipeline's idle share, the
+// largest rank's parameter bytes and the largest rank's parameter + gradient + optimizer
+// bytes (each the largest over ranks on its own: they may be two ranks').
 struct Footprint {
   double comm_hidden = 1;
-  double largest[2] = {0, 0};  // rss_peak_mib, param_bytes: the largest rank's
+  double largest[3] = {0, 0, 0};  // rss_peak_mib, param_bytes, held_bytes: the largest rank's
   ddp::MemoryStats memory;
   double pipe_idle = 0;
   std::string fields(const Args& a, int dp) const {
@@ -150,20 +151,21 @@ struct Footprint {
     std::snprintf(line, sizeof line,
                   "comm_hidden %.2f rss_peak_mib %.1f param_mib %.2f grad_mib %.2f optim_mib %.2f transient_mib %.2f "
                   "strategy %s grad_dtype %s tp %d pp %d dp %d microbatches %d schedule %s pipe_idle %.3f "
-                  "param_bytes %.0f",
+                  "param_bytes %.0f held_bytes %.0f",
                   comm_hidden, largest[0], mib(memory.params), mib(memory.grads), mib(memory.optimizer),
                   mib(memory.transient_peak), a.strategy.c_str(), a.grad_dtype.c_str(), p.tp, p.pp, dp, p.micro(),
-                  p.schedule_name().c_str(), pipe_idle, largest[1]);
+                  p.schedule_name().c_str(), pipe_idle, largest[1], largest[2]);
     return line;
   }
 };
 
-// Collective (one all-reduce: the RSS and the held bytes are the largest rank's).
+// Collective (one all-reduce: the RSS, parameter and held bytes are the largest rank's).
 Footprint footprint(fashion_mnist::Strategy& strategy, ddp::ProcessGroup& pg, double comm_hidden, double pipe_idle) {
   Footprint f{.comm_hidden = comm_hidden, .memory = strategy.memory(), .pipe_idle = pipe_idle};
   f.largest[0] = rss_peak_mib();
-  f.largest[1] = static_cast<double>(f.memory.held());
-  pg.all_reduce(ddp::view(std::span<double>(f.largest, 2)), ddp::ReduceOp::Max);
+  f.largest[1] = static_cast<double>(f.memory.params);
+  f.largest[2] = static_cast<double>(f.memory.held());
+  pg.all_reduce(ddp::view(std::span<double>(f.largest, 3)), ddp::ReduceOp::Max);
   return f;
 }
 
@@ -210,8 +212,12 @@ std::pair<double, double> evaluate(const EvalForward& forward, const fashion_mni
 int train(const Args& a) {
   const ddp::Device device = a.device == "cuda" ? ddp::Device::Cuda : ddp::Device::Cpu;
   const ddp::MlpOptions mlp{.sizes = parse_hidden(a.hidden), .seed = a.seed};
-  fashion_mnist::check_parallel_flags(
-      a.parallel, {.sizes = mlp.sizes, .accumulate = a.accumulate, .device = a.device, .hidden = a.hidden});
+  const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();  // as ddp::init reads it
+  fashion_mnist::check_parallel_flags(a.parallel, {.sizes = mlp.sizes,
+                                                   .accumulate = a.accumulate,
+                                                   .device = a.device,
+                                                   .hidden = a.hidden,
+                                                   .world = env.world_size});
   if (std::string why; device == ddp::Device::Cuda && !ddp::cuda_device_available(&why)) {
     throw ddp::InvalidArgument("--device cuda: " + why);
   }
@@ -277,7 +283,6 @@ int train(const Args& a) {
   // (resume.hpp), with this attempt's world and strategy: the sampler reshards below,
   // the peak rate is scaled_lr of the new world, and the schedule's place is kept by
   // epoch.
-  const ddp::contract::WorkerEnv env = ddp::contract::WorkerEnv::from_environment();
   const fashion_mnist::ResumeOptions resume_options{
       .checkpoint = a.checkpoint, .resume = a.resume, .run_id = env.run_id, .restart_count = env.restart_count};
   std::optional<fashion_mnist::Resumed> resumed;

@@ -32,10 +32,26 @@ ddp::PipelineSchedule schedule_of(const std::string& name) {
   return name == "1f1b" ? ddp::PipelineSchedule::OneFOneB : ddp::PipelineSchedule::GPipe;
 }
 
+// "--tp N --pp M", as the user gave them.
+std::string layout_flags(const ParallelOptions& p) {
+  return "--tp " + std::to_string(p.tp) + " --pp " + std::to_string(p.pp);
+}
+
+// build(), where the library's InvalidArgument (a mesh it refuses, a width it cannot
+// split) reaches the user prefixed with the flags that asked for it.
+template <class Build>
+auto naming_flags(const ParallelOptions& p, const Build& build) {
+  try {
+    return build();
+  } catch (const ddp::InvalidArgument& e) {
+    throw ddp::InvalidArgument(layout_flags(p) + ": " + e.what());
+  }
+}
+
 }  // namespace
 
 void check_parallel_flags(const ParallelOptions& p, const ParallelContext& c) {
-  const std::string layout = "--tp " + std::to_string(p.tp) + " --pp " + std::to_string(p.pp);
+  const std::string layout = layout_flags(p);
   if (p.microbatches > 0 && p.pp < 2) {
     throw ddp::InvalidArgument("--microbatches splits a pipeline's batch: it needs --pp 2 or more (--accumulate "
                                "splits a step without one)");
@@ -44,6 +60,7 @@ void check_parallel_flags(const ParallelOptions& p, const ParallelContext& c) {
     throw ddp::InvalidArgument("--schedule orders a pipeline: it needs --pp 2 or more");
   }
   if (!p.enabled()) return;
+  data_parallel_size(p, c.world);  // the layout against the world first: no width fits a wrong one
   if (c.accumulate > 1 && p.pp > 1) {
     throw ddp::InvalidArgument("--accumulate " + std::to_string(c.accumulate) + " with --pp " + std::to_string(p.pp) +
                                ": the pipeline's micro-batches are the accumulation (use --microbatches)");
@@ -70,9 +87,8 @@ void check_parallel_flags(const ParallelOptions& p, const ParallelContext& c) {
 int data_parallel_size(const ParallelOptions& p, int world) {
   const int mp = p.tp * p.pp;
   if (world % mp != 0) {
-    throw ddp::InvalidArgument("--tp " + std::to_string(p.tp) + " --pp " + std::to_string(p.pp) + ": tp x pp = " +
-                               std::to_string(mp) + " does not divide the world of " + std::to_string(world) +
-                               " workers");
+    throw ddp::InvalidArgument(layout_flags(p) + ": tp x pp = " + std::to_string(mp) + " does not divide the world of " +
+                               std::to_string(world) + " workers");
   }
   return world / mp;
 }
@@ -84,8 +100,8 @@ ModelParallel::ModelParallel(const ParallelOptions& options, const ddp::MlpOptio
     : options_(options),
       mlp_(mlp),
       world_(world),
-      mesh_(ddp::make_model_parallel_mesh(world, options.tp, options.pp)),
-      stage_(ddp::make_parallel_mlp(mlp, mesh_)) {
+      mesh_(naming_flags(options, [&] { return ddp::make_model_parallel_mesh(world, options.tp, options.pp); })),
+      stage_(naming_flags(options, [&] { return ddp::make_parallel_mlp(mlp, mesh_); })) {
   // Resumed values go in before the strategy wraps the stage (FSDP shards them), the
   // optimizer's state after it built the optimizer, as in the plain path.
   std::optional<ddp::OptimizerState> state;
@@ -190,14 +206,14 @@ void ModelParallel::save_checkpoint(const std::string& path, const ddp::Checkpoi
 
 std::unique_ptr<ddp::Sequential> ModelParallel::assemble() {
   // Through the checkpoint file, which holds the unsplit model: world rank 0 writes it to
-  // a temporary file of its own and reads it back into make_mlp's model.
+  // a temporary file of its own and reads it back into make_mlp's model. Parameters
+  // only: no optimizer state is gathered or written.
   int64_t pid = static_cast<int64_t>(::getpid());
   world_->broadcast(ddp::view(std::span<int64_t>(&pid, 1)), 0);
   const std::string tmp =
       (std::filesystem::temp_directory_path() / ("fashion_mnist." + std::to_string(pid) + ".params")).string();
-  inner_->with_full_state([&](ddp::Module& m, const ddp::Optimizer&, bool) {
-    ddp::save_model_parallel_checkpoint(tmp, m.parameters(), nullptr, mesh_, {});
-  });
+  inner_->with_full_params(
+      [&](ddp::Module& m, bool) { ddp::save_model_parallel_checkpoint(tmp, m.parameters(), nullptr, mesh_, {}); });
   if (world_->rank() != 0) return nullptr;
   auto model = ddp::make_mlp(mlp_);
   std::error_code ec;

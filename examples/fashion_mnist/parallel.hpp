@@ -48,10 +48,12 @@ struct ParallelContext {
   int accumulate = 1;            // --accumulate
   std::string device = "cpu";    // --device
   std::string hidden;            // --hidden as given (for messages)
+  int world = 1;                 // the job's workers (WORLD_SIZE)
 };
 
-// Checks the flags against each other and the model, before anything is started.
-// Throws InvalidArgument naming the flags.
+// Checks the flags against each other, the world and the model, before anything is
+// started (tp x pp against the world before the widths). Throws InvalidArgument naming
+// the flags.
 void check_parallel_flags(const ParallelOptions& p, const ParallelContext& c);
 
 // dp = world / (tp * pp); throws InvalidArgument naming --tp and --pp when tp * pp does
@@ -77,7 +79,8 @@ class ModelParallel : public Strategy {
  public:
   // Collective over the world: the mesh, this rank's stage of make_mlp(mlp) (loaded from
   // `resumed`, a full checkpoint of any layout, when given), the strategy over the dp
-  // group (its optimizer's state resumed too) and, with pp > 1, the pipeline.
+  // group (its optimizer's state resumed too) and, with pp > 1, the pipeline. A mesh or
+  // stage the library refuses throws its InvalidArgument prefixed "--tp N --pp M: ".
   ModelParallel(const ParallelOptions& options, const ddp::MlpOptions& mlp, std::shared_ptr<ddp::ProcessGroup> world,
                 const StrategyOptions& strategy, const ddp::OptimizerFactory& make, const Resumed* resumed,
                 const std::string& checkpoint_path);
@@ -115,6 +118,7 @@ class ModelParallel : public Strategy {
   }
   void scale_grads(float factor) override { inner_->scale_grads(factor); }
   void with_full_state(const FullStateUse& use) override { inner_->with_full_state(use); }
+  void with_full_params(const FullParamsUse& use) override { inner_->with_full_params(use); }
   // The unsplit model's checkpoint, written by world rank 0.
   void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override;
   // The unsplit model's hash and raw values (world rank 0 writes).

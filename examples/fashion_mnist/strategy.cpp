@@ -129,6 +129,8 @@ class DdpStrategy : public Strategy {
   void with_full_state(const FullStateUse& use) override {
     use(ddp_.module(), *opt_, ddp_.process_group().rank() == 0);
   }
+  // ZeRO-1 too: every rank holds the full values (the step all-gathers them).
+  void with_full_params(const FullParamsUse& use) override { use(ddp_.module(), ddp_.process_group().rank() == 0); }
   void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override { save_full(*this, path, info); }
   uint64_t params_hash() override { return hash_parameters(ddp_.module()); }
   void write_params(const std::string& path) override {
@@ -207,6 +209,10 @@ class FsdpStrategy : public Strategy {
     auto full = fsdp_.summon_full_params(0);
     opt_->consolidate_state(0);
     use(fsdp_.module(), *opt_, rank_ == 0);
+  }
+  void with_full_params(const FullParamsUse& use) override {
+    auto full = fsdp_.summon_full_params(0);
+    use(fsdp_.module(), rank_ == 0);
   }
   void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) override { save_full(*this, path, info); }
   uint64_t params_hash() override {

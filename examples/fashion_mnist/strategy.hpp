@@ -68,6 +68,10 @@ class Strategy {
   // gathered first). Elsewhere the values may be released and the state partial.
   using FullStateUse = std::function<void(ddp::Module& module, const ddp::Optimizer& optimizer, bool root)>;
   virtual void with_full_state(const FullStateUse& use) = 0;
+  // As with_full_state, the parameters only: where `root` the module holds the full
+  // values; no optimizer state is gathered (hashes, parameter dumps).
+  using FullParamsUse = std::function<void(ddp::Module& module, bool root)>;
+  virtual void with_full_params(const FullParamsUse& use) = 0;
   // Collective: rank 0 writes the full checkpoint (the same v2 file for every strategy).
   virtual void save_checkpoint(const std::string& path, const ddp::CheckpointInfo& info) = 0;
   // Collective: FNV-1a of every full parameter's bytes, on every rank.

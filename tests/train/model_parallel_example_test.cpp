@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <string>
@@ -196,9 +197,14 @@ TEST_CASE("tp 2 and 4 and pp 2 and 4 in both schedules and their products train 
 
 TEST_CASE("ZeRO-1 and FSDP over dp and clipping the whole model's norm compose with tp and pp", "[mp-example]") {
   const std::vector<float> whole = train_params(kUnsplit, "sgd");
-  const std::vector<Layout> sharded = {{"dp2 x tp2 zero1", 4, 2, {"--tp", "2", "--strategy", "zero1"}},
-                                       {"dp2 x pp2 fsdp", 4, 2, {"--pp", "2", "--strategy", "fsdp"}},
-                                       {"tp2 fsdp", 2, 1, {"--tp", "2", "--strategy", "fsdp"}}};
+  // FSDP under 1F1B: a stage's forwards and backwards interleave, so each micro-batch's
+  // backward must find its own forward's gathered layers (per activation slot).
+  const std::vector<Layout> sharded = {
+      {"dp2 x tp2 zero1", 4, 2, {"--tp", "2", "--strategy", "zero1"}},
+      {"dp2 x pp2 zero1", 4, 2, {"--pp", "2", "--strategy", "zero1"}},
+      {"dp2 x pp2 fsdp", 4, 2, {"--pp", "2", "--strategy", "fsdp"}},
+      {"dp2 x pp2 fsdp 1f1b", 4, 2, {"--pp", "2", "--strategy", "fsdp", "--schedule", "1f1b"}},
+      {"tp2 fsdp", 2, 1, {"--tp", "2", "--strategy", "fsdp"}}};
   for (const Layout& l : sharded) CHECK(compare(l.name + " sgd", train_params(l, "sgd"), whole) <= 1e-6);
   // A bound the gradients exceed, so every step is clipped by the whole model's norm
   // (unclipped, the parameters end 1e-2 apart from clipped ones).
@@ -214,6 +220,15 @@ TEST_CASE("ZeRO-1 and FSDP over dp and clipping the whole model's norm compose w
   // Gradients in bf16 on the dp wire compose too (dp reduces them, tp never sees them).
   auto r = train(4, with(kQuick, {"--tp", "2", "--batch", "32", "--grad_dtype", "bf16"}));
   CHECK(r.out.find("grad_dtype bf16 tp 2 pp 1 dp 2 ") != std::string::npos);
+  // The largest rank's parameter bytes: its blocks of the two column/row pairs (32x784+32,
+  // 64x32+64, 32x64+32, 10x32+10 floats: row-parallel biases whole); AdamW's rank also
+  // holds as many bytes of gradients and twice as many of state.
+  const std::regex bytes(R"(RESULT .* param_bytes ([0-9]+) held_bytes ([0-9]+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, bytes));
+  const double params = std::stod(m[1].str()), held = std::stod(m[2].str());
+  CHECK(params == 4.0 * (32 * 784 + 32 + 64 * 32 + 64 + 32 * 64 + 32 + 10 * 32 + 10));
+  CHECK(held == 4 * params);
 }
 
 TEST_CASE("the loss and the test accuracy through the pipeline and tp are the unsplit model's", "[mp-example]") {
@@ -280,11 +295,13 @@ TEST_CASE("bad --tp/--pp combinations give one clear error and exit status 2", "
   const std::vector<Bad> cases = {
       {2, {"--tp", "2", "--pp", "2"}, {"--tp 2", "--pp 2", "world of 2"}},
       {3, {"--tp", "2"}, {"--tp 2", "world of 3"}},
+      // The world is named before a width that would not split either.
+      {3, {"--tp", "2", "--hidden", "63"}, {"--tp 2 --pp 1: tp x pp = 2 does not divide the world of 3"}},
       {1, {"--microbatches", "4"}, {"--microbatches", "--pp"}},
       {1, {"--schedule", "1f1b"}, {"--schedule", "--pp"}},
       {2, {"--pp", "2", "--accumulate", "2"}, {"--accumulate", "--pp"}},
-      {2, {"--tp", "3"}, {"--tp 3", "256"}},
-      {2, {"--pp", "5", "--hidden", "64,64,64"}, {"--pp 5", "4 Linear"}},
+      {3, {"--tp", "3"}, {"--tp 3", "256"}},
+      {4, {"--pp", "4", "--hidden", "64"}, {"--pp 4", "2 Linear"}},
       {2, {"--tp", "2", "--device", "cuda"}, {"--device cuda", "--tp"}},
       {2, {"--pp", "2", "--schedule", "zigzag"}, {"--schedule"}},
       {1, {"--tp", "0"}, {"--tp"}},
@@ -299,5 +316,24 @@ TEST_CASE("bad --tp/--pp combinations give one clear error and exit status 2", "
     CHECK(r.status == 2);
     for (const auto& n : c.named) CHECK((r.out + r.err).find(n) != std::string::npos);
     CHECK((r.out + r.err).find("epoch 1 loss") == std::string::npos);
+  }
+}
+
+TEST_CASE("a tp group across two hosts: the mesh's refusal names the flags and exits 2", "[mp-example]") {
+  // Two agents on this host with one worker each (LOCAL_WORLD_SIZE 1): tp 2 would span them.
+  const std::vector<std::string> common = {"--nnodes=2", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+                                           "--master_port=" + std::to_string(e2e::free_port())};
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (const std::string node : {"1", "0"}) {
+    nodes.push_back(std::make_unique<Process>(
+        with(with({e2e::kDdprun}, common), {"--node_rank=" + node, kFashion, "--tp", "2"})));
+  }
+  for (auto& node : nodes) {
+    const auto status = node->wait(60s);
+    INFO("stdout: " << node->out() << "\nstderr: " << node->err());
+    REQUIRE(status.has_value());
+    CHECK(*status == 2);
+    CHECK(node->err().find("fashion_mnist: --tp 2 --pp 1: ") != std::string::npos);
+    CHECK(node->err().find("axis 'tp' (size 2) must stay within") != std::string::npos);
   }
 }
