@@ -28,10 +28,6 @@ ddp::OptimizerState per_parameter_state(const ddp::Optimizer& opt, const std::ve
   return ddp::read_optimizer_state(bytes, opt.kind(), shapes);
 }
 
-ddp::PipelineSchedule schedule_of(const std::string& name) {
-  return name == "1f1b" ? ddp::PipelineSchedule::OneFOneB : ddp::PipelineSchedule::GPipe;
-}
-
 // "--tp N --pp M", as the user gave them.
 std::string layout_flags(const ParallelOptions& p) {
   return "--tp " + std::to_string(p.tp) + " --pp " + std::to_string(p.pp);
@@ -117,7 +113,7 @@ ModelParallel::ModelParallel(const ParallelOptions& options, const ddp::MlpOptio
   }
   if (options.pp > 1) {
     pipeline_ = std::make_unique<ddp::Pipeline>(*stage_.model, mesh_.group("pp"),
-                                                ddp::PipelineOptions{.schedule = schedule_of(options.schedule_name()),
+                                                ddp::PipelineOptions{.schedule = ddp::pipeline_schedule_from_name(options.schedule_name()),
                                                                      .microbatches = options.micro(),
                                                                      .trace = strategy.trace});
   }

@@ -182,7 +182,7 @@ BYTES_LAYOUTS = [("wide", 2, 1), ("wide", 4, 1), ("wide", 1, 2), ("wide", 1, 4),
 
 
 def held_bytes(a):
-    print("\n== bytes per rank: parameters + gradients + AdamW state, the largest rank's (param_bytes), against "
+    print("\n== bytes per rank: parameters + gradients + AdamW state, the largest rank's (held_bytes), against "
           "the unsplit model at world 1 (one step each: the figures do not depend on time)")
     print(f"{'model':>8} {'tp':>3} {'pp':>3} {'bytes':>12} {'unsplit':>12} {'ratio':>7} {'bound':>7}")
     unsplit, rows, targets = {}, [], []
@@ -190,14 +190,14 @@ def held_bytes(a):
         hidden = MODELS[model]
         if model not in unsplit:
             unsplit[model] = example(1, hidden, a.batch, a.batch, [])
-        base = unsplit[model].get("param_bytes")
-        if base is None:  # an example without param_bytes: its MiB fields
+        base = unsplit[model].get("held_bytes")
+        if base is None:  # an example without held_bytes: its MiB fields
             base = sum(unsplit[model][k] for k in ("param_mib", "grad_mib", "optim_mib")) * 2 ** 20
         r = example(tp * pp, hidden, a.batch, a.batch, ["--tp", str(tp), "--pp", str(pp)] +
                     (["--microbatches", "2"] if pp > 1 else []))
-        ratio, bound = r["param_bytes"] / base, 1.05 / (tp * pp)
-        print(f"{model:>8} {tp:>3} {pp:>3} {r['param_bytes']:12.0f} {base:12.0f} {ratio:7.4f} {bound:7.4f}")
-        rows.append({"model": model, "tp": tp, "pp": pp, "param_bytes": r["param_bytes"], "unsplit": base,
+        ratio, bound = r["held_bytes"] / base, 1.05 / (tp * pp)
+        print(f"{model:>8} {tp:>3} {pp:>3} {r['held_bytes']:12.0f} {base:12.0f} {ratio:7.4f} {bound:7.4f}")
+        rows.append({"model": model, "tp": tp, "pp": pp, "held_bytes": r["held_bytes"], "unsplit": base,
                      "ratio": ratio, "bound": bound})
         targets.append((f"bytes {model} tp {tp} pp {pp}: <= (1/tp)(1/pp) + 5%", f"{ratio:.4f} vs {bound:.4f}",
                         ratio <= bound))
