@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -45,7 +46,19 @@ struct TorchClient {
     return r;
   }
   void send(const rdzv::torch_wire::Request& r) { send_raw(rdzv::torch_wire::encode(r, dialect)); }
-  void send_raw(const std::string& bytes) { REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) >= 0); }
+  void send_raw(const std::string& bytes) { REQUIRE(try_send_raw(bytes)); }
+  // For a server that may close the connection while the bytes are still going out (a request
+  // over a limit): false instead of a failed assertion when the peer reset it.
+  bool try_send(const rdzv::torch_wire::Request& r) { return try_send_raw(rdzv::torch_wire::encode(r, dialect)); }
+  bool try_send_raw(const std::string& bytes) {
+    for (size_t at = 0; at < bytes.size();) {
+      ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      at += static_cast<size_t>(n);
+    }
+    return true;
+  }
 
   // Exactly `n` bytes, or nothing when they do not arrive within `timeout` (or the server closed).
   std::optional<std::string> read(size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
