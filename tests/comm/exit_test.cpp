@@ -143,9 +143,10 @@ TEST_CASE("each rank names its own call when a peer exits: rank 0 in recv and ra
 
 TEST_CASE("a subgroup member that exits fails the subgroup's other members at once", "[exits]") {
   const auto out = run_job({4}, {"subgroup", "2"});
-  // Ranks 1..3 form the subgroup; rank 0 is no member and is left alone.
+  // Ranks 1..3 form the subgroup; rank 0 is no member and is left alone. Errors name
+  // ranks by their global rank (1 and 3), not by their rank in the subgroup (0 and 2).
   expect_all_failed(out, 4, 2,
-                    "PeerError all_reduce failed on rank [02]: rank 2 exited with code 0 at " + kClock +
+                    "PeerError all_reduce failed on rank [13]: rank 2 exited with code 0 at " + kClock +
                         R"(.*, while this rank waits for it in all_reduce #1 of group 0\.0$)",
                     1);
   CHECK((out.lines.count(0) == 0 || !find_line(out.lines.at(0), "ERROR ")));
@@ -194,7 +195,7 @@ TEST_CASE("across hosts: a rank that exits 0 in a large all_reduce fails the oth
 TEST_CASE("across hosts: a subgroup member that exits fails the others at once", "[exits][multihost]") {
   const auto out = run_job({2, 2}, {"subgroup", "3"});
   expect_all_failed(out, 4, 3,
-                    "PeerError all_reduce failed on rank [01]: rank 3 exited with code 0 at " + kClock +
+                    "PeerError all_reduce failed on rank [12]: rank 3 exited with code 0 at " + kClock +
                         R"( on node 1 \(.+\), while this rank waits for it in all_reduce #1 of group 0\.0$)",
                     1);
 }

@@ -354,7 +354,9 @@ class CpuBackend final : public Backend {
     if (exited) text += ", while this rank waits for it in " + label(call);
     transport_.poison(root);
     std::exception_ptr e;
-    const std::string what = std::string(op) + " failed on rank " + std::to_string(rank()) + ": " + text;
+    // This rank by its global rank, as the exit reports and mismatch texts name ranks
+    // (a subgroup's own rank would name another process); the label names the group.
+    const std::string what = std::string(op) + " failed on rank " + std::to_string(setup_.peers.global(rank())) + ": " + text;
     if (mismatch) e = std::make_exception_ptr(Mismatch(text));
     else if (timeout && root == blamed) e = std::make_exception_ptr(Timeout(what));
     else e = std::make_exception_ptr(PeerError(root, what));
