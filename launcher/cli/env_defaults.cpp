@@ -12,11 +12,12 @@ namespace ddprun {
 namespace {
 
 // The options a PET_* variable can set: those with a long name that a user gives
-// (not --help, --version, nor a hidden option such as --agent_stdin).
+// (not --help, --version, one marked configurable(false) such as --print_completion,
+// nor a hidden option such as --agent_stdin).
 std::vector<CLI::Option*> settable_options(CLI::App& app) {
   return app.get_options([&app](CLI::Option* o) {
-    return !o->get_lnames().empty() && !o->get_group().empty() && o != app.get_help_ptr() &&
-           o != app.get_version_ptr();
+    return !o->get_lnames().empty() && !o->get_group().empty() && o->get_configurable() &&
+           o != app.get_help_ptr() && o != app.get_version_ptr();
   });
 }
 

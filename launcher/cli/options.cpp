@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 #include "errors.hpp"
 #include "ddp/contract/parse.hpp"
+#include "cli/completion.hpp"
 #include "cli/env_defaults.hpp"
+#include "cli/rdzv_conf.hpp"
 #include "cli/remote_flags.hpp"
 #include "cli/slurm_env.hpp"
 #include "cli/torchrun_flags.hpp"
@@ -105,13 +108,6 @@ int integer_in(const std::string& flag, const std::string& text, long long lo, l
   return static_cast<int>(*n);
 }
 
-// A number of seconds (up to a year), or nothing.
-std::optional<double> seconds_value(const std::string& text, bool allow_zero) {
-  auto v = ddp::contract::parse_decimal(text);
-  if (!v || !std::isfinite(*v) || *v < 0 || (*v == 0 && !allow_zero) || *v > 86400.0 * 365) return std::nullopt;
-  return v;
-}
-
 double seconds_in(const std::string& flag, const std::string& text, bool allow_zero) {
   auto v = seconds_value(text, allow_zero);
   if (!v) invalid(flag, text, allow_zero ? "expected a number of seconds >= 0" : "expected a number of seconds > 0");
@@ -130,77 +126,6 @@ void parse_nnodes(const std::string& text, LaunchOptions& opts) {
   }
   opts.min_nodes = static_cast<int>(*a);
   opts.nnodes = static_cast<int>(*b);
-}
-
-// --rdzv_conf key=value,...: torchrun's rendezvous settings. Those with a meaning here
-// are applied; the rest are accepted (scripts written for torchrun keep working) with
-// a note saying why they change nothing.
-struct RdzvConf {
-  std::optional<double> join_timeout;
-  std::optional<double> last_call_timeout;
-  std::optional<bool> is_host;
-  std::vector<std::string> notes;
-};
-
-// torchrun's boolean settings (RendezvousParameters.get_as_bool): 1/0, true/false,
-// yes/no, y/n, t/f in any case; nothing for anything else.
-std::optional<bool> conf_bool(std::string value) {
-  std::transform(value.begin(), value.end(), value.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (value == "1" || value == "true" || value == "t" || value == "yes" || value == "y") return true;
-  if (value == "0" || value == "false" || value == "f" || value == "no" || value == "n") return false;
-  return std::nullopt;
-}
-
-constexpr const char* kRdzvConfKeys =
-    "join_timeout, timeout, last_call_timeout, close_timeout, read_timeout, keep_alive_interval, "
-    "keep_alive_max_attempt, use_agent_store, is_host";
-
-RdzvConf parse_rdzv_conf(const std::string& text) {
-  RdzvConf conf;
-  auto bad = [&](const std::string& what) {
-    throw UsageError("invalid --rdzv_conf '" + text + "': " + what + "; the keys are " + kRdzvConfKeys);
-  };
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    std::string_view item = rest.substr(0, rest.find(','));
-    rest.remove_prefix(std::min(rest.size(), item.size() + 1));
-    auto eq = item.find('=');
-    if (eq == std::string_view::npos) bad("expected key=value, got '" + std::string(item) + "'");
-    const std::string key(item.substr(0, eq));
-    const std::string value(item.substr(eq + 1));
-    auto seconds = [&](bool allow_zero) {
-      auto v = seconds_value(value, allow_zero);
-      if (!v) bad(key + "=" + value + " is not a number of seconds" + (allow_zero ? " >= 0" : " > 0"));
-      return *v;
-    };
-    auto ignored = [&](const std::string& why) { conf.notes.push_back("--rdzv_conf " + key + " has no effect: " + why); };
-    if (key == "join_timeout" || key == "timeout") {
-      conf.join_timeout = seconds(false);
-    } else if (key == "last_call_timeout") {
-      conf.last_call_timeout = seconds(true);
-    } else if (key == "close_timeout") {
-      seconds(true);
-      ignored("an attempt closes with one compare-and-set in the store; no node waits after it closed");
-    } else if (key == "read_timeout" || key == "keep_alive_interval") {
-      seconds(false);
-      ignored("a silent node is found by the store's heartbeat (--heartbeat_timeout)");
-    } else if (key == "keep_alive_max_attempt") {
-      auto count = ddp::contract::parse_integer(value);
-      if (!count || *count < 1) bad(key + "=" + value + " is not a count >= 1");
-      ignored("a silent node is found by the store's heartbeat (--heartbeat_timeout)");
-    } else if (key == "use_agent_store" || key == "is_host") {
-      auto flag = conf_bool(value);
-      if (!flag) bad(key + "=" + value + " is not true or false");
-      if (key == "is_host") {
-        conf.is_host = flag;
-      } else {
-        ignored("workers reach ddprun's store through the DDPRUN_* variables");
-      }
-    } else {
-      bad("unknown key '" + key + "'");
-    }
-  }
-  return conf;
 }
 
 void validate_nproc(const std::string& text) {
@@ -364,8 +289,9 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   app.add_option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf,
                  "torchrun's key=value,... rendezvous settings: join_timeout (or timeout), last_call_timeout "
                  "(default 30: seconds an elastic job waits for MAX after MIN joined), is_host (true or false: "
-                 "whether this node hosts the store at --rdzv_endpoint); close_timeout, read_timeout, "
-                 "keep_alive_interval, keep_alive_max_attempt and use_agent_store are accepted without effect");
+                 "whether this node hosts the store at --rdzv_endpoint), store_type (tcp); close_timeout, "
+                 "heartbeat_timeout, read_timeout, keep_alive_interval, keep_alive_max_attempt, "
+                 "cas_backoff_max_seconds and use_agent_store are accepted without effect");
   app.add_option("--heartbeat_timeout,--heartbeat-timeout", raw.heartbeat_timeout,
                  "Seconds after which a node that cannot be reached counts as failed")->default_str("10");
   app.add_option("--exit_barrier_timeout,--exit-barrier-timeout", raw.exit_barrier_timeout,
@@ -419,6 +345,13 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   app.add_flag("--agent_stdin", opts.remote.agent_stdin)->group("");  // started by a launching ddprun
   TorchrunFlags torchrun;  // torchrun 2.x's newer flags (torchrun_flags.hpp)
   add_torchrun_flags(app, torchrun);
+  std::string completion_shell;
+  app.add_option("--print_completion,--print-completion", completion_shell,
+                 "Print a completion script for bash, zsh or tcsh and exit, as torchrun's "
+                 "(source <(ddprun --print-completion bash))")
+      ->check(CLI::IsMember(kCompletionShells))
+      ->type_name("SHELL")
+      ->configurable(false);  // not from PET_PRINT_COMPLETION: torchrun does not read it either
 
   try {
     app.parse(argc, const_cast<char**>(argv));
@@ -427,6 +360,10 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
     return {};
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
+  }
+  if (!completion_shell.empty()) {
+    std::cout << completion_script(app, completion_shell);
+    return {};
   }
   // PET_* fill in what the command line left open; an agent started by a launching
   // ddprun got every value from it as a flag.
@@ -546,6 +483,15 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
   if (!opts.remote.launching() && !opts.remote.agent_stdin) opts.slurm_notes = apply_slurm_step(opts, given);
   opts.master_addr_given = given.master_addr;
   apply_endpoint_defaults(raw.rdzv_backend == "c10d", opts);
+  // torchrun 2.x's switch for its c10d rendezvous (--standalone is one too): the workers
+  // host their own store, as with --no_agent_store.
+  if (opts.agent_store && (raw.rdzv_backend == "c10d" || opts.standalone) && !opts.remote.agent_stdin) {
+    if (const char* v = std::getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE"); v && std::string_view(v) == "1") {
+      opts.agent_store = false;
+      opts.torchrun_notes.push_back("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers host their own store "
+                                    "(TORCHELASTIC_USE_AGENT_STORE=False), as torchrun's c10d rendezvous does");
+    }
+  }
   if (opts.standalone && opts.elastic()) {
     throw UsageError("--standalone (or --rdzv_endpoint=HOST:0) is for single-node jobs; --nnodes " +
                      std::to_string(opts.min_nodes) + ":" + std::to_string(opts.nnodes) + " is an elastic job");

@@ -125,6 +125,40 @@ TEST_CASE("the agent store: ddprun listens on MASTER_PORT, the switch gives the 
   }
 }
 
+TEST_CASE("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 turns the agent store off where torchrun's c10d rendezvous would",
+          "[e2e][env]") {
+  const std::map<std::string, std::string> off = {{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"}};
+  SECTION("--standalone and --rdzv_backend=c10d: USE_AGENT_STORE=False, MASTER_PORT free for rank 0") {
+    for (const std::vector<std::string>& flags :
+         {std::vector<std::string>{"--standalone"},
+          std::vector<std::string>{"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(e2e::free_port())}}) {
+      std::vector<std::string> args = flags;
+      args.insert(args.end(), {e2e::kWorker, "env", "TORCHELASTIC_USE_AGENT_STORE"});
+      auto r = run(e2e::ddprun(args), {off, {}});
+      INFO(flags.front() << "\n" << r.err);
+      REQUIRE(r.status == 0);
+      CHECK(e2e::by_rank(r.out)[0] == std::vector<std::string>{"TORCHELASTIC_USE_AGENT_STORE=False"});
+      CHECK_THAT(r.err, Catch::Contains("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the workers host their own store"));
+    }
+    auto bind = run(e2e::ddprun({"--standalone", e2e::kWorker, "bind-master-port"}), {off, {}});
+    INFO(bind.err);
+    CHECK(bind.status == 0);
+  }
+  SECTION("the static backend (torchrun's default) keeps the agent store, as torchrun's static handler does") {
+    auto r = run(e2e::ddprun({e2e::kWorker, "env", "TORCHELASTIC_USE_AGENT_STORE"}), {off, {}});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(e2e::by_rank(r.out)[0] == std::vector<std::string>{"TORCHELASTIC_USE_AGENT_STORE=True"});
+    CHECK_THAT(r.err, !Catch::Contains("TORCH_DISABLE_SHARE_RDZV_TCP_STORE"));
+  }
+  SECTION("any other value changes nothing, as torchrun compares with \"1\"") {
+    auto r = run(e2e::ddprun({"--standalone", e2e::kWorker, "env", "TORCHELASTIC_USE_AGENT_STORE"}),
+                 {{{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "true"}}, {}});
+    REQUIRE(r.status == 0);
+    CHECK(e2e::by_rank(r.out)[0] == std::vector<std::string>{"TORCHELASTIC_USE_AGENT_STORE=True"});
+  }
+}
+
 TEST_CASE("cpu and auto worker counts follow the CPUs this process may use", "[e2e][env]") {
   long cpus = 0;
   cpu_set_t set;

@@ -286,6 +286,20 @@ TEST_CASE("rdzv_conf: torchrun's keys, the --join_timeout flag wins, ignored key
   auto fixed = parse({"--nnodes=2", "--rdzv_conf=last_call_timeout=5", "p"});
   REQUIRE(fixed.rdzv_conf_notes.size() == 1);
   CHECK_THAT(fixed.rdzv_conf_notes[0], Catch::Contains("fixed count"));
+  // The keys torchrun 2.x's c10d rendezvous reads besides: accepted, each with its reason.
+  auto more = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:29400",
+                     "--rdzv_conf=heartbeat_timeout=5,cas_backoff_max_seconds=0.5,store_type= TCP ", "p"});
+  REQUIRE(more.rdzv_conf_notes.size() == 2);
+  CHECK_THAT(more.rdzv_conf_notes[0], Catch::StartsWith("--rdzv_conf heartbeat_timeout has no effect: "));
+  CHECK_THAT(more.rdzv_conf_notes[1], Catch::StartsWith("--rdzv_conf cas_backoff_max_seconds has no effect: "));
+  CHECK(parse({"--rdzv_conf=cas_backoff_max_seconds=0", "p"}).rdzv_conf_notes.size() == 1);
+  CHECK_THAT(usage_error({"--rdzv_conf=store_type=file", "p"}),
+             Catch::Contains("store_type=file is torchrun's FileStore") && Catch::Contains("give tcp"));
+  CHECK_THAT(usage_error({"--rdzv_conf=store_type=etcd", "p"}), Catch::Contains("store_type=etcd is not tcp"));
+  CHECK_THAT(usage_error({"--rdzv_conf=cas_backoff_max_seconds=inf", "p"}),
+             Catch::Contains("cas_backoff_max_seconds=inf is not a number of seconds >= 0"));
+  CHECK_THAT(usage_error({"--rdzv_conf=heartbeat_timeout=0", "p"}),
+             Catch::Contains("heartbeat_timeout=0 is not a number of seconds > 0"));
   // A bad key's message lists the keys there are.
   CHECK_THAT(usage_error({"--rdzv_conf=rdzv_timeout=3", "p"}),
              Catch::Contains("the keys are join_timeout, timeout, last_call_timeout, close_timeout"));
