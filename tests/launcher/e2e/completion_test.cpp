@@ -58,7 +58,7 @@ using Words = std::set<std::string>;
 
 }  // namespace
 
-TEST_CASE("--print-completion bash: options, their values, the program and its own arguments", "[e2e][completion]") {
+TEST_CASE("ddprun --print-completion bash: options and their values and the program with its own arguments", "[e2e][completion]") {
   TempDir dir;
   write_file(dir / "ddprun.bash", script_for("bash"));
   write_file(dir / "train.py", "");
@@ -83,7 +83,7 @@ TEST_CASE("--print-completion bash: options, their values, the program and its o
   CHECK(bash_completes(script, {"ddprun", "status", "--j"}, dir.path()) == Words{"--json"});
 }
 
-TEST_CASE("--print-completion zsh: an interactive zsh completes options, values and the program's arguments",
+TEST_CASE("ddprun --print-completion zsh: an interactive zsh completes options and values and the program's arguments",
           "[e2e][completion]") {
   TempDir dir;
   write_file(dir / "_ddprun", script_for("zsh"));
@@ -101,7 +101,7 @@ TEST_CASE("--print-completion zsh: an interactive zsh completes options, values 
   CHECK(python.count("--nnodes") == 0);
 }
 
-TEST_CASE("--print-completion tcsh: one complete line that tcsh takes, with every long option", "[e2e][completion]") {
+TEST_CASE("ddprun --print-completion tcsh: one complete line that tcsh takes with every long option", "[e2e][completion]") {
   const std::string script = script_for("tcsh");
   CHECK(std::count(script.begin(), script.end(), '\n') == 1);
   TempDir dir;
@@ -114,7 +114,7 @@ TEST_CASE("--print-completion tcsh: one complete line that tcsh takes, with ever
   CHECK_THAT(r.out, Catch::Contains("'n/--rdzv_backend/(static c10d ddprun)/'"));
 }
 
-TEST_CASE("--print-completion: another shell is refused with exit 2; PET_PRINT_COMPLETION is not read",
+TEST_CASE("ddprun --print-completion: another shell is refused with exit 2 and PET_PRINT_COMPLETION is not read",
           "[e2e][completion]") {
   auto fish = run(e2e::ddprun({"--print-completion", "fish"}));
   CHECK(fish.status == 2);
