@@ -445,6 +445,11 @@ static ParsedCommandLine parse_and_check(int argc, const char* const* argv, EnvD
     opts.last_call_timeout = *conf.last_call_timeout;
     if (!opts.elastic()) conf.notes.push_back("--rdzv_conf last_call_timeout has no effect: --nnodes is a fixed count");
   }
+  if (conf.store_type) {
+    // --standalone has reset the backend to static; it is torchrun's c10d all the same.
+    const bool read = opts.standalone || raw.rdzv_backend != "static";
+    if (auto note = judge_store_type(*conf.store_type, read)) conf.notes.push_back(*note);
+  }
   opts.rdzv_is_host = conf.is_host;
   if (conf.is_host && !opts.rdzv_host) {
     conf.notes.push_back("--rdzv_conf is_host has no effect: without --rdzv_endpoint node 0 hosts the store");

@@ -23,14 +23,12 @@ std::optional<bool> conf_bool(std::string value) {
   return std::nullopt;
 }
 
-// store_type's value as the c10d backend compares it: trimmed, in lower case.
-std::string lower_trimmed(const std::string& value) {
-  const auto first = value.find_first_not_of(" \t\n\r\f\v");
-  if (first == std::string::npos) return "";
-  const auto last = value.find_last_not_of(" \t\n\r\f\v");
-  std::string out = value.substr(first, last - first + 1);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
+// `text` without the white space around it, as torchrun strips keys and values.
+std::string trimmed(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\n\r\f\v");
+  if (first == std::string_view::npos) return "";
+  const auto last = text.find_last_not_of(" \t\n\r\f\v");
+  return std::string(text.substr(first, last - first + 1));
 }
 
 constexpr const char* kKeys =
@@ -52,14 +50,20 @@ RdzvConf parse_rdzv_conf(const std::string& text) {
   auto bad = [&](const std::string& what) {
     throw UsageError("invalid --rdzv_conf '" + text + "': " + what + "; the keys are " + kKeys);
   };
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    std::string_view item = rest.substr(0, rest.find(','));
+  // As torchrun's _parse_rendezvous_config: the whole text, each key and each value
+  // stripped of white space; an empty text is no settings; an empty key or value
+  // (a trailing comma, "key=") is an error.
+  const std::string all = trimmed(text);
+  std::string_view rest = all;
+  while (!all.empty()) {
+    const std::string_view item = rest.substr(0, rest.find(','));
+    const bool last = item.size() == rest.size();
     rest.remove_prefix(std::min(rest.size(), item.size() + 1));
-    auto eq = item.find('=');
-    if (eq == std::string_view::npos) bad("expected key=value, got '" + std::string(item) + "'");
-    const std::string key(item.substr(0, eq));
-    const std::string value(item.substr(eq + 1));
+    const auto eq = item.find('=');
+    const std::string key = trimmed(item.substr(0, eq));
+    if (eq == std::string_view::npos || key.empty()) bad("expected key=value, got '" + std::string(item) + "'");
+    const std::string value = trimmed(item.substr(eq + 1));
+    if (value.empty()) bad(key + " has no value");
     auto seconds = [&](bool allow_zero) {
       auto v = seconds_value(value, allow_zero);
       if (!v) bad(key + "=" + value + " is not a number of seconds" + (allow_zero ? " >= 0" : " > 0"));
@@ -86,13 +90,8 @@ RdzvConf parse_rdzv_conf(const std::string& text) {
     } else if (key == "cas_backoff_max_seconds") {
       seconds(true);
       ignored("the store decides each compare-and-set itself, so a lost one is not retried after a back-off");
-    } else if (key == "store_type") {
-      const std::string type = lower_trimmed(value);
-      if (type == "file") {
-        bad("store_type=file is torchrun's FileStore on a shared file system; ddprun's rendezvous runs on its "
-            "TCP store (leave store_type out, or give tcp)");
-      }
-      if (type != "tcp") bad("store_type=" + value + " is not tcp");
+    } else if (key == "store_type") {  // judged with the backend (options.cpp)
+      conf.store_type = value;
     } else if (key == "use_agent_store" || key == "is_host") {
       auto flag = conf_bool(value);
       if (!flag) bad(key + "=" + value + " is not true or false");
@@ -105,8 +104,22 @@ RdzvConf parse_rdzv_conf(const std::string& text) {
     } else {
       bad("unknown key '" + key + "'");
     }
+    if (last) break;
   }
   return conf;
+}
+
+std::optional<std::string> judge_store_type(const std::string& value, bool read_by_backend) {
+  if (!read_by_backend) {
+    return "--rdzv_conf store_type has no effect: only torchrun's c10d rendezvous reads it, not the static one";
+  }
+  std::string type = value;  // compared in lower case, as torchrun's c10d backend does
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (type == "tcp") return std::nullopt;
+  const std::string what = type == "file" ? "store_type=file is torchrun's FileStore on a shared file system; ddprun's "
+                                            "rendezvous runs on its TCP store (leave store_type out, or give tcp)"
+                                          : "store_type=" + value + " is not tcp or file";
+  throw UsageError("invalid --rdzv_conf store_type: " + what);
 }
 
 }  // namespace ddprun

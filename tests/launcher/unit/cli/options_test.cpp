@@ -287,15 +287,28 @@ TEST_CASE("rdzv_conf: torchrun's keys, the --join_timeout flag wins, ignored key
   REQUIRE(fixed.rdzv_conf_notes.size() == 1);
   CHECK_THAT(fixed.rdzv_conf_notes[0], Catch::Contains("fixed count"));
   // The keys torchrun 2.x's c10d rendezvous reads besides: accepted, each with its reason.
+  // Keys and values stripped of white space, as torchrun's parser does.
   auto more = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:29400",
-                     "--rdzv_conf=heartbeat_timeout=5,cas_backoff_max_seconds=0.5,store_type= TCP ", "p"});
+                     "--rdzv_conf= heartbeat_timeout = 5, cas_backoff_max_seconds=0.5 ,store_type= TCP ", "p"});
   REQUIRE(more.rdzv_conf_notes.size() == 2);
   CHECK_THAT(more.rdzv_conf_notes[0], Catch::StartsWith("--rdzv_conf heartbeat_timeout has no effect: "));
   CHECK_THAT(more.rdzv_conf_notes[1], Catch::StartsWith("--rdzv_conf cas_backoff_max_seconds has no effect: "));
   CHECK(parse({"--rdzv_conf=cas_backoff_max_seconds=0", "p"}).rdzv_conf_notes.size() == 1);
-  CHECK_THAT(usage_error({"--rdzv_conf=store_type=file", "p"}),
+  CHECK(parse({"--nnodes=1:3", "--rdzv_conf=join_timeout=5, last_call_timeout=3", "p"}).last_call_timeout == 3.0);
+  CHECK(parse({"--rdzv_conf=  ", "p"}).rdzv_conf_notes.empty());
+  // store_type: read by c10d (and --standalone, which is c10d), not by the static rendezvous.
+  CHECK(parse({"--standalone", "--rdzv_conf=store_type=tcp", "p"}).rdzv_conf_notes.empty());
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_endpoint=h", "--rdzv_conf=store_type=file", "p"}),
              Catch::Contains("store_type=file is torchrun's FileStore") && Catch::Contains("give tcp"));
-  CHECK_THAT(usage_error({"--rdzv_conf=store_type=etcd", "p"}), Catch::Contains("store_type=etcd is not tcp"));
+  CHECK_THAT(usage_error({"--standalone", "--rdzv_conf=store_type=etcd", "p"}),
+             Catch::Contains("store_type=etcd is not tcp or file"));
+  auto statik = parse({"--rdzv_conf=store_type=file", "p"});
+  REQUIRE(statik.rdzv_conf_notes.size() == 1);
+  CHECK_THAT(statik.rdzv_conf_notes[0], Catch::Contains("store_type has no effect: only torchrun's c10d"));
+  // An empty key or value, as torchrun: a trailing comma, "key=".
+  CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=5,", "p"}), Catch::Contains("expected key=value, got ''"));
+  CHECK_THAT(usage_error({"--rdzv_conf=store_type= ", "p"}), Catch::Contains("store_type has no value"));
+  CHECK_THAT(usage_error({"--rdzv_conf==5", "p"}), Catch::Contains("expected key=value, got '=5'"));
   CHECK_THAT(usage_error({"--rdzv_conf=cas_backoff_max_seconds=inf", "p"}),
              Catch::Contains("cas_backoff_max_seconds=inf is not a number of seconds >= 0"));
   CHECK_THAT(usage_error({"--rdzv_conf=heartbeat_timeout=0", "p"}),
